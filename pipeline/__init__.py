@@ -1,0 +1,3 @@
+"""vse: visual-semantic embedding research toolkit (library layer)."""
+
+__version__ = "0.1.0"

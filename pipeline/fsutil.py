@@ -1,0 +1,66 @@
+"""Atomic file writes: a file at its final path is always complete.
+
+Everything durable (cache files, shards, checkpoints, relevance files, results) is written
+to a temporary sibling and renamed into place only after it is fully written and fsynced,
+so a run killed at any moment never leaves a half-written file under the final name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from pathlib import Path
+
+from .errors import VseError
+
+
+@contextlib.contextmanager
+def atomic_path(path, suffix: str = ".tmp"):
+    """Yield a temporary path next to ``path``; rename it onto ``path`` on success.
+
+    On any exception the temporary file is removed and the final path is left untouched.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise VseError(f"cannot create output folder ({exc.strerror})", path.parent) from exc
+    tmp = path.with_name(f".{path.name}.{os.getpid()}{suffix}")
+    try:
+        yield tmp
+        _fsync_file(tmp)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        _unlink_quietly(tmp)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise VseError("no space left on device while writing", path) from exc
+        if exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
+            raise VseError(f"cannot write ({exc.strerror})", path) from exc
+        raise
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _unlink_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
