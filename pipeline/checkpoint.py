@@ -1,0 +1,45 @@
+"""Checkpoints: written atomically, loaded with ``weights_only=True`` (never executes code).
+
+A checkpoint is a dict of tensors and plain values: model weights, optimizer and scheduler
+state, progress counters, RNG states, the effective config and the vocabulary words — all
+that is needed to rebuild the model or to resume training exactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .errors import VseError
+from .fsutil import atomic_path
+
+CHECKPOINT_FORMAT = "vse-checkpoint"
+REQUIRED_KEYS = ("format", "model", "model_config", "vocab", "train_config", "epoch", "iteration")
+
+
+def save_checkpoint(state: dict, path) -> None:
+    state = {"format": CHECKPOINT_FORMAT, **state}
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+
+
+def load_checkpoint(path, map_location="cpu") -> dict:
+    """Load and validate; a missing, truncated, tampered or foreign file gives a VseError."""
+    path = Path(path)
+    if not path.is_file():
+        raise VseError("checkpoint not found", path)
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError, … here
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        if type(exc).__name__ == "UnpicklingError":
+            raise VseError("refusing to load checkpoint: it holds objects other than tensors"
+                           f" and plain values ({first})", path) from exc
+        raise VseError(f"corrupt or truncated checkpoint ({first})", path) from exc
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise VseError("not a vse checkpoint", path)
+    missing = [k for k in REQUIRED_KEYS if k not in state]
+    if missing:
+        raise VseError(f"checkpoint lacks {', '.join(missing)}", path)
+    return state
