@@ -1,0 +1,96 @@
+"""Rebuilding a model from a checkpoint and encoding a split of a feature cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .cache import FeatureCache
+from .checkpoint import load_checkpoint
+from .errors import VseError
+from .models import ModelConfig, VSEModel
+from .runtime import autocast
+from .text import TokenizedCaptions, Vocabulary
+
+
+@dataclass
+class SplitEmbeddings:
+    images: np.ndarray         # (N, D) float32
+    captions: np.ndarray       # (M, D) float32
+    caption_image: np.ndarray  # (M,) local image index 0..N-1
+    image_rows: np.ndarray     # (N,) rows of the cache
+    caption_rows: np.ndarray   # (M,) caption indices of the cache
+    similarity: str
+
+
+def split_rows(cache: FeatureCache, split: str, max_images: int | None = None):
+    """Cache rows of a split's images (first ``max_images``) and the caption rows of those images."""
+    images = cache.split(split)
+    if max_images is not None:
+        images = images[:max_images]
+    position = np.full(len(cache.image_ids), -1, dtype=np.int64)
+    position[images] = np.arange(len(images))
+    local = position[cache.caption_image]
+    caption_rows = np.flatnonzero(local >= 0)
+    caption_rows = caption_rows[np.argsort(local[caption_rows], kind="stable")]  # grouped by image
+    return images, caption_rows, local[caption_rows]
+
+
+@torch.no_grad()
+def encode_split(model: VSEModel, cache: FeatureCache, tokens: TokenizedCaptions, split: str,
+                 device: torch.device, max_images: int | None = None, batch_size: int = 512,
+                 amp: bool = True) -> SplitEmbeddings:
+    was_training = model.training
+    model.eval()
+    try:
+        image_rows, caption_rows, caption_image = split_rows(cache, split, max_images)
+        image_chunks, caption_chunks = [], []
+        for a in range(0, len(image_rows), batch_size):
+            feats = cache.read(image_rows[a:a + batch_size])
+            with autocast(device, amp):
+                image_chunks.append(model.image_encoder(torch.from_numpy(feats).to(device)).float().cpu())
+        for a in range(0, len(caption_rows), batch_size):
+            tok, lengths = tokens.batch(caption_rows[a:a + batch_size])
+            with autocast(device, amp):
+                caption_chunks.append(model.text_encoder(tok.to(device), lengths).float().cpu())
+    finally:
+        model.train(was_training)
+    return SplitEmbeddings(torch.cat(image_chunks).numpy(), torch.cat(caption_chunks).numpy(),
+                           caption_image, image_rows, caption_rows, model.config.similarity)
+
+
+@dataclass
+class LoadedModel:
+    model: VSEModel
+    vocab: Vocabulary
+    state: dict
+
+    @property
+    def train_config(self) -> dict:
+        return self.state["train_config"]
+
+
+def load_model(checkpoint_path, device: torch.device) -> LoadedModel:
+    state = load_checkpoint(checkpoint_path)
+    try:
+        cfg = ModelConfig.from_dict(state["model_config"])
+        model = VSEModel(cfg)
+        model.load_state_dict(state["model"])
+    except (TypeError, ValueError, RuntimeError, KeyError) as exc:
+        raise VseError(f"checkpoint does not match the model it describes ({str(exc).splitlines()[0][:160]})",
+                       checkpoint_path) from exc
+    return LoadedModel(model.to(device).eval(), Vocabulary(state["vocab"]), state)
+
+
+def check_features_match(cache: FeatureCache, model_cfg: ModelConfig, feature_source: dict, checkpoint_path) -> None:
+    """A cache from another backbone than the one a model was trained on is refused clearly."""
+    if cache.feature_dim != model_cfg.feature_dim:
+        raise VseError(f"features are {cache.feature_dim}-d but the checkpoint {checkpoint_path} expects "
+                       f"{model_cfg.feature_dim}-d (different backbone?)", cache.path)
+    expected = feature_source.get("backbone")
+    actual = cache.attrs.get("backbone")
+    if expected and actual and expected != actual:
+        raise VseError(f"features come from backbone {actual!r} but the checkpoint {checkpoint_path} was "
+                       f"trained on {expected!r}", cache.path)

@@ -1,0 +1,360 @@
+"""The training loop on cached features: batches → model → loss → optimizer; validation;
+checkpoints; exact resume; torchrun (DDP) with hard negatives mined over the global batch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import warnings
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from . import distributed as dist
+from .batches import Batch, CachedPairs, FeatureRows, batch_slices, epoch_order
+from .cache import FeatureCache
+from .checkpoint import load_checkpoint, save_checkpoint
+from .errors import VseError
+from .fsutil import atomic_path
+from .inference import encode_split
+from .losses import build_loss
+from .metrics import evaluate_embeddings
+from .models import ModelConfig, VSEModel
+from .runtime import (autocast, needs_grad_scaler, pin_memory, resolve_device, rng_state,
+                      seed_everything, set_rng_state)
+from .text import TokenizedCaptions, Vocabulary
+
+CONTRASTIVE = ("csn", "cmn", "mvn")
+
+
+@dataclass
+class TrainConfig:
+    """Every option of a run. Defaults are the VSE++ paper's (Faghri et al. 2018)."""
+
+    features: str = ""
+    run_dir: str = ""
+    loss: str = "mh"
+    margin: float | None = None          # None = the loss's own default (PROTOCOL.md)
+    loss_options: dict = field(default_factory=dict)
+    relevance: str | None = None         # relevance file for lseh / ladder
+    epochs: int = 30
+    batch_size: int = 128                # per process; the global batch is world_size × this
+    lr: float = 2e-4
+    lr_decay_epoch: int = 15
+    lr_decay: float = 0.1
+    grad_clip: float = 2.0
+    embed_dim: int = 1024
+    word_dim: int = 300
+    glove: bool = False                  # initialise word embeddings from GloVe 6B-50d
+    min_word_count: int = 4
+    max_caption_tokens: int = 100
+    img_norm: bool = True
+    projection: str = "linear"           # "mlp" = ConVSE heads
+    train_split: str = "train"
+    val_split: str = "dev"
+    val_images: int = 1000
+    val_every: int = 500                 # iterations; validation also runs at each epoch end
+    seed: int = 0
+    workers: int = 0
+    preload: bool = False                # load the whole feature array into RAM
+    device: str = "auto"
+    amp: bool = True
+    init_from: str | None = None
+    log_every: int = 10
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise VseError(f"unknown training option(s): {', '.join(unknown)}")
+        return cls(**values)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def similarity(self) -> str:
+        return "order" if self.loss == "order" else "cosine"
+
+    def loss_kwargs(self) -> dict:
+        kwargs = dict(self.loss_options)
+        if self.margin is not None:
+            kwargs["margin"] = self.margin
+        return kwargs
+
+
+@dataclass
+class Progress:
+    epoch: int = 0            # current epoch (0-based)
+    batch: int = 0            # next batch within the epoch
+    iteration: int = 0        # optimizer steps done
+    best_rsum: float = -math.inf
+    best_epoch: int = -1
+
+
+class Trainer:
+    """Owns the model, optimizer and data of one run. ``fit()`` trains to the end."""
+
+    def __init__(self, config: TrainConfig, resume: bool = False, echo=print):
+        self.cfg = config
+        self.echo = echo if dist.is_main() else (lambda *a, **k: None)
+        self.run_dir = Path(config.run_dir)
+        self.device = resolve_device(config.device)
+        self.distributed = dist.init_from_env(self.device)
+        self.world = dist.world_size()
+        resume_state = self._resume_state() if resume else None
+
+        self.cache = FeatureCache(config.features)
+        init_state = load_checkpoint(config.init_from) if config.init_from else None
+        self.vocab = self._vocabulary(resume_state or init_state)
+        self.tokens = TokenizedCaptions.encode(self.vocab, self.cache.captions, config.max_caption_tokens)
+        train_images = self.cache.split(config.train_split)
+        self.train_captions = np.flatnonzero(np.isin(self.cache.caption_image, train_images))
+        if len(self.train_captions) == 0:
+            raise VseError(f"split {config.train_split!r} has no captions", config.features)
+        self.features = FeatureRows(config.features, preload=config.preload)
+
+        seed_everything(config.seed)
+        self.model_config = ModelConfig(
+            vocab_size=len(self.vocab), feature_dim=self.cache.feature_dim, embed_dim=config.embed_dim,
+            word_dim=50 if config.glove else config.word_dim, img_norm=config.img_norm,
+            similarity=config.similarity, projection=config.projection)
+        self.model = VSEModel(self.model_config).to(self.device)
+        if init_state is not None:
+            self._init_from(init_state)
+        elif config.glove:
+            self._load_glove()
+        self.loss = build_loss(config.loss, **config.loss_kwargs())
+        self.relevance = self._relevance()
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
+        self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=max(1, config.lr_decay_epoch),
+                                                         gamma=config.lr_decay)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=needs_grad_scaler(self.device, config.amp))
+        self.progress = Progress()
+        self.monitor = CollapseMonitor(config.loss, self.loss, config.batch_size * self.world, self.echo)
+        self.ddp_model = (DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+                          if self.distributed else self.model)
+        if resume_state is not None:
+            self._restore(resume_state)
+
+    # ----------------------------------------------------------------- set-up helpers
+    def _resume_state(self):
+        last = self.run_dir / "last.pt"
+        if not last.exists():
+            raise VseError("--resume given but the run has no last.pt", self.run_dir)
+        state = load_checkpoint(last)
+        saved = TrainConfig.from_dict(state["train_config"])
+        for key in ("features", "loss", "batch_size", "seed", "embed_dim", "train_split"):
+            if getattr(saved, key) != getattr(self.cfg, key):
+                raise VseError(f"--resume with a different {key} ({getattr(self.cfg, key)!r}) than the run "
+                               f"was started with ({getattr(saved, key)!r})", last)
+        return state
+
+    def _vocabulary(self, state) -> Vocabulary:
+        if state is not None:
+            return Vocabulary(state["vocab"])
+        train_images = self.cache.split(self.cfg.train_split)
+        caption_rows = np.flatnonzero(np.isin(self.cache.caption_image, train_images))
+        captions = self.cache.captions
+        return Vocabulary.build((captions[j] for j in caption_rows), self.cfg.min_word_count)
+
+    def _init_from(self, state: dict) -> None:
+        own = self.model.state_dict()
+        weights = {k: v for k, v in state["model"].items() if k in own and own[k].shape == v.shape}
+        skipped = sorted(set(own) - set(weights))
+        self.model.load_state_dict(weights, strict=False)
+        self.echo(f"initialised {len(weights)} tensors from {self.cfg.init_from}"
+                  + (f"; kept fresh: {', '.join(skipped)}" if skipped else ""))
+
+    def _load_glove(self) -> None:
+        from .glove import vectors_for
+
+        vectors, found = vectors_for(self.vocab.words)
+        n = self.model.text_encoder.load_word_vectors(torch.from_numpy(vectors), torch.from_numpy(found))
+        self.echo(f"GloVe initialised {n} of {len(self.vocab)} words")
+
+    def _relevance(self):
+        if not getattr(self.loss, "uses_relevance", False):
+            return None
+        if not self.cfg.relevance:
+            raise VseError(f"loss {self.cfg.loss!r} needs --relevance FILE (made by `vse relevance`)")
+        from .relevance import BatchRelevance
+
+        return BatchRelevance(self.cfg.relevance)
+
+    def _restore(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.progress = Progress(**state["progress"])
+        set_rng_state(state["rng"])
+        self.echo(f"resumed at epoch {self.progress.epoch + 1}, batch {self.progress.batch}, "
+                  f"iteration {self.progress.iteration} (best rsum {self.progress.best_rsum:.2f})")
+
+    # ----------------------------------------------------------------- the loop
+    def epoch_batches(self, epoch: int) -> CachedPairs:
+        order = epoch_order(len(self.train_captions), self.cfg.seed, epoch)
+        global_batch = self.cfg.batch_size * self.world
+        slices = batch_slices(len(order), global_batch, drop_last=self.distributed)
+        if self.distributed:  # this rank's part of every global batch
+            r, b = dist.rank(), self.cfg.batch_size
+            slices = [slice(s.start + r * b, s.start + (r + 1) * b) for s in slices]
+        return CachedPairs(self.features, self.tokens, self.train_captions, self.cache.caption_image,
+                           order, slices)
+
+    def loader(self, pairs: CachedPairs, start: int):
+        generator = torch.Generator().manual_seed(self.cfg.seed)  # keeps the global RNG untouched
+        return torch.utils.data.DataLoader(
+            pairs, batch_size=None, sampler=range(start, len(pairs)), num_workers=self.cfg.workers,
+            pin_memory=pin_memory(self.device), generator=generator,
+            persistent_workers=False)
+
+    def fit(self) -> dict:
+        cfg, p = self.cfg, self.progress
+        if dist.is_main():
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            with atomic_path(self.run_dir / "config.json") as tmp:
+                Path(tmp).write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
+            self.vocab.save(self.run_dir / "vocab.json")
+        self.model.train()
+        while p.epoch < cfg.epochs:
+            self.train_epoch()
+            p.epoch, p.batch = p.epoch + 1, 0
+            self.scheduler.step()
+            self.validate_and_save()
+        return {"best_rsum": p.best_rsum, "best_epoch": p.best_epoch, "iterations": p.iteration}
+
+    def train_epoch(self) -> int:
+        """Train from the current position to the end of the epoch; returns the pairs seen."""
+        cfg, p = self.cfg, self.progress
+        if hasattr(self.loss, "set_epoch"):
+            self.loss.set_epoch(p.epoch)
+        pairs = self.epoch_batches(p.epoch)
+        bar = _progress_bar(len(pairs), p.batch, f"epoch {p.epoch + 1}/{cfg.epochs}")
+        started, seen = time.perf_counter(), 0
+        for batch in self.loader(pairs, p.batch):
+            loss = self.step(batch)
+            self.monitor.update(loss)
+            p.batch += 1
+            p.iteration += 1
+            seen += len(batch.caption_ids) * self.world
+            if bar is not None:
+                bar.update(1)
+                if p.iteration % cfg.log_every == 0:
+                    bar.set_postfix(loss=f"{loss:.3f}", pairs_s=f"{seen / (time.perf_counter() - started):.0f}")
+            if cfg.val_every and p.iteration % cfg.val_every == 0 and p.batch < len(pairs):
+                self.validate_and_save()
+        if bar is not None:
+            bar.close()
+        return seen
+
+    def step(self, batch: Batch) -> float:
+        batch = batch.to(self.device)
+        with autocast(self.device, self.cfg.amp):
+            img, cap = self.ddp_model(batch.images, batch.tokens, batch.lengths)
+        img, cap = dist.gather_with_grad(img.float()), dist.gather_with_grad(cap.float())
+        image_ids = _gather_ids(batch.image_ids)
+        caption_ids = _gather_ids(batch.caption_ids)
+        relevance = self.relevance(caption_ids) if self.relevance is not None else None
+        loss = self.loss(img, cap, image_ids=image_ids, relevance=relevance)
+        if not torch.isfinite(loss):
+            raise VseError(f"loss became {loss.item()} at epoch {self.progress.epoch + 1}, iteration "
+                           f"{self.progress.iteration + 1}; lower --lr or check the features for NaNs "
+                           f"(`vse info`)", self.cfg.features)
+        self.optimizer.zero_grad(set_to_none=True)
+        # DDP averages gradients over ranks; every rank computed the loss of the whole global
+        # batch, so scaling by the world size gives the gradient of that one loss.
+        self.scaler.scale(loss * self.world).backward()
+        if self.cfg.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return loss.item()
+
+    # ----------------------------------------------------------------- validation, checkpoints
+    def validate(self) -> dict:
+        emb = encode_split(self.model, self.cache, self.tokens, self.cfg.val_split, self.device,
+                           max_images=self.cfg.val_images, amp=self.cfg.amp)
+        return evaluate_embeddings(emb.images, emb.captions, emb.caption_image,
+                                   order=self.cfg.similarity == "order")
+
+    def validate_and_save(self) -> None:
+        p = self.progress
+        metrics = self.validate() if dist.is_main() else None
+        if dist.is_main():
+            epoch = p.epoch + (p.batch > 0)  # 1-based epoch this validation belongs to
+            improved = metrics["rsum"] > p.best_rsum
+            if improved:
+                p.best_rsum, p.best_epoch = metrics["rsum"], epoch
+            record = {"epoch": epoch, "iteration": p.iteration, "split": self.cfg.val_split,
+                      "lr": self.optimizer.param_groups[0]["lr"], "time": time.time(), **metrics}
+            with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(record) + "\n")
+            self.echo(f"[epoch {record['epoch']} it {p.iteration}] rsum {metrics['rsum']:.2f}  "
+                      f"i2t R@1 {metrics['i2t_r1']:.1f}  t2i R@1 {metrics['t2i_r1']:.1f}"
+                      + ("  (best)" if improved else ""))
+            state = self.state_dict()
+            if improved:
+                save_checkpoint({**state, "metrics": metrics}, self.run_dir / "best.pt")
+            save_checkpoint(state, self.run_dir / "last.pt")
+        dist.barrier()
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "model_config": self.model_config.to_dict(),
+            "vocab": self.vocab.words,
+            "train_config": self.cfg.to_dict(),
+            "feature_source": {k: self.cache.attrs.get(k) for k in ("backbone", "crops", "dataset")},
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "progress": asdict(self.progress),
+            "epoch": self.progress.epoch,
+            "iteration": self.progress.iteration,
+            "rng": rng_state(),
+        }
+
+
+class CollapseMonitor:
+    """Warns when max-of-hinges sits at its collapse value 2·B·margin (all embeddings equal)."""
+
+    def __init__(self, loss_name: str, loss, global_batch: int, echo, patience: int = 200):
+        margin = getattr(loss, "margin", None)
+        self.value = 2 * global_batch * margin if loss_name in ("mh", "lseh") and margin else None
+        self.patience, self.count, self.warned, self.echo = patience, 0, False, echo
+
+    def update(self, loss: float) -> None:
+        if self.value is None or self.warned:
+            return
+        self.count = self.count + 1 if abs(loss - self.value) < 0.01 * self.value else 0
+        if self.count >= self.patience:
+            self.warned = True
+            message = (f"the max-of-hinges loss has sat at its collapse value {self.value:.1f} for "
+                       f"{self.patience} iterations: all embeddings are nearly equal. Start with "
+                       f"sum-of-hinges: --warmup-epochs 1 (or 2)")
+            warnings.warn(message, stacklevel=2)
+            self.echo("warning: " + message)
+
+
+def _gather_ids(ids: torch.Tensor) -> torch.Tensor:
+    if not dist.is_distributed():
+        return ids
+    return dist.gather_with_grad(ids)
+
+
+def _progress_bar(total: int, initial: int, desc: str):
+    if not dist.is_main():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit="it", leave=False, dynamic_ncols=True,
+                disable=None)  # no bar when stderr is not a terminal (logs, CI)

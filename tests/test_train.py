@@ -1,0 +1,170 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from cli.main import cli
+from pipeline.checkpoint import load_checkpoint
+from pipeline.errors import VseError
+from pipeline.train import TrainConfig, Trainer
+
+from conftest import demo_captions, learnable_features, write_feature_cache
+
+TINY = dict(embed_dim=16, word_dim=8, batch_size=16, lr=5e-3, min_word_count=1, val_every=0,
+            workers=0, log_every=1)
+
+
+def _config(tiny_cache, run_dir, **overrides):
+    return TrainConfig(features=str(tiny_cache), run_dir=str(run_dir), **{**TINY, **overrides})
+
+
+def test_training_learns_and_writes_run_files(tiny_cache, tmp_path):
+    # Validation on the 24 training images: this checks that the loop learns, in 48 steps.
+    cfg = _config(tiny_cache, tmp_path / "run", loss="sh", epochs=6, lr_decay_epoch=5, val_split="train")
+    summary = Trainer(cfg, echo=lambda *a: None).fit()
+    run = tmp_path / "run"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2, 3, 4, 5, 6]
+    best = max(records, key=lambda r: r["rsum"])
+    assert summary["best_rsum"] == best["rsum"] and summary["best_epoch"] == best["epoch"]
+    # chance R@1 on 24 images is about 4 in both directions
+    assert best["i2t_r1"] > 50 and best["t2i_r1"] > 30 and best["rsum"] > records[0]["rsum"] + 150
+    assert records[-1]["lr"] == pytest.approx(5e-4)  # decayed ×0.1 after epoch 5
+    state = load_checkpoint(run / "best.pt")
+    assert state["metrics"]["rsum"] == best["rsum"]
+    assert json.loads((run / "config.json").read_text())["loss"] == "sh"
+    assert json.loads((run / "vocab.json").read_text())["words"][:4] == ["<pad>", "<start>", "<end>", "<unk>"]
+
+
+def _kill_after(monkeypatch, iterations):
+    original = Trainer.step
+    calls = {"n": 0}
+
+    def step(self, batch):
+        if calls["n"] == iterations:
+            raise KeyboardInterrupt  # as if the process died here
+        calls["n"] += 1
+        return original(self, batch)
+
+    monkeypatch.setattr(Trainer, "step", step)
+
+
+@pytest.mark.parametrize("loss,extra", [("mh", {"loss_options": {"negative_set_size": 5}}), ("sh", {})])
+def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tiny_cache, tmp_path, monkeypatch, loss, extra):
+    # 120 training captions / 16 = 8 batches per epoch; validation (and last.pt) every 3 iterations.
+    opts = dict(loss=loss, epochs=3, lr_decay_epoch=2, val_every=3, **extra)
+    Trainer(_config(tiny_cache, tmp_path / "full", **opts), echo=lambda *a: None).fit()
+
+    with monkeypatch.context() as m:
+        _kill_after(m, 13)  # dies in epoch 2, one step after the checkpoint at iteration 12
+        with pytest.raises(KeyboardInterrupt):
+            Trainer(_config(tiny_cache, tmp_path / "cut", **opts), echo=lambda *a: None).fit()
+    assert load_checkpoint(tmp_path / "cut" / "last.pt")["iteration"] == 12
+    Trainer(_config(tiny_cache, tmp_path / "cut", **opts), resume=True, echo=lambda *a: None).fit()
+
+    full = load_checkpoint(tmp_path / "full" / "last.pt")
+    cut = load_checkpoint(tmp_path / "cut" / "last.pt")
+    assert cut["iteration"] == full["iteration"] == 24
+    for key, value in full["model"].items():
+        assert torch.equal(value, cut["model"][key]), key
+    assert cut["progress"]["best_rsum"] == full["progress"]["best_rsum"]
+
+
+def test_resume_refuses_a_different_setting(tiny_cache, tmp_path):
+    Trainer(_config(tiny_cache, tmp_path / "r", loss="sh", epochs=1), echo=lambda *a: None).fit()
+    with pytest.raises(VseError, match="different batch_size"):
+        Trainer(_config(tiny_cache, tmp_path / "r", loss="sh", epochs=2, batch_size=8), resume=True)
+    with pytest.raises(VseError, match="no last.pt"):
+        Trainer(_config(tiny_cache, tmp_path / "none", loss="sh"), resume=True)
+
+
+def test_nan_features_stop_training_with_a_clear_error(tmp_path):
+    ids, captions = demo_captions(10)
+    caption_image = np.repeat(np.arange(10), 5)
+    feats = learnable_features(captions, caption_image, 10)
+    feats[3, 0] = np.nan
+    cache = write_feature_cache(tmp_path / "nan.h5", feats, captions, caption_image,
+                                {"train": np.arange(8), "dev": np.arange(8, 10)})
+    with pytest.raises(VseError, match="loss became nan"):
+        Trainer(_config(cache, tmp_path / "run", loss="sh", epochs=1, batch_size=50), echo=lambda *a: None).fit()
+
+
+def test_collapse_warning_points_to_warmup(tiny_cache, tmp_path):
+    from pipeline.losses import build_loss
+    from pipeline.train import CollapseMonitor
+
+    said = []
+    monitor = CollapseMonitor("mh", build_loss("mh"), 16, said.append, patience=3)
+    with pytest.warns(UserWarning, match="warmup-epochs"):
+        for _ in range(3):
+            monitor.update(2 * 16 * 0.2)
+    assert said and "collapse" in said[0]
+
+
+def test_tampered_checkpoint_is_refused_without_running_code(tmp_path):
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (exec, ("open('pwned', 'w').write('x')",))
+
+    path = tmp_path / "best.pt"
+    with open(path, "wb") as fh:
+        pickle.dump({"format": "vse-checkpoint", "model": Evil()}, fh)
+    with pytest.raises(VseError, match="refusing to load"):
+        load_checkpoint(path)
+    assert not (tmp_path / "pwned").exists()
+    (tmp_path / "trunc.pt").write_bytes(b"PK\x03\x04garbage")
+    with pytest.raises(VseError, match="corrupt or truncated"):
+        load_checkpoint(tmp_path / "trunc.pt")
+
+
+def test_cli_train_with_config_file_then_evaluate(tiny_cache, tmp_path):
+    config = tmp_path / "exp.yaml"
+    config.write_text("loss: mh\nwarmup_epochs: 1\nepochs: 3\nembed_dim: 16\nword_dim: 8\n"
+                      "batch_size: 16\nlr: 0.002\nmin_word_count: 1\nval_every: 0\n")
+    run = tmp_path / "run"
+    runner = CliRunner()
+    result = runner.invoke(cli, ["train", "--features", str(tiny_cache), "--run-dir", str(run),
+                                 "--config", str(config), "--epochs", "2"])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["epochs"] == 2 and saved["embed_dim"] == 16  # flag beats file, file beats default
+    assert saved["loss_options"] == {"warmup_epochs": 1}
+    result = runner.invoke(cli, ["evaluate", "--checkpoint", str(run / "best.pt"), "--features",
+                                 str(tiny_cache), "--split", "test", "--json"])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.output)
+    assert list(metrics) == ["i2t_r1", "i2t_r5", "i2t_r10", "i2t_medr", "i2t_meanr",
+                             "t2i_r1", "t2i_r5", "t2i_r10", "t2i_medr", "t2i_meanr", "rsum"]
+    assert metrics["rsum"] == pytest.approx(sum(metrics[k] for k in metrics if "_r" in k and "medr" not in k
+                                                 and "meanr" not in k))
+
+
+def test_cli_evaluate_npz_and_bad_npz(tmp_path):
+    rng = np.random.default_rng(0)
+    images = rng.standard_normal((20, 8)).astype(np.float32)
+    images /= np.linalg.norm(images, axis=1, keepdims=True)
+    captions = np.repeat(images, 5, axis=0) + 0.01 * rng.standard_normal((100, 8)).astype(np.float32)
+    captions /= np.linalg.norm(captions, axis=1, keepdims=True)
+    np.savez(tmp_path / "emb.npz", images=images, captions=captions)
+    result = CliRunner().invoke(cli, ["evaluate", "--embeddings", str(tmp_path / "emb.npz"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["i2t_r1"] == 100.0
+    np.savez(tmp_path / "bad.npz", images=images, captions=captions[:99])
+    result = CliRunner().invoke(cli, ["evaluate", "--embeddings", str(tmp_path / "bad.npz")])
+    assert result.exit_code == 1
+    assert "bad.npz" in result.output and "5 per image" in result.output
+
+
+def test_evaluate_refuses_features_of_another_dimension(tiny_cache, tmp_path):
+    Trainer(_config(tiny_cache, tmp_path / "run", loss="sh", epochs=1), echo=lambda *a: None).fit()
+    ids, captions = demo_captions(10)
+    other = write_feature_cache(tmp_path / "other.h5", np.zeros((10, 7)), captions, np.repeat(np.arange(10), 5),
+                                {"test": np.arange(10)})
+    result = CliRunner().invoke(cli, ["evaluate", "--checkpoint", str(tmp_path / "run" / "best.pt"),
+                                      "--features", str(other)])
+    assert result.exit_code == 1
+    assert "expects 32-d" in result.output
