@@ -1,0 +1,335 @@
+"""Retrieval metrics and the coherent score, exactly as ``shared/docs/PROTOCOL.md`` defines them.
+
+Pure torch/numpy, no file I/O.  Everything is vectorised over queries; the only Python
+loops run over blocks of queries, so at most ``block`` × (number of candidates) scores are
+held at a time, on the device the caller picks (GPU when asked).
+
+Conventions:
+
+- ``images`` (N, D) and ``captions`` (M, D) are embeddings; the score of a pair is their
+  inner product (cosine for L2-normalised embeddings) or, with ``order=True``, the
+  order-embedding score ``s(i, c) = -||max(0, c - i)||^2``.
+- ``caption_image`` (M,) maps each caption to its image; by default M = 5N and captions
+  5k..5k+4 belong to image k.
+- Ranks are 0-based and ties count against the query: a constant model ranks last.
+- Scores are computed in float32 (float64 when the embeddings are float64).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .errors import VseError
+
+DEFAULT_BLOCK = 1024
+CAPTIONS_PER_IMAGE = 5
+RECALL_KS = (1, 5, 10)
+METRIC_KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "i2t_medr", "i2t_meanr",
+               "t2i_r1", "t2i_r5", "t2i_r10", "t2i_medr", "t2i_meanr", "rsum", "mrecall")
+PROTOCOLS = ("single", "5fold", "5k")
+COCO_FOLDS = 5
+COCO_FOLD_SIZE = 1000
+COCO_5K_IMAGES = 5000
+# Elements of one (queries × k × k) pairwise-sign tensor in the Kendall tau computation.
+TAU_BLOCK_ELEMENTS = 2**22
+
+
+# ---------------------------------------------------------------------------- ranks
+
+
+def similarity_ranks(images, captions, caption_image=None, *, order: bool = False,
+                     device=None, block: int = DEFAULT_BLOCK) -> tuple[np.ndarray, np.ndarray]:
+    """0-based ranks ``(i2t, t2i)`` of the ground truth, ties counted against the query.
+
+    ``i2t[k]`` = number of captions not of image k scoring >= the best caption of image k;
+    ``t2i[j]`` = number of images other than caption j's image scoring >= that image.
+    ``device`` defaults to the device of ``images`` when it is a tensor, else the CPU.
+    """
+    device = _pick_device(images, device)
+    images = _embeddings(images, "image", device)
+    captions = _embeddings(captions, "caption", device, like=images)
+    caption_image = _caption_index(caption_image, len(images), len(captions), device)
+    block = _positive_block(block)
+    return (_i2t_ranks(images, captions, caption_image, order, block).cpu().numpy(),
+            _t2i_ranks(images, captions, caption_image, order, block).cpu().numpy())
+
+
+def _i2t_ranks(images, captions, caption_image, order, block):
+    num_images = len(images)
+    by_image = torch.argsort(caption_image, stable=True)
+    counts = torch.bincount(caption_image, minlength=num_images)
+    # The captions of images start..stop-1 are by_image[first[start]:first[stop]].
+    first = np.concatenate([[0], np.cumsum(counts.cpu().numpy())])
+    ranks = torch.empty(num_images, dtype=torch.long, device=images.device)
+    for start in range(0, num_images, block):
+        stop = min(start + block, num_images)
+        scores = _similarity(images[start:stop], captions, order)  # (b, M)
+        truth = by_image[first[start]:first[stop]]
+        row = caption_image[truth] - start
+        truth_scores = scores[row, truth]
+        best = torch.full((stop - start,), -math.inf, dtype=scores.dtype, device=scores.device)
+        best.scatter_reduce_(0, row, truth_scores, reduce="amax")
+        at_least_best = (scores >= best[:, None]).sum(dim=1, dtype=torch.int32)
+        truth_at_least_best = torch.zeros_like(at_least_best).scatter_add_(
+            0, row, (truth_scores >= best[row]).int())
+        ranks[start:stop] = at_least_best - truth_at_least_best
+    return ranks
+
+
+def _t2i_ranks(images, captions, caption_image, order, block):
+    num_captions = len(captions)
+    ranks = torch.empty(num_captions, dtype=torch.long, device=images.device)
+    for start in range(0, num_captions, block):
+        stop = min(start + block, num_captions)
+        scores = _caption_similarity(captions[start:stop], images, order)  # (b, N)
+        truth_scores = scores.gather(1, caption_image[start:stop, None])
+        # Minus one: the ground truth itself.
+        ranks[start:stop] = (scores >= truth_scores).sum(dim=1, dtype=torch.int32) - 1
+    return ranks
+
+
+def _similarity(images, captions, order: bool) -> torch.Tensor:
+    """(len(images), len(captions)) scores: inner products or order-embedding scores."""
+    if not order:
+        return images @ captions.T
+    scores = torch.empty(len(images), len(captions), dtype=images.dtype, device=images.device)
+    # The (images, step, D) difference tensor holds no more elements than the output.
+    step = max(1, len(captions) // images.shape[1])
+    for start in range(0, len(captions), step):
+        violation = captions[None, start:start + step] - images[:, None]
+        scores[:, start:start + step] = -violation.clamp_(min=0).square_().sum(dim=-1)
+    return scores
+
+
+def _caption_similarity(captions, images, order: bool) -> torch.Tensor:
+    """(len(captions), len(images)) scores, contiguous by caption."""
+    return _similarity(images, captions, True).T if order else captions @ images.T
+
+
+# ---------------------------------------------------------------------------- metrics
+
+
+def retrieval_metrics(i2t_ranks, t2i_ranks) -> dict[str, float]:
+    """R@1/5/10, medr, meanr per direction, rsum and mrecall (= rsum / 6), plain floats."""
+    metrics = {}
+    for direction, ranks in (("i2t", i2t_ranks), ("t2i", t2i_ranks)):
+        ranks = np.asarray(ranks)
+        if ranks.ndim != 1 or ranks.size == 0:
+            raise VseError(f"{direction} ranks must be a non-empty 1-D array, "
+                           f"got shape {ranks.shape}")
+        for k in RECALL_KS:
+            metrics[f"{direction}_r{k}"] = 100.0 * int(np.count_nonzero(ranks < k)) / ranks.size
+        metrics[f"{direction}_medr"] = float(np.floor(np.median(ranks)) + 1)
+        metrics[f"{direction}_meanr"] = float(np.mean(ranks) + 1)
+    metrics["rsum"] = sum(metrics[f"{d}_r{k}"] for d in ("i2t", "t2i") for k in RECALL_KS)
+    metrics["mrecall"] = metrics["rsum"] / 6
+    return metrics
+
+
+def evaluate_embeddings(images, captions, caption_image=None, protocol: str = "single", *,
+                        fold_size: int = COCO_FOLD_SIZE, order: bool = False, device=None,
+                        block: int = DEFAULT_BLOCK) -> dict:
+    """Retrieval metrics under one protocol.
+
+    - ``single``: all images and captions at once (Flickr test sets, validation).
+    - ``5fold``: COCO 1K — 5 folds of ``fold_size`` images (rows f·size … f·size+size-1
+      and their captions); each metric, rsum included, is the mean over the folds, and the
+      per-fold dicts are returned under ``folds``.
+    - ``5k``: COCO 5K — like ``single`` but at least 5,000 images are required.
+    """
+    if protocol not in PROTOCOLS:
+        raise VseError(f"unknown evaluation protocol {protocol!r} "
+                       f"(expected {', '.join(PROTOCOLS)})")
+    num_images = len(images)
+    if protocol == "5k" and num_images < COCO_5K_IMAGES:
+        raise VseError(f"the 5k protocol needs at least {COCO_5K_IMAGES} images, "
+                       f"got {num_images}")
+    if protocol != "5fold":
+        return retrieval_metrics(*similarity_ranks(images, captions, caption_image,
+                                                   order=order, device=device, block=block))
+    if num_images != COCO_FOLDS * fold_size:
+        raise VseError(f"the 5fold protocol needs exactly {COCO_FOLDS} × {fold_size} = "
+                       f"{COCO_FOLDS * fold_size} images, got {num_images}")
+    device = _pick_device(images, device)
+    images = _embeddings(images, "image", device)
+    captions = _embeddings(captions, "caption", device, like=images)
+    caption_image = _caption_index(caption_image, len(images), len(captions), device)
+    folds = []
+    for fold in range(COCO_FOLDS):
+        start = fold * fold_size
+        in_fold = torch.nonzero((caption_image >= start) & (caption_image < start + fold_size))
+        in_fold = in_fold[:, 0]
+        folds.append(retrieval_metrics(*similarity_ranks(
+            images[start:start + fold_size], captions[in_fold], caption_image[in_fold] - start,
+            order=order, device=device, block=block)))
+    metrics = {key: float(np.mean([f[key] for f in folds])) for key in METRIC_KEYS}
+    metrics["folds"] = folds
+    return metrics
+
+
+# ---------------------------------------------------------------------------- coherent score
+
+
+def coherent_score(scores, relevance, k: int) -> float:
+    """CS@k: mean over queries (rows) of Kendall's tau-b between the model scores and the
+    relevance of the query's k highest-scoring candidates.
+
+    Candidates tied in score at the k-th place are taken in index order (a stable sort).
+    A query whose tau-b is undefined (all k scores tied, or all k relevances tied — scipy
+    returns nan there) is left out of the mean; if every query is, the result is nan.
+    """
+    scores = _finite_matrix(scores, "scores")
+    relevance = _finite_matrix(relevance, "relevance", like=scores)
+    if relevance.shape != scores.shape:
+        raise VseError(f"relevance shape {tuple(relevance.shape)} does not match scores "
+                       f"shape {tuple(scores.shape)}")
+    _check_k(k, scores.shape[1])
+    taus = _top_k_kendall_tau_b(scores, relevance, [k])[0]
+    return _mean_defined(taus)
+
+
+def coherent_scores(img_emb, cap_emb, relevance_ref, ks=(100, 1000), *, order: bool = False,
+                    device=None, block: int = DEFAULT_BLOCK) -> dict[str, float]:
+    """CS@k in both directions on one caption per image (the ladder-loss evaluation).
+
+    ``cap_emb[q]`` is image q's reference caption (caption 5q in the 5-caption layout) and
+    ``relevance_ref[q, p]`` = rel(t_q, t_p) between reference captions.  Image→text uses
+    R(q, p) = relevance_ref[q, p]; text→image the transpose.  Keys ``i2t_cs@k``, ``t2i_cs@k``.
+    """
+    device = _pick_device(img_emb, device)
+    images = _embeddings(img_emb, "image", device)
+    captions = _embeddings(cap_emb, "caption", device, like=images)
+    n = len(images)
+    if len(captions) != n:
+        raise VseError(f"the coherent score needs one caption per image: {n} images, "
+                       f"{len(captions)} captions")
+    relevance = _finite_matrix(relevance_ref, "relevance", like=images)
+    if relevance.shape != (n, n):
+        raise VseError(f"relevance must be {n} × {n} (reference captions), "
+                       f"got {tuple(relevance.shape)}")
+    ks = [int(k) for k in ks]
+    for k in ks:
+        _check_k(k, n)
+    block = _positive_block(block)
+    result = {}
+    for direction in ("i2t", "t2i"):
+        taus = [[] for _ in ks]
+        for start in range(0, n, block):
+            stop = min(start + block, n)
+            if direction == "i2t":
+                scores = _similarity(images[start:stop], captions, order)
+                rel = relevance[start:stop]
+            else:
+                scores = _caption_similarity(captions[start:stop], images, order)
+                rel = relevance[:, start:stop].T
+            for per_k, block_taus in zip(taus, _top_k_kendall_tau_b(scores, rel, ks)):
+                per_k.append(block_taus)
+        for k, per_k in zip(ks, taus):
+            result[f"{direction}_cs@{k}"] = _mean_defined(torch.cat(per_k))
+    return result
+
+
+def _top_k_kendall_tau_b(scores, relevance, ks) -> list[torch.Tensor]:
+    """Per row, tau-b over the top-k candidates, for each k in ``ks`` (nan where undefined).
+
+    tau-b = sum_ij sx_ij sy_ij / sqrt(#{sx_ij != 0} · #{sy_ij != 0}) with sx_ij =
+    sign(x_i - x_j): pairs tied in x or y add nothing to the numerator, and the counts of
+    untied pairs are scipy's (n0 - n1) and (n0 - n2), doubled like the numerator.
+    """
+    ranked = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :max(ks)]
+    x_all = scores.gather(1, ranked)
+    y_all = relevance.gather(1, ranked)
+    result = []
+    for k in ks:
+        rows = max(1, TAU_BLOCK_ELEMENTS // (k * k))
+        taus = []
+        for start in range(0, len(scores), rows):
+            sx = _pairwise_signs(x_all[start:start + rows, :k])
+            sy = _pairwise_signs(y_all[start:start + rows, :k])
+            concordance = (sx * sy).sum(dim=(1, 2), dtype=torch.int64)
+            untied = (torch.count_nonzero(sx, dim=(1, 2))
+                      * torch.count_nonzero(sy, dim=(1, 2))).double()
+            tau = concordance.double() / untied.sqrt()
+            taus.append(torch.where(untied > 0, tau, torch.nan))
+        result.append(torch.cat(taus))
+    return result
+
+
+def _pairwise_signs(values) -> torch.Tensor:
+    """(q, k, k) int8 sign(values[:, i] - values[:, j])."""
+    left, right = values[:, :, None], values[:, None, :]
+    return (left > right).to(torch.int8) - (left < right).to(torch.int8)
+
+
+def _mean_defined(taus: torch.Tensor) -> float:
+    defined = taus[~torch.isnan(taus)]
+    return float(defined.mean()) if defined.numel() else math.nan
+
+
+def _check_k(k, num_candidates: int) -> None:
+    if not isinstance(k, (int, np.integer)) or not 2 <= k <= num_candidates:
+        raise VseError(f"CS@K needs 2 <= K <= {num_candidates} (the number of candidates), "
+                       f"got K={k}")
+
+
+# ---------------------------------------------------------------------------- input checks
+
+
+def _pick_device(reference, device) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    return reference.device if isinstance(reference, torch.Tensor) else torch.device("cpu")
+
+
+def _embeddings(values, name: str, device, like=None) -> torch.Tensor:
+    tensor = _finite_matrix(values, f"{name} embeddings", device=device, like=like)
+    if like is not None and tensor.shape[1] != like.shape[1]:
+        raise VseError(f"{name} embeddings have dimension {tensor.shape[1]}, "
+                       f"expected {like.shape[1]}")
+    if len(tensor) == 0:
+        raise VseError(f"no {name} embeddings")
+    return tensor
+
+
+def _finite_matrix(values, name: str, device=None, like=None) -> torch.Tensor:
+    """A 2-D float tensor on ``device`` (or like's); float64 stays float64, else float32."""
+    tensor = torch.as_tensor(values)
+    if device is None:
+        device = like.device if like is not None else tensor.device
+    if tensor.ndim != 2:
+        raise VseError(f"{name} must be a 2-D array, got shape {tuple(tensor.shape)}")
+    dtype = torch.float64 if tensor.dtype == torch.float64 else torch.float32
+    if like is not None:
+        dtype = like.dtype
+    tensor = tensor.to(device=device, dtype=dtype)
+    if not bool(torch.isfinite(tensor).all()):
+        raise VseError(f"{name} contain NaN or infinite values")
+    return tensor
+
+
+def _caption_index(caption_image, num_images: int, num_captions: int, device) -> torch.Tensor:
+    if caption_image is None:
+        if num_captions != CAPTIONS_PER_IMAGE * num_images:
+            raise VseError(f"{num_captions} captions for {num_images} images: without an "
+                           f"explicit caption→image index there must be "
+                           f"{CAPTIONS_PER_IMAGE} per image")
+        return torch.arange(num_captions, device=device) // CAPTIONS_PER_IMAGE
+    index = torch.as_tensor(caption_image)
+    if index.shape != (num_captions,) or index.dtype.is_floating_point or index.dtype == torch.bool:
+        raise VseError(f"caption_image must be {num_captions} integer image indices, got "
+                       f"shape {tuple(index.shape)} of {index.dtype}")
+    index = index.to(device=device, dtype=torch.long)
+    if num_captions and (int(index.min()) < 0 or int(index.max()) >= num_images):
+        raise VseError(f"caption_image has indices outside 0..{num_images - 1}")
+    if int(torch.bincount(index, minlength=num_images).min()) == 0:
+        raise VseError("caption_image leaves an image without any caption")
+    return index
+
+
+def _positive_block(block) -> int:
+    if not isinstance(block, (int, np.integer)) or block < 1:
+        raise VseError(f"block must be a positive integer, got {block!r}")
+    return int(block)
