@@ -1,0 +1,372 @@
+"""Training losses of VSE0/VSE++, order embeddings, LSEH, the ladder loss and ConVSE.
+
+The definitions are those of ``shared/docs/PROTOCOL.md``.  Every loss is called as
+``loss(img_emb, cap_emb, image_ids=None, relevance=None)`` on a batch of B pairs
+(row i of both is a positive pair) and returns a scalar:
+
+- ``S[i, j] = s(image_i, caption_j)``: the inner product (cosine, since the model
+  L2-normalises) or, for ``order``, ``-||max(0, c - i)||^2`` on the given embeddings.
+- ``image_ids`` (B,) names each pair's image.  Pairs (i, j) with the same image are not
+  negatives (unless ``mask_same_image=False``): several captions of one image may share a
+  batch, and pushing them apart would punish correct matches.
+- ``relevance`` (B, B) is the caption–caption relevance of the batch (``lseh``, ``ladder``).
+- Hinge family (sh, mh, order, lseh, ladder): the sum over the batch, as VSE++.
+  Contrastive family (csn, cmn, mvn): the mean over the batch, temperature ``tau``.
+
+The similarity and the loss are computed in float32 (float64 for float64 inputs) with
+autocast disabled: a B × B table is cheap, and hinges of bf16 scores are too coarse.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+LOSS_NAMES = ("sh", "mh", "order", "lseh", "ladder", "csn", "cmn", "mvn")
+
+LADDER_DEFAULTS = {  # levels → (thetas, margins, betas), from the CVSE++ paper
+    2: ([0.63], [0.2, 0.01], [1.0, 0.25]),
+    3: ([0.63, 0.56], [0.2, 0.01, 0.01], [1.0, 0.25, 0.125]),
+}
+
+
+def build_loss(name: str, **options) -> nn.Module:
+    """The loss ``name`` (one of ``LOSS_NAMES``) with its options; ValueError for unknowns."""
+    if name not in _LOSS_CLASSES:
+        raise ValueError(f"unknown loss {name!r} (known: {', '.join(LOSS_NAMES)})")
+    cls = _LOSS_CLASSES[name]
+    allowed = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown option(s) {', '.join(unknown)} for loss {name!r} "
+                         f"(allowed: {', '.join(allowed)})")
+    return cls(**options)
+
+
+class Batch(NamedTuple):
+    """What every loss needs, prepared once by ``VseLoss.forward``."""
+
+    img: torch.Tensor          # (B, D)
+    cap: torch.Tensor          # (B, D)
+    scores: torch.Tensor       # (B, B) S[i, j] = s(image_i, caption_j)
+    same_image: torch.Tensor   # (B, B) bool, pairs of the same image (diagonal included)
+    negatives: torch.Tensor    # (B, B) bool, pairs that count as negatives
+    relevance: torch.Tensor | None
+
+
+class VseLoss(nn.Module):
+    """Common input checks and batch preparation; subclasses define ``value(batch)``."""
+
+    uses_relevance = False
+
+    def __init__(self, mask_same_image: bool = True):
+        super().__init__()
+        self.mask_same_image = bool(mask_same_image)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Told by the trainer at the start of each (0-based) epoch."""
+        self.epoch = int(epoch)
+
+    def similarity(self, img: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
+        return img @ cap.T
+
+    def value(self, batch: Batch) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, img_emb, cap_emb, image_ids=None, relevance=None) -> torch.Tensor:
+        if img_emb.ndim != 2 or img_emb.shape != cap_emb.shape or len(img_emb) == 0:
+            raise ValueError("img_emb and cap_emb must both be (B, D) with B >= 1, got "
+                             f"{tuple(img_emb.shape)} and {tuple(cap_emb.shape)}")
+        size, device = len(img_emb), img_emb.device
+        dtype = torch.float64 if img_emb.dtype == torch.float64 else torch.float32
+        if self.uses_relevance:
+            if relevance is None:
+                raise ValueError(f"loss {type(self).__name__} needs the batch relevance "
+                                 "(pass relevance=, a B × B caption–caption matrix)")
+            relevance = torch.as_tensor(relevance, device=device).to(dtype)
+            if relevance.shape != (size, size):
+                raise ValueError(f"relevance must be {size} × {size}, "
+                                 f"got {tuple(relevance.shape)}")
+        else:
+            relevance = None
+        positives = torch.eye(size, dtype=torch.bool, device=device)
+        same_image = positives
+        if image_ids is not None:
+            image_ids = torch.as_tensor(image_ids, device=device)
+            if image_ids.shape != (size,):
+                raise ValueError(f"image_ids must have shape ({size},), "
+                                 f"got {tuple(image_ids.shape)}")
+            same_image = (image_ids[:, None] == image_ids[None, :]) | positives
+        negatives = ~same_image if self.mask_same_image else ~positives
+        with torch.autocast(device_type=device.type, enabled=False):
+            img, cap = img_emb.to(dtype), cap_emb.to(dtype)
+            return self.value(Batch(img, cap, self.similarity(img, cap), same_image,
+                                    negatives, relevance))
+
+
+# ---------------------------------------------------------------------------- hinge family
+
+
+class SumHingeLoss(VseLoss):
+    """``sh`` (VSE0): the sum of hinges over all negatives, both directions."""
+
+    def __init__(self, margin: float = 0.2, mask_same_image: bool = True):
+        super().__init__(mask_same_image)
+        self.margin = _finite(margin, "margin")
+
+    def value(self, batch: Batch) -> torch.Tensor:
+        to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, self.margin)
+        return to_captions.sum() + to_images.sum()
+
+
+class MaxHingeLoss(VseLoss):
+    """``mh`` (VSE++): the hinge of the hardest negative per query, both directions.
+
+    ``negative_set_size=k`` searches the hardest negative in a random subset of k of the
+    query's negatives (drawn from torch's RNG, independently per query and direction).
+    ``warmup_epochs=E`` uses the sum of hinges for epochs 0 … E-1 (see ``set_epoch``).
+    """
+
+    def __init__(self, margin: float = 0.2, negative_set_size: int | None = None,
+                 warmup_epochs: int = 0, mask_same_image: bool = True):
+        super().__init__(mask_same_image)
+        self.margin = _finite(margin, "margin")
+        if negative_set_size is not None and not _is_int_at_least(negative_set_size, 1):
+            raise ValueError(f"negative_set_size must be None or an integer >= 1, "
+                             f"got {negative_set_size!r}")
+        if not _is_int_at_least(warmup_epochs, 0):
+            raise ValueError(f"warmup_epochs must be an integer >= 0, got {warmup_epochs!r}")
+        self.negative_set_size = negative_set_size
+        self.warmup_epochs = int(warmup_epochs)
+
+    def value(self, batch: Batch) -> torch.Tensor:
+        to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, self.margin)
+        if self.epoch < self.warmup_epochs:
+            return to_captions.sum() + to_images.sum()
+        if self.negative_set_size is not None:
+            size = self.negative_set_size
+            to_captions = to_captions.masked_fill(~_random_subset(batch.negatives, size), 0.0)
+            to_images = to_images.masked_fill(~_random_subset(batch.negatives.T, size).T, 0.0)
+        return to_captions.amax(dim=1).sum() + to_images.amax(dim=0).sum()
+
+
+class OrderLoss(VseLoss):
+    """``order``: hinges on the order-embedding score ``-||max(0, c - i)||^2``.
+
+    ``reduction="sum"`` is Order0 (sum of hinges), ``"max"`` Order++ (hardest negative).
+    The embeddings are used as given (the model makes them non-negative).
+    """
+
+    def __init__(self, margin: float = 0.05, reduction: str = "sum",
+                 mask_same_image: bool = True):
+        super().__init__(mask_same_image)
+        if reduction not in ("sum", "max"):
+            raise ValueError(f"reduction must be 'sum' or 'max', got {reduction!r}")
+        self.margin = _finite(margin, "margin")
+        self.reduction = reduction
+
+    def similarity(self, img, cap):
+        return -(cap[None, :, :] - img[:, None, :]).clamp(min=0).square().sum(dim=-1)
+
+    def value(self, batch: Batch) -> torch.Tensor:
+        to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, self.margin)
+        if self.reduction == "sum":
+            return to_captions.sum() + to_images.sum()
+        return to_captions.amax(dim=1).sum() + to_images.amax(dim=0).sum()
+
+
+class SemanticHardNegativeLoss(VseLoss):
+    """``lseh``: VSE++'s hardest-negative hinge with the per-pair margin
+    ``margin + lambda_ * relevance[i, j]`` (relevance zeroed on same-image pairs)."""
+
+    uses_relevance = True
+
+    def __init__(self, margin: float = 0.185, lambda_: float = 0.025,
+                 mask_same_image: bool = True):
+        super().__init__(mask_same_image)
+        self.margin = _finite(margin, "margin")
+        self.lambda_ = _finite(lambda_, "lambda_")
+
+    def value(self, batch: Batch) -> torch.Tensor:
+        semantic = batch.relevance.masked_fill(batch.same_image, 0.0)
+        margins = self.margin + self.lambda_ * semantic
+        to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, margins)
+        return to_captions.amax(dim=1).sum() + to_images.amax(dim=0).sum()
+
+
+class LadderLoss(VseLoss):
+    """``ladder`` (CVSE++) with hard contrastive sampling.
+
+    Level 1 is VSE++'s hardest-negative hinge (margin ``margins[0]``, weight ``betas[0]``).
+    Level l >= 2 splits each query's negatives at ``thetas[l-2]`` into "more relevant"
+    (relevance >= theta) and "less relevant" and adds ``betas[l-1]`` times
+    ``[margins[l-1] - min_more S + max_less S]_+``, both directions; queries with an empty
+    side are skipped.  Defaults by ``levels`` (2 or 3) are the paper's.
+    """
+
+    uses_relevance = True
+
+    def __init__(self, levels: int = 2, thetas=None, margins=None, betas=None,
+                 mask_same_image: bool = True):
+        super().__init__(mask_same_image)
+        if not _is_int_at_least(levels, 2):
+            raise ValueError(f"levels must be an integer >= 2, got {levels!r}")
+        defaults = LADDER_DEFAULTS.get(int(levels))
+        if defaults is None and None in (thetas, margins, betas):
+            raise ValueError(f"levels={levels} has no defaults: give thetas, margins and betas")
+        given = (thetas, margins, betas)
+        thetas, margins, betas = (
+            _finite_list(default if value is None else value, name)
+            for name, value, default in zip(("thetas", "margins", "betas"), given,
+                                            defaults or given))
+        if (len(thetas), len(margins), len(betas)) != (levels - 1, levels, levels):
+            raise ValueError(f"levels={levels} needs {levels - 1} thetas, {levels} margins and "
+                             f"{levels} betas, got {len(thetas)}, {len(margins)}, {len(betas)}")
+        self.levels, self.thetas, self.margins, self.betas = int(levels), thetas, margins, betas
+
+    def value(self, batch: Batch) -> torch.Tensor:
+        to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, self.margins[0])
+        total = self.betas[0] * (to_captions.amax(dim=1).sum() + to_images.amax(dim=0).sum())
+        for theta, margin, beta in zip(self.thetas, self.margins[1:], self.betas[1:]):
+            more = batch.negatives & (batch.relevance >= theta)
+            less = batch.negatives & (batch.relevance < theta)
+            total = total + beta * (_ladder_hinges(batch.scores, more, less, margin, dim=1)
+                                    + _ladder_hinges(batch.scores, more, less, margin, dim=0))
+        return total
+
+
+# ---------------------------------------------------------------------------- contrastive family
+
+
+class CrossModalInfoNCELoss(VseLoss):
+    """``csn`` (ConVSE): -log softmax of the positive over each row of S / tau plus the
+    same over each column (cross-modal negatives only), each averaged over the batch."""
+
+    def __init__(self, tau: float = 0.1, mask_same_image: bool = True):
+        super().__init__(mask_same_image)
+        self.tau = _positive(tau, "tau")
+
+    def value(self, batch: Batch) -> torch.Tensor:
+        logits = (batch.scores / self.tau).masked_fill(~_with_positives(batch.negatives),
+                                                       -math.inf)
+        to_captions = -torch.log_softmax(logits, dim=1).diagonal()
+        to_images = -torch.log_softmax(logits, dim=0).diagonal()
+        return to_captions.mean() + to_images.mean()
+
+
+class HardestNegativeContrastiveLoss(VseLoss):
+    """``cmn`` (ConVSE++): ``[(S_ic* + a - S_ii) / tau]_+ + [(S_i*i + a - S_ii) / tau]_+``
+    with the hardest negative caption c* and image i*, averaged over the batch."""
+
+    def __init__(self, margin: float = 0.2, tau: float = 0.1, mask_same_image: bool = True):
+        super().__init__(mask_same_image)
+        self.margin = _finite(margin, "margin")
+        self.tau = _positive(tau, "tau")
+
+    def value(self, batch: Batch) -> torch.Tensor:
+        scores = batch.scores.masked_fill(~batch.negatives, -math.inf)
+        positive = batch.scores.diagonal()
+        hardest_caption = scores.amax(dim=1)
+        hardest_image = scores.amax(dim=0)
+        cost = (torch.relu((hardest_caption + self.margin - positive) / self.tau)
+                + torch.relu((hardest_image + self.margin - positive) / self.tau))
+        return cost.mean()
+
+
+class MultiViewNTXentLoss(VseLoss):
+    """``mvn``: NT-Xent over the 2B items (B images, B captions).
+
+    Each item's positive is its pair's other modality; its negatives are the other 2B - 2
+    items of both modalities (minus same-image items when masked).  The value is the mean
+    over the B pairs of the image-anchor plus the caption-anchor term, the same scale as
+    ``csn`` (which sums its two directions).
+    """
+
+    def __init__(self, tau: float = 0.1, mask_same_image: bool = True):
+        super().__init__(mask_same_image)
+        self.tau = _positive(tau, "tau")
+
+    def value(self, batch: Batch) -> torch.Tensor:
+        size = len(batch.img)
+        items = torch.cat([batch.img, batch.cap])
+        logits = (items @ items.T) / self.tau
+        pair = torch.eye(size, dtype=torch.bool, device=items.device)
+        positive = torch.zeros_like(pair).repeat(2, 2)
+        positive[:size, size:] = pair
+        positive[size:, :size] = pair
+        excluded = (~batch.negatives).repeat(2, 2) & ~positive  # self and same-image items
+        logits = logits.masked_fill(excluded, -math.inf)
+        terms = -torch.log_softmax(logits, dim=1)[positive]
+        return terms.sum() / size
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _hinge_costs(scores, negatives, margin):
+    """(to_captions, to_images): ``[margin + S_ij - S_ii]_+`` (query image i, row) and
+    ``[margin + S_ij - S_jj]_+`` (query caption j, column), zero where not a negative."""
+    positive = scores.diagonal()
+    to_captions = (margin + scores - positive[:, None]).clamp(min=0)
+    to_images = (margin + scores - positive[None, :]).clamp(min=0)
+    return to_captions.masked_fill(~negatives, 0.0), to_images.masked_fill(~negatives, 0.0)
+
+
+def _random_subset(negatives, size: int):
+    """Per row, a uniformly random subset of ``size`` of its negatives (all if fewer)."""
+    keys = torch.rand(negatives.shape, device=negatives.device).masked_fill(~negatives, -1.0)
+    chosen = keys.topk(min(size, negatives.shape[1]), dim=1).indices
+    return torch.zeros_like(negatives).scatter_(1, chosen, True) & negatives
+
+
+def _ladder_hinges(scores, more, less, margin, dim):
+    """Sum over queries along ``dim`` of ``[margin - min_more S + max_less S]_+``."""
+    least_relevant_score = scores.masked_fill(~more, math.inf).amin(dim=dim)
+    most_confusing_score = scores.masked_fill(~less, -math.inf).amax(dim=dim)
+    cost = (margin - least_relevant_score + most_confusing_score).clamp(min=0)
+    return torch.where(more.any(dim=dim) & less.any(dim=dim), cost, 0.0).sum()
+
+
+def _with_positives(negatives):
+    return negatives | torch.eye(len(negatives), dtype=torch.bool, device=negatives.device)
+
+
+def _finite(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _finite_list(values, name: str) -> list[float]:
+    if not isinstance(values, (list, tuple)):
+        raise ValueError(f"{name} must be a list of numbers, got {values!r}")
+    return [_finite(value, name) for value in values]
+
+
+def _positive(value, name: str) -> float:
+    value = _finite(value, name)
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    return value
+
+
+def _is_int_at_least(value, low: int) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low
+
+
+_LOSS_CLASSES = {
+    "sh": SumHingeLoss,
+    "mh": MaxHingeLoss,
+    "order": OrderLoss,
+    "lseh": SemanticHardNegativeLoss,
+    "ladder": LadderLoss,
+    "csn": CrossModalInfoNCELoss,
+    "cmn": HardestNegativeContrastiveLoss,
+    "mvn": MultiViewNTXentLoss,
+}

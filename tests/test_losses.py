@@ -1,0 +1,404 @@
+"""Losses against hand-computed values and against slow loop implementations (PROTOCOL.md)."""
+
+import math
+
+import pytest
+import torch
+
+from pipeline.losses import LOSS_NAMES, build_loss
+
+# A 3 × 3 score table used by several golden values: S = img @ cap.T with img = I.
+S3 = [[0.9, 0.8, 0.5],
+      [0.3, 0.6, 0.7],
+      [0.1, 0.65, 0.8]]
+
+
+def pairs_with_scores(scores):
+    """Embeddings whose inner-product table is exactly ``scores`` (images = identity)."""
+    scores = torch.tensor(scores, dtype=torch.float64)
+    return torch.eye(len(scores), dtype=torch.float64), scores.T.contiguous()
+
+
+# ---------------------------------------------------------------------------- slow references
+
+
+def slow_scores(img, cap, order=False):
+    size = len(img)
+    out = [[0.0] * size for _ in range(size)]
+    for i in range(size):
+        for j in range(size):
+            if order:
+                out[i][j] = -sum(max(0.0, float(c) - float(x)) ** 2
+                                 for c, x in zip(cap[j], img[i]))
+            else:
+                out[i][j] = sum(float(x) * float(c) for x, c in zip(img[i], cap[j]))
+    return out
+
+
+def same_image(i, j, ids):
+    return i == j or (ids is not None and ids[i] == ids[j])
+
+
+def is_negative(i, j, ids, mask):
+    return i != j and not (mask and same_image(i, j, ids))
+
+
+def slow_hinge(scores, ids, mask, margin, reduce, margin_of=None):
+    """reduce = sum or max over each query's negatives, both directions."""
+    size = len(scores)
+    total = 0.0
+    for q in range(size):
+        to_captions = [max(0.0, (margin_of(q, j) if margin_of else margin)
+                           - scores[q][q] + scores[q][j])
+                       for j in range(size) if is_negative(q, j, ids, mask)]
+        to_images = [max(0.0, (margin_of(i, q) if margin_of else margin)
+                         - scores[q][q] + scores[i][q])
+                     for i in range(size) if is_negative(i, q, ids, mask)]
+        for costs in (to_captions, to_images):
+            if costs:
+                total += sum(costs) if reduce == "sum" else max(costs)
+    return total
+
+
+def slow_lseh(scores, ids, mask, relevance, margin, lam):
+    def margin_of(i, j):
+        return margin + lam * (0.0 if same_image(i, j, ids) else relevance[i][j])
+    return slow_hinge(scores, ids, mask, margin, "max", margin_of)
+
+
+def slow_ladder(scores, ids, mask, relevance, thetas, margins, betas):
+    size = len(scores)
+    total = betas[0] * slow_hinge(scores, ids, mask, margins[0], "max")
+    for theta, margin, beta in zip(thetas, margins[1:], betas[1:]):
+        for q in range(size):
+            rows = [(scores[q][j], relevance[q][j]) for j in range(size)
+                    if is_negative(q, j, ids, mask)]
+            cols = [(scores[i][q], relevance[i][q]) for i in range(size)
+                    if is_negative(i, q, ids, mask)]
+            for candidates in (rows, cols):
+                more = [s for s, r in candidates if r >= theta]
+                less = [s for s, r in candidates if r < theta]
+                if more and less:
+                    total += beta * max(0.0, margin - min(more) + max(less))
+    return total
+
+
+def slow_csn(scores, ids, mask, tau):
+    size = len(scores)
+    rows = cols = 0.0
+    for q in range(size):
+        row = [scores[q][j] / tau for j in range(size) if j == q or is_negative(q, j, ids, mask)]
+        col = [scores[i][q] / tau for i in range(size) if i == q or is_negative(i, q, ids, mask)]
+        rows += -scores[q][q] / tau + math.log(sum(math.exp(v) for v in row))
+        cols += -scores[q][q] / tau + math.log(sum(math.exp(v) for v in col))
+    return rows / size + cols / size
+
+
+def slow_cmn(scores, ids, mask, margin, tau):
+    size = len(scores)
+    total = 0.0
+    for q in range(size):
+        captions = [scores[q][j] for j in range(size) if is_negative(q, j, ids, mask)]
+        images = [scores[i][q] for i in range(size) if is_negative(i, q, ids, mask)]
+        for hardest in (captions, images):
+            if hardest:
+                total += max(0.0, (max(hardest) + margin - scores[q][q]) / tau)
+    return total / size
+
+
+def slow_mvn(img, cap, ids, mask, tau):
+    size = len(img)
+    items = [list(map(float, v)) for v in list(img) + list(cap)]
+
+    def sim(a, b):
+        return sum(x * y for x, y in zip(items[a], items[b])) / tau
+
+    total = 0.0
+    for anchor in range(2 * size):
+        positive = anchor + size if anchor < size else anchor - size
+        pair = anchor % size
+        allowed = [t for t in range(2 * size) if t != anchor and (
+            t == positive or not (t % size == pair
+                                  or (mask and ids is not None and ids[t % size] == ids[pair])))]
+        total += -sim(anchor, positive) + math.log(sum(math.exp(sim(anchor, t)) for t in allowed))
+    return total / size
+
+
+def slow_loss(name, img, cap, ids, relevance, mask):
+    img, cap, relevance = img.tolist(), cap.tolist(), relevance.tolist()
+    ids = None if ids is None else ids.tolist()
+    scores = slow_scores(img, cap, order=name == "order")
+    if name == "sh":
+        return slow_hinge(scores, ids, mask, 0.2, "sum")
+    if name == "mh":
+        return slow_hinge(scores, ids, mask, 0.2, "max")
+    if name == "order":
+        return slow_hinge(scores, ids, mask, 0.05, "sum")
+    if name == "lseh":
+        return slow_lseh(scores, ids, mask, relevance, 0.185, 0.025)
+    if name == "ladder":
+        return slow_ladder(scores, ids, mask, relevance, [0.63], [0.2, 0.01], [1.0, 0.25])
+    if name == "csn":
+        return slow_csn(scores, ids, mask, 0.1)
+    if name == "cmn":
+        return slow_cmn(scores, ids, mask, 0.2, 0.1)
+    return slow_mvn(img, cap, ids, mask, 0.1)
+
+
+def random_batch(seed, size=7, dim=5, order=False):
+    gen = torch.Generator().manual_seed(seed)
+    img = torch.nn.functional.normalize(torch.randn(size, dim, generator=gen,
+                                                    dtype=torch.float64), dim=1)
+    cap = torch.nn.functional.normalize(img + 0.8 * torch.randn(size, dim, generator=gen,
+                                                                dtype=torch.float64), dim=1)
+    if order:
+        img, cap = img.abs(), cap.abs()
+    ids = torch.tensor([0, 0, 1, 2, 2, 2, 3][:size])  # pairs sharing an image
+    rel = torch.rand(size, size, generator=gen, dtype=torch.float64) * 0.5 + 0.4
+    rel = (rel + rel.T) / 2  # spans both sides of the ladder threshold 0.63
+    rel.fill_diagonal_(1.0)
+    return img, cap, ids, rel
+
+
+# ---------------------------------------------------------------------------- against slow loops
+
+
+@pytest.mark.parametrize("name", LOSS_NAMES)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("mask", [True, False])
+def test_loss_matches_slow_loop(name, seed, mask):
+    img, cap, ids, rel = random_batch(seed, order=name == "order")
+    loss = build_loss(name, mask_same_image=mask)
+    got = loss(img, cap, ids, rel)
+    assert got.shape == () and got.dtype == torch.float64
+    assert got.item() == pytest.approx(slow_loss(name, img, cap, ids, rel, mask), rel=1e-9,
+                                       abs=1e-12)
+
+
+@pytest.mark.parametrize("name", LOSS_NAMES)
+def test_without_image_ids_only_the_diagonal_is_positive(name):
+    img, cap, _, rel = random_batch(3, order=name == "order")
+    got = build_loss(name)(img, cap, None, rel)
+    assert got.item() == pytest.approx(slow_loss(name, img, cap, None, rel, True), rel=1e-9)
+
+
+def test_same_image_masking_changes_the_value():
+    img, cap, ids, _ = random_batch(0)
+    masked = build_loss("sh")(img, cap, ids)
+    unmasked = build_loss("sh", mask_same_image=False)(img, cap, ids)
+    assert unmasked > masked  # the unmasked one also pushes same-image captions apart
+
+
+# ---------------------------------------------------------------------------- golden values
+
+
+def test_sum_and_max_hinge_golden():
+    img, cap = pairs_with_scores(S3)
+    # Hinges 0.2 - S_ii + S_ij, rows (image queries): 0.1 | 0.3 | 0.05;
+    # columns (caption queries): 0 | 0.4 and 0.25 | 0.1.
+    assert build_loss("sh")(img, cap).item() == pytest.approx(1.2)
+    assert build_loss("mh")(img, cap).item() == pytest.approx(0.95)
+    # Pairs 0 and 1 show the same image: S01 and S10 are no longer negatives.
+    assert build_loss("mh")(img, cap, torch.tensor([7, 7, 3])).item() == pytest.approx(0.7)
+
+
+def test_order_golden():
+    img = torch.tensor([[1.0, 1.0], [0.0, 2.0]], dtype=torch.float64)
+    cap = torch.tensor([[0.5, 0.5], [1.0, 3.0]], dtype=torch.float64)
+    loss = build_loss("order")
+    # s(i, c) = -||max(0, c - i)||^2 → S = [[0, -4], [-0.25, -2]].
+    assert loss.similarity(img, cap).tolist() == [[0.0, -4.0], [-0.25, -2.0]]
+    # Only query image 1 vs caption 0 violates: 0.05 + 2 - 0.25.
+    assert loss(img, cap).item() == pytest.approx(1.8)
+    assert build_loss("order", reduction="max")(img, cap).item() == pytest.approx(1.8)
+
+
+def test_lseh_golden():
+    img, cap = pairs_with_scores(S3)
+    rel = torch.tensor([[1.0, 0.1, 0.0], [0.1, 1.0, 0.2], [0.0, 0.2, 1.0]])
+    # Per-pair margin 0.1 + rel: rows 0.1 | 0.4 | 0.15, columns 0 | 0.4 | 0.2.
+    loss = build_loss("lseh", margin=0.1, lambda_=1.0)
+    assert loss(img, cap, relevance=rel).item() == pytest.approx(1.25)
+
+
+def test_ladder_golden():
+    img, cap = pairs_with_scores(S3)
+    rel = torch.tensor([[1.0, 0.2, 0.7], [0.2, 1.0, 0.6], [0.7, 0.6, 1.0]], dtype=torch.float64)
+    loss = build_loss("ladder", thetas=[0.6], margins=[0.2, 0.1], betas=[1.0, 0.5])
+    # Level 1 = mh = 0.95.  Level 2 (theta 0.6; relevance 0.6 counts as more relevant):
+    # row 0: 0.1 - S02 + S01 = 0.4; row 1: 0.1 - 0.7 + 0.3 < 0; row 2: nothing less
+    # relevant (skipped); column 0: 0.1 - S20 + S10 = 0.3; column 1: 0.1 - S21 + S01 = 0.25;
+    # column 2 skipped.  Total 0.95 + 0.5 * 0.95.
+    assert loss(img, cap, relevance=rel).item() == pytest.approx(1.425)
+
+
+def test_csn_golden():
+    img, cap = pairs_with_scores([[0.9, 0.8], [0.3, 0.6]])
+    tau = 0.5
+    rows = math.log1p(math.exp((0.8 - 0.9) / tau)) + math.log1p(math.exp((0.3 - 0.6) / tau))
+    cols = math.log1p(math.exp((0.3 - 0.9) / tau)) + math.log1p(math.exp((0.8 - 0.6) / tau))
+    assert build_loss("csn", tau=tau)(img, cap).item() == pytest.approx(rows / 2 + cols / 2)
+    # Both pairs show the same image: no negatives at all.
+    assert build_loss("csn", tau=tau)(img, cap, torch.tensor([1, 1])).item() == 0.0
+
+
+def test_cmn_golden():
+    img, cap = pairs_with_scores(S3)
+    # Hardest captions 0.8, 0.7, 0.65 → (x + 0.2 - S_ii) / 0.1 = 1, 3, 0.5;
+    # hardest images 0.3, 0.8, 0.7 → 0 (negative), 4, 1.
+    assert build_loss("cmn")(img, cap).item() == pytest.approx(9.5 / 3)
+
+
+def test_mvn_golden():
+    img = torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    cap = torch.tensor([[0.6, 0.8], [0.8, -0.6]], dtype=torch.float64)
+    # img0·img1 = 0, img0·cap0 = .6, img0·cap1 = .8, img1·cap0 = .8, img1·cap1 = -.6,
+    # cap0·cap1 = 0; tau = 1.
+    e = math.exp
+    terms = [-0.6 + math.log(1 + e(0.6) + e(0.8)),   # anchor img0
+             0.6 + math.log(1 + e(0.8) + e(-0.6)),   # anchor img1
+             -0.6 + math.log(e(0.6) + e(0.8) + 1),   # anchor cap0
+             0.6 + math.log(e(0.8) + e(-0.6) + 1)]   # anchor cap1
+    assert build_loss("mvn", tau=1.0)(img, cap).item() == pytest.approx(sum(terms) / 2)
+
+
+# ---------------------------------------------------------------------------- options
+
+
+def test_negative_set_size_covering_all_negatives_is_plain_mh():
+    img, cap, ids, _ = random_batch(4)
+    full = build_loss("mh")(img, cap, ids)
+    assert build_loss("mh", negative_set_size=6)(img, cap, ids).item() == pytest.approx(
+        full.item())
+
+
+def test_negative_set_size_draws_only_negatives():
+    # Every negative has hinge 0.2; the same-image pair (0, 1) would have 4.8.
+    scores = [[0.5, 5.0, 0.5], [5.0, 0.5, 0.5], [0.5, 0.5, 0.5]]
+    img, cap = pairs_with_scores(scores)
+    ids = torch.tensor([0, 0, 1])
+    loss = build_loss("mh", negative_set_size=1)
+    unmasked = build_loss("mh", negative_set_size=1, mask_same_image=False)
+    seen_unmasked = set()
+    for seed in range(20):
+        torch.manual_seed(seed)
+        assert loss(img, cap, ids).item() == pytest.approx(6 * 0.2)
+        seen_unmasked.add(round(unmasked(img, cap, ids).item(), 6))
+    assert len(seen_unmasked) > 1  # without the mask the random draw matters
+
+
+def test_negative_set_size_is_at_most_mh_and_reproducible():
+    img, cap, ids, _ = random_batch(5)
+    full = build_loss("mh")(img, cap, ids).item()
+    loss = build_loss("mh", negative_set_size=1)
+    torch.manual_seed(3)
+    first = loss(img, cap, ids).item()
+    torch.manual_seed(3)
+    assert loss(img, cap, ids).item() == first
+    assert 0 <= first <= full
+
+
+def test_warmup_uses_sum_of_hinges_for_the_first_epochs():
+    img, cap, ids, _ = random_batch(6)
+    sh = build_loss("sh")(img, cap, ids).item()
+    mh = build_loss("mh")(img, cap, ids).item()
+    assert sh > mh
+    loss = build_loss("mh", warmup_epochs=2)
+    assert loss(img, cap, ids).item() == pytest.approx(sh)  # epoch 0 before any set_epoch
+    loss.set_epoch(1)
+    assert loss(img, cap, ids).item() == pytest.approx(sh)
+    loss.set_epoch(2)
+    assert loss(img, cap, ids).item() == pytest.approx(mh)
+
+
+def test_ladder_three_levels_defaults():
+    img, cap, ids, rel = random_batch(7)
+    got = build_loss("ladder", levels=3)(img, cap, ids, rel).item()
+    scores = slow_scores(img.tolist(), cap.tolist())
+    expected = slow_ladder(scores, ids.tolist(), True, rel.tolist(), [0.63, 0.56],
+                           [0.2, 0.01, 0.01], [1.0, 0.25, 0.125])
+    assert got == pytest.approx(expected, rel=1e-9)
+
+
+def test_uses_relevance_flags():
+    assert {n for n in LOSS_NAMES if build_loss(n).uses_relevance} == {"lseh", "ladder"}
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("name, options, message", [
+    ("triplet", {}, "unknown loss 'triplet'"),
+    ("mh", {"marg": 0.1}, "unknown option(s) marg for loss 'mh'"),
+    ("csn", {"tau": 0.0}, "tau must be > 0"),
+    ("order", {"reduction": "mean"}, "reduction must be 'sum' or 'max'"),
+    ("mh", {"negative_set_size": 0}, "negative_set_size must be None or an integer >= 1"),
+    ("mh", {"warmup_epochs": -1}, "warmup_epochs must be an integer >= 0"),
+    ("ladder", {"levels": 4}, "levels=4 has no defaults"),
+    ("ladder", {"thetas": [0.6, 0.5]}, "levels=2 needs 1 thetas"),
+    ("ladder", {"margins": 0.2}, "margins must be a list"),
+    ("sh", {"margin": float("nan")}, "margin must be a finite number"),
+])
+def test_bad_names_and_options_raise(name, options, message):
+    with pytest.raises(ValueError) as info:
+        build_loss(name, **options)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["lseh", "ladder"])
+def test_relevance_losses_need_relevance(name):
+    img, cap, ids, _ = random_batch(0)
+    with pytest.raises(ValueError, match="needs the batch relevance"):
+        build_loss(name)(img, cap, ids)
+    with pytest.raises(ValueError, match="relevance must be 7 × 7"):
+        build_loss(name)(img, cap, ids, torch.zeros(6, 6))
+
+
+def test_bad_shapes_raise():
+    img, cap, ids, _ = random_batch(0)
+    with pytest.raises(ValueError, match="must both be"):
+        build_loss("mh")(img, cap[:5])
+    with pytest.raises(ValueError, match="image_ids must have shape"):
+        build_loss("mh")(img, cap, ids[:3])
+
+
+# ---------------------------------------------------------------------------- gradients, precision
+
+
+@pytest.mark.parametrize("name", LOSS_NAMES)
+def test_gradcheck(name):
+    img, cap, ids, rel = random_batch(8, size=5, dim=3, order=name == "order")
+    img.requires_grad_(True)
+    cap.requires_grad_(True)
+    loss = build_loss(name)
+    assert torch.autograd.gradcheck(lambda a, b: loss(a, b, ids, rel), (img, cap))
+
+
+def test_gradients_reach_both_modalities():
+    img, cap, ids, rel = random_batch(9)
+    img = img.float().requires_grad_(True)
+    cap = cap.float().requires_grad_(True)
+    build_loss("ladder")(img, cap, ids, rel).backward()
+    assert img.grad.abs().sum() > 0 and cap.grad.abs().sum() > 0
+    assert torch.isfinite(img.grad).all() and torch.isfinite(cap.grad).all()
+
+
+@pytest.mark.parametrize("name", ["cmn", "csn", "ladder", "mvn"])
+def test_no_nan_gradient_when_a_query_has_no_negatives(name):
+    img, cap, _, rel = random_batch(10, size=3)
+    img = img.float().requires_grad_(True)
+    ids = torch.tensor([0, 0, 0])  # nothing is a negative
+    value = build_loss(name)(img, cap.float(), ids, rel)
+    value.backward()
+    assert value.item() == 0.0
+    assert torch.isfinite(img.grad).all()
+
+
+def test_autocast_does_not_lower_the_loss_precision():
+    img, cap, ids, rel = random_batch(11)
+    img, cap = img.float(), cap.float()
+    plain = build_loss("lseh")(img, cap, ids, rel)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = build_loss("lseh")(img, cap, ids, rel)
+    assert mixed.dtype == torch.float32
+    assert mixed.item() == plain.item()
