@@ -1,0 +1,99 @@
+"""`vse extract` (images → feature cache) and `vse info` (what a cache holds, checked)."""
+
+from __future__ import annotations
+
+import click
+
+from pipeline.backbones import BACKBONE_NAMES
+from pipeline.cache import DEFAULT_SHARD_SIZE, FeatureCache
+from pipeline.errors import VseError
+
+
+def _split_list(ctx, param, value):
+    if value is None:
+        return None
+    names = [s.strip() for s in value.split(",") if s.strip()]
+    if not names:
+        raise click.BadParameter("give split names separated by commas, e.g. train,dev,test")
+    return names
+
+
+@click.command("extract")
+@click.option("--dataset", "kind", required=True, type=click.Choice(["flickr8k", "karpathy", "vsepp-precomp"]),
+              help="Layout of --root; vsepp-precomp copies VSE++ precomputed features (no CNN).")
+@click.option("--root", required=True, type=click.Path(exists=True, file_okay=False), help="Dataset folder.")
+@click.option("--splits", callback=_split_list, default=None,
+              help="Comma-separated splits to extract (default: all of the dataset's).")
+@click.option("--backbone", default="efficientnet-lite0", show_default=True,
+              type=click.Choice([b for b in BACKBONE_NAMES]),
+              help="CNN; 'tiny' is a random test-only net.")
+@click.option("--crops", type=click.Choice(["1", "10"]), default="1", show_default=True,
+              help="1: centre crop; 10: corners + centre and their flips, features averaged.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Cache file (.h5); shards go to OUT.shards/.")
+@click.option("--batch-size", type=int, default=32, show_default=True, help="Images per forward pass (× crops).")
+@click.option("--workers", type=int, default=None, help="Image-loading processes [default: cores - 1, at most 8].")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--shard-size", type=int, default=DEFAULT_SHARD_SIZE, show_default=True,
+              help="Rows per shard (the unit of resuming and of work per rank).")
+@click.option("--weights", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Backbone weights file (default: the package's / the torch hub cache's).")
+@click.option("--skip-bad-images", is_flag=True,
+              help="Store zeros for unreadable images (listed in the cache's bad_images) instead of stopping.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def extract_command(kind, root, splits, backbone, crops, out, batch_size, workers, device,
+                    shard_size, weights, skip_bad_images, quiet):
+    """Extract image features into a sharded HDF5 cache; rerun the same command to resume.
+
+    Under torchrun each rank computes every world_size-th shard.
+    """
+    from pipeline import distributed
+    from pipeline.datasets import load_dataset
+    from pipeline.extract import ExtractOptions, extract_features, import_precomputed
+
+    dataset = load_dataset(kind, root)
+    if kind == "vsepp-precomp":
+        result = import_precomputed(dataset, out, splits, shard_size=shard_size, dataset_kind=kind)
+    else:
+        options = ExtractOptions(backbone=backbone, crops=int(crops), batch_size=batch_size,
+                                 workers=workers, device=device, shard_size=shard_size,
+                                 weights=weights, skip_bad_images=skip_bad_images, progress=not quiet)
+        result = extract_features(dataset, out, splits, options, dataset_kind=kind)
+    if not distributed.is_main():
+        return
+    for line in dataset.report.lines():
+        click.echo(f"dataset: skipped or changed {line}", err=True)
+    for line in result.bad_images:
+        click.echo(f"unreadable image stored as zeros: {line}", err=True)
+    speed = f", {result.images_per_second:.1f} images/s" if result.images_computed else ""
+    click.echo(f"wrote {result.path}: {result.num_images} images × {result.feature_dim} "
+               f"({result.num_shards} shards, {result.shards_computed} computed here, "
+               f"{result.shards_reused} reused or by other ranks{speed})")
+
+
+@click.command("info")
+@click.argument("path", type=click.Path(dir_okay=False))
+def info_command(path):
+    """Show what a feature cache holds and check it (exit 1 if it is broken)."""
+    with FeatureCache(path) as cache:
+        click.echo(f"{cache.path}")
+        for key, value in sorted(cache.attrs.items()):
+            if key != "config":
+                click.echo(f"  {key}: {value}")
+        shards = "virtual over shards" if cache.features.is_virtual else "stored inline"
+        click.echo(f"features: {cache.num_images} × {cache.feature_dim} "
+                   f"{cache.features.dtype} ({shards})")
+        click.echo(f"captions: {len(cache.captions)}"
+                   + (f", e.g. {cache.captions[0]!r}" if cache.captions else ""))
+        click.echo("splits:")
+        for name in cache.split_names:
+            click.echo(f"  {name}: {len(cache.split(name))} images, "
+                       f"{len(cache.split_captions(name))} captions")
+        report = cache.check()
+        if not report.ok:
+            raise VseError(f"broken cache: {report.summary()}", cache.path)
+        click.echo(f"check: {report.summary()}")
+
+
+def register(group) -> None:
+    group.add_command(extract_command)
+    group.add_command(info_command)

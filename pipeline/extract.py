@@ -1,0 +1,240 @@
+"""Images → crops → backbone → sharded feature cache; resumable and torchrun-aware.
+
+Rows of the cache are the images of the requested splits, in dataset order.  They are cut
+into fixed shards (``shard_size`` rows) and every shard into fixed batches starting at the
+shard's first row, so a shard's features do not depend on which run, rank or restart
+computed it: a killed run restarted with the same command reuses the complete shards and
+ends with the same bytes as an uninterrupted run.  Under torchrun shard ``i`` belongs to
+rank ``i % world_size``; rank 0 writes the combined file after a barrier.
+
+Unreadable images stop the run with one line naming the image, unless
+``skip_bad_images`` is set: then their rows are zeros and listed in ``bad_images``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from . import distributed, runtime
+from .backbones import Backbone, load_backbone
+from .cache import DEFAULT_SHARD_SIZE, CacheIndex, ShardedWriter
+from .crops import CropPlan
+from .datasets import Dataset, open_image
+from .errors import VseError
+
+
+@dataclass(frozen=True)
+class ExtractOptions:
+    backbone: str = "efficientnet-lite0"
+    crops: int = 1
+    batch_size: int = 32  # images per forward pass (× crops network inputs)
+    workers: int | None = None  # DataLoader workers; None → runtime.default_workers()
+    device: str = "auto"
+    shard_size: int = DEFAULT_SHARD_SIZE
+    weights: str | None = None
+    skip_bad_images: bool = False
+    progress: bool = False
+
+
+@dataclass
+class ExtractResult:
+    """What one process did (under torchrun: this rank's share)."""
+
+    path: Path
+    num_images: int
+    feature_dim: int
+    num_shards: int
+    shards_computed: int = 0
+    images_computed: int = 0
+    seconds: float = 0.0  # wall time of the compute loop
+    bad_images: list[str] = field(default_factory=list)  # "<image id>: <problem>"
+
+    @property
+    def shards_reused(self) -> int:
+        return self.num_shards - self.shards_computed
+
+    @property
+    def images_per_second(self) -> float:
+        return self.images_computed / self.seconds if self.seconds else 0.0
+
+
+def select_images(dataset: Dataset, splits=None) -> tuple[np.ndarray, CacheIndex]:
+    """Rows of the cache (dataset image indices of the requested splits, in dataset order)
+    and the cache's index: ids, captions of those images (grouped by row), splits → rows."""
+    names = list(dataset.splits) if splits is None else list(splits)
+    unknown = [s for s in names if s not in dataset.splits]
+    if unknown or not names:
+        raise VseError(f"no split {', '.join(map(repr, unknown)) or 'at all'} in the dataset "
+                       f"(splits: {', '.join(dataset.splits) or 'none'})", dataset.root)
+    rows = np.unique(np.concatenate([dataset.splits[s] for s in names]))
+    if rows.size == 0:
+        raise VseError(f"the splits {', '.join(names)} hold no images", dataset.root)
+    position = np.full(dataset.num_images, -1, dtype=np.int64)
+    position[rows] = np.arange(len(rows))
+    caption_row = position[dataset.caption_image]
+    kept = np.flatnonzero(caption_row >= 0)
+    kept = kept[np.argsort(caption_row[kept], kind="stable")]
+    index = CacheIndex(image_ids=[dataset.image_ids[r] for r in rows],
+                       captions=[dataset.captions[j] for j in kept],
+                       caption_image=caption_row[kept],
+                       splits={s: position[dataset.splits[s]] for s in names})
+    return rows, index
+
+
+def extract_features(dataset: Dataset, out, splits=None, options: ExtractOptions = ExtractOptions(),
+                     dataset_kind: str | None = None) -> ExtractResult:
+    """Run ``options.backbone`` over the images of ``splits`` and write the cache ``out``."""
+    if dataset.image_paths is None:
+        raise VseError("this dataset has no images, only precomputed features "
+                       "(use the vsepp-precomp import)", dataset.root)
+    if options.batch_size < 1:
+        raise VseError(f"--batch-size must be at least 1, not {options.batch_size}")
+    device = runtime.resolve_device(options.device)
+    distributed.init_from_env(device)
+    backbone = load_backbone(options.backbone, options.weights)
+    plan = CropPlan(options.crops, backbone.preprocessing)
+    rows, index = select_images(dataset, splits)
+    precision = _precision(device)
+    p = backbone.preprocessing
+    attrs = {"backbone": backbone.name, "weights_sha256": backbone.weights_sha256,
+             "weights_file": str(backbone.weights_file or ""), "crops": options.crops,
+             "image_size": p.image_size, "resize": p.resize, "resize_mode": plan.resize_mode,
+             "interpolation": p.interpolation, "mean": list(p.mean), "std": list(p.std),
+             "dataset": dataset_kind or dataset.name, "dataset_root": str(Path(dataset.root).resolve()),
+             "precision": precision, "skip_bad_images": options.skip_bad_images}
+    config = {**{k: v for k, v in attrs.items() if k != "weights_file"},
+              "rows_sha256": _digest(index.image_ids), "batch_size": options.batch_size,
+              "shard_size": options.shard_size, "device_type": device.type}
+    writer = ShardedWriter(out, len(rows), backbone.feature_dim, options.shard_size, config)
+    if distributed.is_main():
+        writer.discard_stale_combined()
+    todo = [i for i in _my_shards(writer) if not writer.is_complete(i)]
+    result = ExtractResult(writer.out, writer.num_rows, backbone.feature_dim, len(writer.bounds))
+    paths = [dataset.image_paths[r] for r in rows]
+    _compute_shards(backbone, plan, paths, index.image_ids, writer, todo, options, device, result)
+    distributed.barrier()
+    if distributed.is_main():
+        writer.finish(index, attrs)
+    distributed.barrier()
+    return result
+
+
+def import_precomputed(dataset: Dataset, out, splits=None, shard_size: int = DEFAULT_SHARD_SIZE,
+                       dataset_kind: str | None = None) -> ExtractResult:
+    """Copy precomputed features (VSE++ ``*_ims.npy``) into the cache format, no CNN."""
+    if dataset.features is None:
+        raise VseError("this dataset has no precomputed features", dataset.root)
+    rows, index = select_images(dataset, splits)
+    feature_dim = int(dataset.features.shape[1])
+    attrs = {"backbone": "precomputed", "weights_sha256": "", "crops": 0, "image_size": 0,
+             "resize": 0, "mean": [], "std": [], "dataset": dataset_kind or dataset.name,
+             "dataset_root": str(Path(dataset.root).resolve())}
+    config = {**attrs, "rows_sha256": _digest(index.image_ids), "shard_size": shard_size}
+    writer = ShardedWriter(out, len(rows), feature_dim, shard_size, config)
+    if distributed.is_main():
+        writer.discard_stale_combined()
+    result = ExtractResult(writer.out, writer.num_rows, feature_dim, len(writer.bounds))
+    start_time = time.perf_counter()
+    for i in _my_shards(writer):
+        if not writer.is_complete(i):
+            start, stop = writer.bounds[i]
+            writer.write_shard(i, np.asarray(dataset.features[rows[start:stop]], dtype=np.float32))
+            result.shards_computed += 1
+            result.images_computed += stop - start
+    result.seconds = time.perf_counter() - start_time
+    distributed.barrier()
+    if distributed.is_main():
+        writer.finish(index, attrs)
+    distributed.barrier()
+    return result
+
+
+# ---------------------------------------------------------------------------- the compute loop
+
+
+class _PreparedImages(torch.utils.data.Dataset):
+    """Item ``row`` → (row, uint8 image prepared for the crops, error message or "")."""
+
+    def __init__(self, paths: list[Path], plan: CropPlan):
+        self.paths = paths
+        self.plan = plan
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, row: int):
+        try:
+            return row, self.plan.prepare(open_image(self.paths[row])), ""
+        except VseError as exc:
+            return row, self.plan.blank(), str(exc)
+
+
+def _compute_shards(backbone: Backbone, plan: CropPlan, paths, image_ids, writer: ShardedWriter,
+                    todo: list[int], options: ExtractOptions, device: torch.device,
+                    result: ExtractResult) -> None:
+    batches = [list(range(a, min(a + options.batch_size, stop)))
+               for i in todo for start, stop in [writer.bounds[i]]
+               for a in range(start, stop, options.batch_size)]
+    if not batches:
+        return
+    workers = runtime.default_workers() if options.workers is None else options.workers
+    loader = torch.utils.data.DataLoader(
+        _PreparedImages(paths, plan), batch_sampler=batches, num_workers=workers,
+        pin_memory=runtime.pin_memory(device))
+    # channels_last: faster convolutions on GPUs (tensor cores) and on CPUs (oneDNN; ~2× for
+    # EfficientNet's depthwise convolutions)
+    model = backbone.module.to(device, memory_format=torch.channels_last)
+    shard_of = {row: i for i in todo for row in range(*writer.bounds[i])}
+    progress = tqdm(total=sum(len(b) for b in batches), unit="img", dynamic_ncols=True,
+                    desc=f"{backbone.name} {plan.crops}C",
+                    disable=not (options.progress and distributed.is_main()))
+    shard, features, bad_rows = None, None, []
+    started = time.perf_counter()
+    with progress, torch.inference_mode():
+        for batch_rows, prepared, errors in loader:
+            batch_rows = batch_rows.tolist()
+            if shard_of[batch_rows[0]] != shard:
+                shard = shard_of[batch_rows[0]]
+                start, stop = writer.bounds[shard]
+                features, bad_rows = np.empty((stop - start, writer.feature_dim), np.float32), []
+            x = plan.network_input(prepared.to(device, non_blocking=True), channels_last=True)
+            with runtime.autocast(device):
+                output = model(x)
+            batch = plan.average(output).cpu().numpy()
+            for k, message in enumerate(errors):
+                if message:
+                    if not options.skip_bad_images:
+                        raise VseError(f"{message} (--skip-bad-images stores zeros for "
+                                       "unreadable images and goes on)")
+                    batch[k] = 0.0
+                    bad_rows.append(batch_rows[k])
+                    result.bad_images.append(f"{image_ids[batch_rows[k]]}: {message}")
+            features[batch_rows[0] - start:batch_rows[-1] + 1 - start] = batch
+            progress.update(len(batch_rows))
+            if batch_rows[-1] + 1 == stop:
+                writer.write_shard(shard, features, bad_rows)
+                result.shards_computed += 1
+                result.images_computed += stop - start
+    result.seconds = time.perf_counter() - started
+
+
+def _my_shards(writer: ShardedWriter) -> list[int]:
+    rank, world = distributed.rank(), distributed.world_size()
+    return [i for i in range(len(writer.bounds)) if i % world == rank]
+
+
+def _precision(device: torch.device) -> str:
+    context = runtime.autocast(device)
+    dtype = context.fast_dtype if isinstance(context, torch.autocast) else torch.float32
+    return str(dtype).removeprefix("torch.")
+
+
+def _digest(strings: list[str]) -> str:
+    return hashlib.sha256("\n".join(strings).encode()).hexdigest()
