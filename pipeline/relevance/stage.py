@@ -1,0 +1,111 @@
+"""The relevance stage: feature cache captions → per-caption vectors → relevance file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import VseError
+from .bert import bert_identity, bert_vectors
+from .cbow import cbow_identity, cbow_vectors
+from .neighbours import top_neighbours
+from .store import DTYPES, write_relevance
+from .svd import DEFAULT_SVD_ITERATIONS, SvdModel, model_path_for
+from .vectors import RelevanceVectors
+
+METHODS = ("svd", "bert", "cbow", "cbow+bert")
+DEFAULT_CBOW_THRESHOLD = 0.8  # the ladder code's EcoSTSMatrix(coocthreshold=0.8)
+
+
+def compute_relevance_vectors(captions, fit_indices, method: str, *, k: int = 400, seed: int = 0,
+                              svd_iterations: int = DEFAULT_SVD_ITERATIONS, device="auto",
+                              batch_size: int = 256, cbow_threshold: float = DEFAULT_CBOW_THRESHOLD,
+                              progress: bool = False) -> tuple[RelevanceVectors, SvdModel | None]:
+    """Vectors of every caption; ``fit_indices`` (the training captions) are all that
+    ``svd`` is fitted on. Returns the vectors and, for ``svd``, the fitted model."""
+    captions = list(captions)
+    fit_indices = np.asarray(fit_indices, dtype=np.int64)
+    if method not in METHODS:
+        raise VseError(f"unknown relevance method {method!r} (expected {', '.join(METHODS)})")
+    if batch_size < 1:
+        raise VseError(f"--batch-size must be at least 1, not {batch_size}")
+    if method == "svd":
+        model = SvdModel(k, seed, svd_iterations).fit([captions[i] for i in fit_indices])
+        vectors = model.transform(captions)
+        empty = int(np.count_nonzero(~vectors.any(axis=1)))
+        return RelevanceVectors(method, vectors, model.params(), model.identity(),
+                                counts={"captions_without_terms": empty}), model
+    if method == "cbow":
+        vectors, empty = cbow_vectors(captions)
+        return RelevanceVectors(method, vectors, {}, cbow_identity(),
+                                counts={"captions_without_known_words": empty}), None
+    bert = bert_vectors(captions, device, batch_size, progress)
+    params = {"batch_size": batch_size}
+    if method == "bert":
+        return RelevanceVectors(method, bert, params, bert_identity()), None
+    if not -1.0 <= cbow_threshold <= 1.0:
+        raise VseError(f"--cbow-threshold is a cosine, between -1 and 1, not {cbow_threshold}")
+    coarse, empty = cbow_vectors(captions)
+    return RelevanceVectors(method, bert, {**params, "cbow_threshold": cbow_threshold},
+                            {"fine": bert_identity(), "coarse": cbow_identity()},
+                            coarse_vectors=coarse, cbow_threshold=cbow_threshold,
+                            counts={"captions_without_known_words": empty}), None
+
+
+@dataclass
+class RelevanceSummary:
+    out: Path
+    method: str
+    num_captions: int
+    num_fit_captions: int
+    dim: int
+    params: dict
+    counts: dict
+    svd_model: Path | None
+    neighbours: int
+
+
+def build_relevance(features, method: str, out, *, k: int = 400, neighbours: int = 0,
+                    batch_size: int = 256, device="auto", dtype: str = "float32",
+                    cbow_threshold: float = DEFAULT_CBOW_THRESHOLD, fit_splits=("train",),
+                    seed: int = 0, svd_iterations: int = DEFAULT_SVD_ITERATIONS,
+                    progress: bool = False) -> RelevanceSummary:
+    """Run the stage on a feature cache: vectors for all its captions, fitted on
+    ``fit_splits``; optional top-``neighbours`` lists among the fitting captions."""
+    from ..cache import FeatureCache
+
+    features, out = Path(features), Path(out)
+    if method not in METHODS:
+        raise VseError(f"unknown relevance method {method!r} (expected {', '.join(METHODS)})")
+    if dtype not in DTYPES:
+        raise VseError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    if neighbours < 0:
+        raise VseError(f"--neighbours must be 0 (none) or more, not {neighbours}")
+    if out.resolve() == features.resolve():
+        raise VseError("--out would overwrite the feature cache", out)
+    with FeatureCache(features) as cache:
+        captions = cache.captions
+        if not captions:
+            raise VseError("feature cache has no captions", features)
+        fit_indices = np.concatenate([cache.split_captions(s) for s in fit_splits])
+    if len(fit_indices) == 0:
+        raise VseError(f"split(s) {', '.join(fit_splits)} have no captions to fit on", features)
+
+    rv, model = compute_relevance_vectors(captions, fit_indices, method, k=k, seed=seed,
+                                          svd_iterations=svd_iterations, device=device,
+                                          batch_size=batch_size, cbow_threshold=cbow_threshold,
+                                          progress=progress)
+    lists = None
+    if neighbours:
+        lists = top_neighbours(rv.vectors, fit_indices, neighbours, coarse_vectors=rv.coarse_vectors,
+                               threshold=rv.cbow_threshold, device=device)
+    model_path = None
+    if model is not None:
+        model_path = model.save(model_path_for(out))
+    write_relevance(out, rv, features_file=features, fit_splits=fit_splits,
+                    num_fit_captions=len(fit_indices), dtype=dtype, neighbours=lists,
+                    svd_model=None if model_path is None else model_path.name)
+    return RelevanceSummary(out, method, rv.num_captions, len(fit_indices), rv.vectors.shape[1],
+                            rv.params, rv.counts, model_path, neighbours)
