@@ -33,8 +33,6 @@ PROTOCOLS = ("single", "5fold", "5k")
 COCO_FOLDS = 5
 COCO_FOLD_SIZE = 1000
 COCO_5K_IMAGES = 5000
-# Elements of one (queries × k × k) pairwise-sign tensor in the Kendall tau computation.
-TAU_BLOCK_ELEMENTS = 2**22
 
 
 # ---------------------------------------------------------------------------- ranks
@@ -96,7 +94,7 @@ def _similarity(images, captions, order: bool) -> torch.Tensor:
     if not order:
         return images @ captions.T
     scores = torch.empty(len(images), len(captions), dtype=images.dtype, device=images.device)
-    # The (images, step, D) difference tensor holds no more elements than the output.
+    # The (images, step, D) difference tensor is about the size of the output block.
     step = max(1, len(captions) // images.shape[1])
     for start in range(0, len(captions), step):
         violation = captions[None, start:start + step] - images[:, None]
@@ -235,33 +233,69 @@ def coherent_scores(img_emb, cap_emb, relevance_ref, ks=(100, 1000), *, order: b
 def _top_k_kendall_tau_b(scores, relevance, ks) -> list[torch.Tensor]:
     """Per row, tau-b over the top-k candidates, for each k in ``ks`` (nan where undefined).
 
-    tau-b = sum_ij sx_ij sy_ij / sqrt(#{sx_ij != 0} · #{sy_ij != 0}) with sx_ij =
-    sign(x_i - x_j): pairs tied in x or y add nothing to the numerator, and the counts of
-    untied pairs are scipy's (n0 - n1) and (n0 - n2), doubled like the numerator.
+    Knight's O(k log k) form, as scipy computes it: with the k pairs sorted by (x, y)
+    descending, n0 = k(k-1)/2 pairs, n1 / n2 / n3 pairs tied in x / in y / in both, and
+    D = #{i < j: y_i < y_j} (the discordant pairs),
+    tau-b = (n0 - n1 - n2 + n3 - 2 D) / sqrt((n0 - n1) (n0 - n2)).
+    All counts are exact integers; memory is O(rows · k).
     """
     ranked = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :max(ks)]
-    x_all = scores.gather(1, ranked)
+    x_all = scores.gather(1, ranked)  # non-increasing along each row
     y_all = relevance.gather(1, ranked)
     result = []
     for k in ks:
-        rows = max(1, TAU_BLOCK_ELEMENTS // (k * k))
-        taus = []
-        for start in range(0, len(scores), rows):
-            sx = _pairwise_signs(x_all[start:start + rows, :k])
-            sy = _pairwise_signs(y_all[start:start + rows, :k])
-            concordance = (sx * sy).sum(dim=(1, 2), dtype=torch.int64)
-            untied = (torch.count_nonzero(sx, dim=(1, 2))
-                      * torch.count_nonzero(sy, dim=(1, 2))).double()
-            tau = concordance.double() / untied.sqrt()
-            taus.append(torch.where(untied > 0, tau, torch.nan))
-        result.append(torch.cat(taus))
+        x, y = x_all[:, :k], y_all[:, :k]
+        by_y = torch.sort(y, dim=1, descending=True, stable=True).indices
+        by_x_then_y = by_y.gather(1, torch.sort(x.gather(1, by_y), dim=1, descending=True,
+                                                stable=True).indices)
+        x, y = x.gather(1, by_x_then_y), y.gather(1, by_x_then_y)
+        x_changes = _changes(x)
+        tied_x = _tied_pairs(x_changes)
+        tied_y = _tied_pairs(_changes(torch.sort(y, dim=1).values))
+        tied_both = _tied_pairs(x_changes | _changes(y))
+        pairs = k * (k - 1) // 2
+        numerator = pairs - tied_x - tied_y + tied_both - 2 * _ascending_pairs(y)
+        untied = ((pairs - tied_x) * (pairs - tied_y)).double()
+        tau = numerator.double() / untied.sqrt()
+        result.append(torch.where(untied > 0, tau, torch.nan))
     return result
 
 
-def _pairwise_signs(values) -> torch.Tensor:
-    """(q, k, k) int8 sign(values[:, i] - values[:, j])."""
-    left, right = values[:, :, None], values[:, None, :]
-    return (left > right).to(torch.int8) - (left < right).to(torch.int8)
+def _changes(values) -> torch.Tensor:
+    """(q, k) bool: True where a run of equal values starts (always at column 0)."""
+    starts = torch.ones_like(values, dtype=torch.bool)
+    starts[:, 1:] = values[:, 1:] != values[:, :-1]
+    return starts
+
+
+def _tied_pairs(run_starts) -> torch.Tensor:
+    """Pairs inside the same run, per row: sum over runs of c(c-1)/2."""
+    position = torch.arange(run_starts.shape[1], device=run_starts.device).expand_as(run_starts)
+    run_start = torch.where(run_starts, position, 0).cummax(dim=1).values
+    return (position - run_start).sum(dim=1)
+
+
+def _ascending_pairs(values) -> torch.Tensor:
+    """#{i < j: values_i < values_j} per row, by merge-sort counting in log2(k) rounds.
+
+    Round w compares the left and right halves of every block of 2w positions: each
+    right element counts the left elements below it (a batched ``searchsorted`` into the
+    sorted left half), so every pair i < j is counted once, in the round that splits it.
+    """
+    rows, k = values.shape
+    size = 1 << max(0, k - 1).bit_length()
+    padded = values.new_zeros(rows, size)
+    padded[:, :k] = values  # the padding sits after every real value and is never counted
+    real = torch.arange(size, device=values.device) < k
+    total = torch.zeros(rows, dtype=torch.long, device=values.device)
+    width = 1
+    while width < size:
+        blocks = padded.view(rows, size // (2 * width), 2, width)
+        left = torch.sort(blocks[:, :, 0], dim=-1).values
+        below = torch.searchsorted(left, blocks[:, :, 1].contiguous(), side="left")
+        total += (below * real.view(-1, 2, width)[:, 1]).sum(dim=(1, 2))
+        width *= 2
+    return total
 
 
 def _mean_defined(taus: torch.Tensor) -> float:
