@@ -15,7 +15,7 @@ LOSS_FLAGS = {
     "negative_set_size": "negative_set_size",
     "warmup_epochs": "warmup_epochs",
     "tau": "tau",
-    "lseh_lambda": "lam",
+    "lseh_lambda": "lambda_",
     "ladder_levels": "levels",
 }
 

@@ -130,7 +130,10 @@ class Trainer:
             self._init_from(init_state)
         elif config.glove:
             self._load_glove()
-        self.loss = build_loss(config.loss, **config.loss_kwargs())
+        try:
+            self.loss = build_loss(config.loss, **config.loss_kwargs())
+        except ValueError as exc:
+            raise VseError(str(exc)) from exc
         self.relevance = self._relevance()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
         self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=max(1, config.lr_decay_epoch),
