@@ -75,11 +75,17 @@ def _independent_lseh(train, captions, k):
     return tfidf @ vt[:k].T, s, len(vocab)
 
 
-def test_svd_vectors_match_independent_tfidf_and_exact_svd():
+@pytest.fixture(scope="module")
+def lseh_reference():
+    """40 real images: 30 to fit on, 10 held out; the independent k=20 computation."""
     _, captions = demo_captions(40)
-    train = np.arange(150)  # 30 images to fit on, 10 held-out images projected
+    train = np.arange(150)
+    return (captions, train, *_independent_lseh(train, captions, 20))
+
+
+def test_svd_vectors_match_independent_tfidf_and_exact_svd(lseh_reference):
+    captions, train, projection, singular, num_terms = lseh_reference
     k = 20
-    projection, singular, num_terms = _independent_lseh(train, captions, k)
     assert singular[k + 9] < 0.9 * singular[k - 1]  # the randomized SVD's 10 extra vectors converge
     rv, model = compute_relevance_vectors(captions, train, "svd", k=k, svd_iterations=30)
     assert rv.vectors.shape == (200, k) and rv.vectors.dtype == np.float32
@@ -95,10 +101,8 @@ def test_svd_vectors_match_independent_tfidf_and_exact_svd():
     assert not rv.vectors[outside].any()
 
 
-def test_default_svd_iterations_capture_the_top_k_energy():
-    _, captions = demo_captions(40)
-    train = np.arange(150)
-    projection, singular, _ = _independent_lseh(train, captions, 20)
+def test_default_svd_iterations_capture_the_top_k_energy(lseh_reference):
+    captions, train, _, singular, _ = lseh_reference
     _, model = compute_relevance_vectors(captions, train, "svd", k=20)
     tfidf = model.tfidf.transform([captions[i] for i in train])
     captured = np.square(model.svd.transform(tfidf)).sum()
@@ -135,6 +139,18 @@ def test_cbow_is_the_normalised_mean_of_glove_vectors():
         (2 * table[index["dog"]] + table[index["cat"]]) / 3]).astype(np.float64))
     np.testing.assert_allclose(rv.vectors, expected, atol=1e-6)
     assert rv.counts == {"captions_without_known_words": 1}
+
+
+def test_cbow_blocks_give_the_same_vectors(monkeypatch):
+    import pipeline.relevance.cbow as cbow
+
+    _, captions = demo_captions(4)
+    captions = captions + ["qzxv"]
+    whole, empty = cbow.cbow_vectors(captions)
+    monkeypatch.setattr(cbow, "_BLOCK", 3)
+    blocked, blocked_empty = cbow.cbow_vectors(captions)
+    np.testing.assert_allclose(blocked, whole, atol=1e-6)
+    assert empty == blocked_empty == 1
 
 
 @pytest.mark.parametrize("method", ["cbow", "bert"])
@@ -235,6 +251,8 @@ def test_batch_relevance_is_the_submatrix_of_all_cosines(svd_file):
     np.testing.assert_allclose(got.numpy(), full[np.ix_(idx.numpy(), idx.numpy())], atol=1e-6)
     with pytest.raises(IndexError):
         batch(torch.tensor([0, 200]))
+    with pytest.raises(VseError, match="relevance file has 200 captions but the feature cache has 5000"):
+        BatchRelevance(out, num_captions=5000)
 
 
 def test_any_callable_is_a_relevance_fn():

@@ -14,10 +14,23 @@ from ..glove import GLOVE_NAME, load_glove
 from ..text import tokenize
 from .vectors import normalise_rows
 
+_BLOCK = 65536  # captions tokenised at a time
+
 
 def cbow_vectors(captions) -> tuple[np.ndarray, int]:
     """(unit float32 rows (M, 50), number of captions with no known word)."""
     index, table = load_glove()
+    captions = list(captions)
+    out = np.empty((len(captions), table.shape[1]), dtype=np.float32)
+    empty = 0
+    for start in range(0, len(captions), _BLOCK):  # bounds the Python token lists
+        sums, block_empty = _block_sums(captions[start:start + _BLOCK], index, table)
+        out[start:start + len(sums)] = normalise_rows(sums)  # mean and sum: same direction
+        empty += block_empty
+    return out, empty
+
+
+def _block_sums(captions, index, table) -> tuple[np.ndarray, int]:
     tokens = [tokenize(c) for c in captions]
     lengths = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
     rows = np.fromiter((index.get(w, -1) for t in tokens for w in t), dtype=np.int64,
@@ -29,8 +42,7 @@ def cbow_vectors(captions) -> tuple[np.ndarray, int]:
     counts = sp.csr_matrix((np.ones(int(known.sum()), dtype=np.float32),
                             (caption_of[known], column)), shape=(len(tokens), len(used)))
     sums = counts @ np.asarray(table[used], dtype=np.float32)
-    empty = int(np.count_nonzero(np.diff(counts.indptr) == 0))
-    return normalise_rows(sums), empty  # the mean and the sum have the same direction
+    return sums, int(np.count_nonzero(np.diff(counts.indptr) == 0))
 
 
 def cbow_identity() -> dict:

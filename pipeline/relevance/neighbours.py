@@ -15,12 +15,12 @@ from .. import runtime
 from ..errors import VseError
 from .vectors import relevance_matrix
 
-DEFAULT_BLOCK_BYTES = 256 << 20  # the block × pool score matrix (float32)
+BLOCK_BYTES = {"cpu": 256 << 20, "cuda": 2 << 30}  # the block × pool score matrix (float32)
 
 
 def top_neighbours(vectors: np.ndarray, pool: np.ndarray, n: int, *,
                    coarse_vectors: np.ndarray | None = None, threshold: float | None = None,
-                   device="auto", block_bytes: int = DEFAULT_BLOCK_BYTES):
+                   device="auto", block_bytes: int | None = None):
     """For every row of ``vectors``: the ``n`` pool captions of highest relevance, itself
     excluded. Returns (indices (M, n) int64 — caption indices from ``pool`` — and scores
     (M, n) float32), best first."""
@@ -35,6 +35,7 @@ def top_neighbours(vectors: np.ndarray, pool: np.ndarray, n: int, *,
     position = torch.full((num,), -1, dtype=torch.int64, device=device)
     position[torch.from_numpy(pool).to(device)] = torch.arange(len(pool), device=device)
     pool_t = torch.from_numpy(pool).to(device)
+    block_bytes = block_bytes or BLOCK_BYTES.get(device.type, BLOCK_BYTES["cpu"])
     block = int(max(1, min(num, block_bytes // (4 * len(pool)))))
 
     indices = np.empty((num, n), dtype=np.int64)
