@@ -282,6 +282,8 @@ def test_bad_inputs_are_one_line_errors(tmp_path, tiny_cache):
         build_relevance(tmp_path / "missing.h5", "svd", tmp_path / "o.h5")
     with pytest.raises(VseError, match="unknown relevance method 'tfidf'"):
         build_relevance(tiny_cache, "tfidf", tmp_path / "o.h5")
+    with pytest.raises(VseError, match="--neighbours must be at most 119"):
+        build_relevance(tiny_cache, "svd", tmp_path / "o.h5", neighbours=120)
     with pytest.raises(VseError, match="no split 'restval'"):
         build_relevance(tiny_cache, "cbow", tmp_path / "o.h5", fit_splits=("restval",))
     with pytest.raises(VseError, match="relevance file not found"):

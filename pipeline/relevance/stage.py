@@ -92,6 +92,9 @@ def build_relevance(features, method: str, out, *, k: int = 400, neighbours: int
         fit_indices = np.concatenate([cache.split_captions(s) for s in fit_splits])
     if len(fit_indices) == 0:
         raise VseError(f"split(s) {', '.join(fit_splits)} have no captions to fit on", features)
+    if neighbours > len(fit_indices) - 1:
+        raise VseError(f"--neighbours must be at most {len(fit_indices) - 1} (the training "
+                       f"captions minus the caption itself), not {neighbours}")
 
     rv, model = compute_relevance_vectors(captions, fit_indices, method, k=k, seed=seed,
                                           svd_iterations=svd_iterations, device=device,
