@@ -30,7 +30,9 @@ def _split_list(ctx, param, value):
 @click.option("--crops", type=click.Choice(["1", "10"]), default="1", show_default=True,
               help="1: centre crop; 10: corners + centre and their flips, features averaged.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Cache file (.h5); shards go to OUT.shards/.")
-@click.option("--batch-size", type=int, default=32, show_default=True, help="Images per forward pass (× crops).")
+@click.option("--batch-size", type=int, default=32, show_default=True,
+              help="Images per forward pass (× crops); changing it recomputes the shards (their "
+                   "features depend on the batch in the last float bits).")
 @click.option("--workers", type=int, default=None, help="Image-loading processes [default: cores - 1, at most 8].")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--shard-size", type=int, default=DEFAULT_SHARD_SIZE, show_default=True,

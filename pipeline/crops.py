@@ -15,6 +15,7 @@ single forward pass of 10·B images.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -68,10 +69,8 @@ class CropPlan:
         if self.crops == 10:
             crops = TF.ten_crop(prepared, [self.preprocessing.image_size] * 2)
             prepared = torch.stack(crops, dim=1).flatten(0, 1)
-        x = prepared.float()
-        mean = torch.tensor(self.preprocessing.mean, device=x.device).view(1, 3, 1, 1) * 255
-        std = torch.tensor(self.preprocessing.std, device=x.device).view(1, 3, 1, 1) * 255
-        x = x.sub_(mean).div_(std)
+        mean, std = _scaled_mean_std(self.preprocessing.mean, self.preprocessing.std, prepared.device)
+        x = prepared.float().sub_(mean).div_(std)
         return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
     def average(self, features: torch.Tensor) -> torch.Tensor:
@@ -80,3 +79,11 @@ class CropPlan:
         if self.crops == 1:
             return features
         return features.view(-1, self.crops, features.shape[-1]).mean(dim=1)
+
+
+@functools.lru_cache(maxsize=8)
+def _scaled_mean_std(mean, std, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normalisation constants on the 0..255 scale, made once per device (not per batch)."""
+    def on_device(values):
+        return (torch.tensor(values, dtype=torch.float32) * 255).view(1, 3, 1, 1).to(device)
+    return on_device(mean), on_device(std)
