@@ -48,7 +48,7 @@ def relevance(features, method, out, k, neighbours, fit_split, batch_size, devic
                    f"({summary.num_fit_captions} training captions, {summary.params['num_terms']} terms)")
     for what, count in summary.counts.items():
         if count:
-            click.echo(f"note: {count} {what.replace('_', ' ')}: their relevance to every caption is 0")
+            click.echo(f"note: {what.replace('_', ' ')}: {count} (relevance 0 to every caption)")
     if summary.svd_model:
         click.echo(f"svd model: {summary.svd_model} (a pickle: load only your own files)")
     if summary.neighbours:
