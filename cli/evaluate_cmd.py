@@ -20,7 +20,10 @@ def _parse_ks(ctx, param, value):
 @click.command("evaluate")
 @click.option("--embeddings", type=click.Path(dir_okay=False), help="npz with images (N×D) and captions (5N×D).")
 @click.option("--checkpoint", type=click.Path(dir_okay=False), help="A run's best.pt / last.pt.")
-@click.option("--features", type=click.Path(dir_okay=False), help="Feature cache for --checkpoint.")
+@click.option("--runs", "run_patterns", multiple=True,
+              help="Run folders (glob, quoted: 'runs/*'), repeatable: one results row per run.")
+@click.option("--features", type=click.Path(dir_okay=False),
+              help="Feature cache for --checkpoint (for --runs: default the cache each run trained on).")
 @click.option("--split", default="test", show_default=True)
 @click.option("--protocol", type=click.Choice(["single", "5fold", "5k"]), default="single", show_default=True,
               help="single: all at once; 5fold: COCO 1K (mean of 5 folds); 5k: COCO 5K.")
@@ -29,15 +32,24 @@ def _parse_ks(ctx, param, value):
 @click.option("--cs", "cs_ks", callback=_parse_ks, default="100,1000", show_default=True, help="K values of CS@K.")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
-def evaluate_command(embeddings, checkpoint, features, split, protocol, order, relevance, cs_ks, device, as_json):
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="--runs: write results.csv here.")
+@click.option("--checkpoint-name", default="best.pt", show_default=True, help="--runs: which checkpoint of each run.")
+def evaluate_command(embeddings, checkpoint, run_patterns, features, split, protocol, order, relevance, cs_ks,
+                     device, as_json, out, checkpoint_name):
     """Recall@K, median/mean rank and rsum (PROTOCOL.md), both directions."""
     from pipeline.evaluation import (JSON_KEYS, embed_checkpoint, evaluate_npz,
                                      evaluate_split_embeddings, format_table)
     from pipeline.runtime import resolve_device
 
     dev = resolve_device(device)
-    if bool(embeddings) == bool(checkpoint):
-        raise click.UsageError("give either --embeddings FILE.npz or --checkpoint FILE with --features")
+    if sum(map(bool, (embeddings, checkpoint, run_patterns))) != 1:
+        raise click.UsageError("give one of --embeddings FILE.npz, --checkpoint FILE with --features, "
+                               "or --runs 'runs/*'")
+    if run_patterns:
+        _evaluate_runs(run_patterns, features, split, protocol, relevance, cs_ks, dev, out, checkpoint_name)
+        return
+    if out:
+        raise click.UsageError("--out goes with --runs")
     if embeddings:
         if relevance:
             raise click.UsageError("--relevance needs --checkpoint and --features (caption identities)")
@@ -55,6 +67,28 @@ def evaluate_command(embeddings, checkpoint, features, split, protocol, order, r
         click.echo(json.dumps(out))
     else:
         click.echo(format_table(metrics, title))
+
+
+def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device, out, checkpoint_name):
+    from pipeline.batch_eval import evaluate_runs
+    from pipeline.report import format_results, write_results
+    from pipeline.runs import find_runs
+
+    run_dirs = find_runs(patterns)
+    if not run_dirs:
+        raise click.UsageError(f"no run folders match {' '.join(patterns)}")
+    result = evaluate_runs(run_dirs, device=device, split=split, protocol=protocol, features=features,
+                           relevance=relevance, cs_ks=cs_ks if relevance else (), checkpoint=checkpoint_name,
+                           echo=lambda m: click.echo(m, err=True))
+    if not result.rows:
+        raise click.ClickException(f"none of the {len(run_dirs)} runs could be evaluated")
+    if out:
+        write_results(result.rows, out)
+    click.echo(format_results(result.rows, "md", "recall"))
+    summary = f"{len(result.rows)} of {len(run_dirs)} runs evaluated"
+    if result.skipped:
+        summary += f", {len(result.skipped)} skipped"
+    click.echo(summary + (f" → {out}" if out else ""), err=True)
 
 
 def register(group: click.Group) -> None:
