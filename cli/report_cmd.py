@@ -1,0 +1,110 @@
+"""`vse report`, `vse plot`, `vse gallery`, `vse sweep`: results tables, figures, an HTML
+gallery of retrievals, and grids of training runs."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("report")
+@click.argument("results", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["md", "latex", "csv"]), default="md", show_default=True)
+@click.option("--columns", "layout", type=click.Choice(["paper", "recall"]), default="paper", show_default=True,
+              help="paper: R@1 R@10 Med r per direction; recall: R@1 R@5 R@10 per direction + rsum.")
+@click.option("--label", default="run", show_default=True, help="Column of results.csv naming each row.")
+@click.option("--no-bold", "bold", flag_value=False, default=True, help="Do not mark the best value per column.")
+def report_command(results, fmt, layout, label, bold):
+    """Print RESULTS (from `vse evaluate --runs … --out`) as the papers' table."""
+    from pipeline.report import format_results, read_results
+
+    click.echo(format_results(read_results(results), fmt, layout, label, bold))
+
+
+@click.command("plot")
+@click.option("--runs", "patterns", multiple=True, help="Run folders (glob, quoted), repeatable: 'runs/*'.")
+@click.option("--results", type=click.Path(dir_okay=False), default=None,
+              help="results.csv: test metrics for the negative-set and epochs figures.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Folder for PNG + PDF.")
+def plot_command(patterns, results, out_dir):
+    """Validation curves, R@1 against negative set size, epochs to best M-Recall."""
+    from pipeline.plots import plot_runs
+    from pipeline.report import read_results
+    from pipeline.runs import find_runs
+
+    if not patterns and not results:
+        raise click.UsageError("give --runs 'runs/*' and/or --results results.csv")
+    run_dirs = find_runs(patterns) if patterns else []
+    if patterns and not run_dirs:
+        raise click.UsageError(f"no run folders match {' '.join(patterns)}")
+    rows = read_results(results) if results else None
+    written = plot_runs(run_dirs, out_dir, rows)
+    if not written:
+        click.echo("nothing to plot: the runs have no validation records yet")
+    for name, paths in written.items():
+        click.echo(f"{name}: {' '.join(str(p) for p in paths)}")
+
+
+@click.command("gallery")
+@click.option("--checkpoint", type=click.Path(dir_okay=False), required=True, help="A run's best.pt.")
+@click.option("--features", type=click.Path(dir_okay=False), default=None,
+              help="Feature cache (default: the one the run was trained on).")
+@click.option("--images", "images_root", type=click.Path(file_okay=False), default=None,
+              help="Dataset root with images/ (default: the cache's dataset_root).")
+@click.option("--split", default="test", show_default=True)
+@click.option("--n", type=int, default=20, show_default=True, help="Query images and query captions.")
+@click.option("--k", type=int, default=5, show_default=True, help="Results shown per query.")
+@click.option("--embed", is_flag=True, help="Embed thumbnails (base64) so the page stands alone.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Which random queries.")
+@click.option("--device", default="auto", show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False), default="gallery.html", show_default=True)
+def gallery_command(checkpoint, features, images_root, split, n, k, embed, seed, device, out):
+    """A static HTML page of query images with their top captions and query captions with
+    their top images, ground truth marked (opens in a browser, no server)."""
+    from pipeline.checkpoint import load_checkpoint
+    from pipeline.gallery import build_gallery
+    from pipeline.runtime import resolve_device
+
+    if not features:
+        features = load_checkpoint(checkpoint)["train_config"].get("features")
+        if not features:
+            raise click.UsageError("the checkpoint names no feature cache: give --features")
+    summary = build_gallery(checkpoint, features, out, images_root=images_root, split=split, n=n, k=k,
+                            embed=embed, seed=seed, device=resolve_device(device))
+    if summary.missing_images:
+        click.echo(f"warning: {len(summary.missing_images)} image(s) not found under "
+                   f"{images_root or 'the cache dataset_root'} (shown by name), e.g. {summary.missing_images[0]}",
+                   err=True)
+    click.echo(f"gallery: {summary.path} ({summary.image_queries} image and "
+               f"{summary.caption_queries} caption queries)")
+
+
+@click.command("sweep")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--jobs", type=int, default=1, show_default=True, help="Runs trained at the same time (processes).")
+@click.option("--resume", is_flag=True, help="Continue unfinished runs from their last.pt.")
+@click.option("--runs-dir", type=click.Path(file_okay=False), default=None,
+              help="Parent of the sweep folder (default: the file's runs_dir, else runs).")
+@click.option("--dry-run", is_flag=True, help="List the runs and their status; train nothing.")
+def sweep_command(config, jobs, resume, runs_dir, dry_run):
+    """Train the grid of CONFIG (YAML: base: + grid:), skipping finished runs."""
+    from pipeline.sweep import load_sweep, plan, run_sweep
+
+    if jobs < 1:
+        raise click.UsageError("--jobs must be at least 1")
+    sweep = load_sweep(config, runs_dir)
+    if dry_run:
+        for run in plan(sweep).runs:
+            click.echo(f"{run.status:10s} {run.run_dir}" + (f"  ({run.detail})" if run.detail else ""))
+        return
+    run_sweep(sweep, jobs=jobs, resume=resume, echo=click.echo)
+    failed = [run for run in sweep.runs if run.status == "failed"]
+    if failed:
+        raise click.ClickException(f"{len(failed)} of {len(sweep.runs)} runs failed: "
+                                   + "; ".join(f"{r.name}: {r.detail}" for r in failed))
+    click.echo(f"sweep {sweep.name}: {sum(r.status in ('done', 'trained') for r in sweep.runs)} of "
+               f"{len(sweep.runs)} runs finished in {sweep.root}")
+
+
+def register(group: click.Group) -> None:
+    for command in (report_command, plot_command, gallery_command, sweep_command):
+        group.add_command(command)
