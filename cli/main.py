@@ -29,9 +29,9 @@ def cli():
 
 def _register() -> None:
     # Each module defines click commands and a `register(group)` function.
-    from cli import extract_cmd, train_cmd, evaluate_cmd, relevance_cmd  # noqa: F401
+    from cli import extract_cmd, train_cmd, evaluate_cmd, relevance_cmd, report_cmd  # noqa: F401
 
-    for module in (extract_cmd, train_cmd, evaluate_cmd, relevance_cmd):
+    for module in (extract_cmd, train_cmd, evaluate_cmd, relevance_cmd, report_cmd):
         module.register(cli)
 
 
