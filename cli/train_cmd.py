@@ -1,4 +1,8 @@
-"""`vse train`: options ↔ TrainConfig, config files, resume."""
+"""`vse train`: options ↔ TrainConfig, config files, resume; cached features or --rc images.
+
+Under torchrun (``torchrun --nproc-per-node N -m cli.main train ...``) the same command
+trains with DistributedDataParallel; --batch-size is per process.
+"""
 
 from __future__ import annotations
 
@@ -51,6 +55,22 @@ def _read_config_file(path: str) -> dict:
 
 @click.command("train")
 @click.option("--features", type=click.Path(dir_okay=False), help="Feature cache (.h5) from `vse extract`.")
+@click.option("--rc", is_flag=True, help="End to end: decode images, random crops through the CNN every step "
+              "(no feature cache; needs --root).")
+@click.option("--dataset", default="flickr8k", show_default=True,
+              type=click.Choice(["flickr8k", "karpathy"]), help="--rc: dataset layout of --root.")
+@click.option("--root", type=click.Path(file_okay=False), help="--rc: the dataset folder.")
+@click.option("--backbone", default="efficientnet-lite0", show_default=True,
+              type=click.Choice(["efficientnet-lite0", "resnet152", "vgg19", "tiny"]), help="--rc: the CNN.")
+@click.option("--backbone-weights", type=click.Path(dir_okay=False), default=None,
+              help="--rc: the CNN's ImageNet weights file (default: where `vse extract` finds it).")
+@click.option("--finetune", is_flag=True, help="--rc: train the CNN too (else it stays frozen).")
+@click.option("--backbone-lr-factor", type=float, default=1.0, show_default=True,
+              help="--finetune: the CNN's learning rate is --lr times this.")
+@click.option("--freeze-bn/--no-freeze-bn", default=True, show_default=True,
+              help="--finetune: keep BatchNorm statistics fixed (small batches).")
+@click.option("--crop", type=click.Choice(["random", "random-resized"]), default="random", show_default=True,
+              help="--rc training crop: resize 256 + random 224 (VSE++), or random-resized; + flip.")
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Where checkpoints, config and metrics go.")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="YAML/JSON file of options; flags given on the command line win.")
@@ -83,7 +103,8 @@ def _read_config_file(path: str) -> dict:
 @click.option("--val-images", type=int, default=1000, show_default=True)
 @click.option("--val-every", type=int, default=500, show_default=True, help="Validate every N iterations (0: epoch ends only).")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--workers", type=int, default=0, show_default=True)
+@click.option("--workers", type=int, default=None,
+              help="Loader processes (default: 0 with --features, all cores but one with --rc).")
 @click.option("--preload", is_flag=True, help="Load the whole feature array into RAM.")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--amp/--no-amp", default=True, show_default=True, help="Mixed precision on GPU.")
@@ -91,7 +112,7 @@ def _read_config_file(path: str) -> dict:
               help="Start from another run's checkpoint (e.g. VSE++ best.pt for ConVSE).")
 @click.pass_context
 def train_command(ctx, config_file, resume, loss_option, **options):
-    """Train a joint embedding on a feature cache."""
+    """Train a joint embedding on a feature cache, or end to end on images (--rc)."""
     from pipeline.train import TrainConfig, Trainer
 
     values = _read_config_file(config_file) if config_file else {}
@@ -106,9 +127,8 @@ def train_command(ctx, config_file, resume, loss_option, **options):
             loss_options[option] = value
     loss_options.update(loss_option)
     values["loss_options"] = loss_options
-    for required in ("features", "run_dir"):
-        if not values.get(required):
-            raise click.UsageError(f"--{required.replace('_', '-')} is required (flag or config file)")
+    if not values.get("run_dir"):
+        raise click.UsageError("--run-dir is required (flag or config file)")
     config = TrainConfig.from_dict(values)
     summary = Trainer(config, resume=resume, echo=click.echo).fit()
     click.echo(f"done: best validation rsum {summary['best_rsum']:.2f} at epoch {summary['best_epoch']} "

@@ -1,30 +1,39 @@
-"""Training batches from a feature cache: (image feature, caption tokens, image id, caption id).
+"""Training batches of one epoch: (image input, caption tokens, image id, caption id).
 
 Each training caption is one pair with its image (as VSE++). The order of an epoch depends
 only on (seed, epoch), so a run resumed in the middle of an epoch sees exactly the batches
-an uninterrupted run would. Features are read from the HDF5 cache per batch (sorted,
-de-duplicated rows), so no worker holds a copy of the dataset unless ``preload`` is asked for.
+an uninterrupted run would.
+
+The cached trainer and RC mode differ only in their *pair source*, which says where the
+image input of a pair comes from:
+
+- ``CachedFeatures``: rows of a feature cache, read per batch (sorted, de-duplicated rows),
+  so no worker holds a copy of the dataset unless ``preload`` is asked for.
+- ``pipeline.rc.ImageSource``: decoded images, randomly cropped; the CNN runs in the model.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from .cache import FeatureCache
+from .errors import VseError
+from .models import PixelBackbone
 from .text import TokenizedCaptions
 
 
 @dataclass
 class Batch:
-    images: torch.Tensor          # (B, D) features, or (B, 3, H, W) pixels in RC mode
+    images: torch.Tensor          # (B, D) float features, or (B, 3, S, S) uint8 crops in RC mode
     tokens: torch.Tensor          # (B, T) int64
     lengths: torch.Tensor         # (B,)
     image_ids: torch.Tensor       # (B,) image index of each pair (same image ⇒ not negatives)
-    caption_ids: torch.Tensor     # (B,) caption index into the cache (for relevance lookup)
+    caption_ids: torch.Tensor     # (B,) caption index into the source (for relevance lookup)
 
     def pin_memory(self) -> "Batch":
         return Batch(*(t.pin_memory() for t in self.astuple()))
@@ -46,6 +55,38 @@ def batch_slices(num_items: int, batch_size: int, drop_last: bool) -> list[slice
     return [slice(a, min(a + batch_size, stop)) for a in range(0, stop, batch_size)]
 
 
+@dataclass
+class LoadFailure:
+    """What a loader worker returns instead of a Batch when an input cannot be read: raised
+    in the main process it is the usual one-line error (an exception raised inside a worker
+    would arrive wrapped in the worker's traceback)."""
+
+    message: str
+
+    def error(self) -> VseError:
+        return VseError(self.message)
+
+
+class ImageInputs(Protocol):
+    """Picklable (it travels to loader workers): the image inputs of a training batch."""
+
+    def batch(self, rows: np.ndarray, epoch: int, positions: np.ndarray) -> torch.Tensor:
+        """Inputs of image ``rows``; random augmentation (if any) is drawn from (epoch, the
+        pairs' positions in the epoch order) only, so a resumed run sees the same inputs."""
+
+
+class PairSource(Protocol):
+    """Where a run's image–caption pairs come from (``CachedFeatures`` or ``rc.ImageSource``)."""
+
+    index: object            # image_ids, captions, caption_image, split(name), read(rows), attrs
+    inputs: ImageInputs      # training batches (``index.read`` gives validation inputs)
+    feature_dim: int         # what the model's image projection receives
+    backbone: PixelBackbone | None  # the CNN the model runs on the inputs (RC mode)
+    location: str            # the cache or dataset root, for messages
+    feature_source: dict     # recorded in checkpoints: backbone, crops, dataset
+    encode_batch_size: int   # images per forward pass in validation
+
+
 class FeatureRows:
     """Row access to the cache's features: the file opened lazily once per process (so
     DataLoader workers each hold a handle, not a copy), or the whole array if ``preload``."""
@@ -63,28 +104,48 @@ class FeatureRows:
             self._cache, self._pid = FeatureCache(self.cache_path), os.getpid()
         return self._cache
 
-    def __call__(self, rows: np.ndarray) -> np.ndarray:
-        return self._array[rows] if self._array is not None else self._open().read(rows)
+    def batch(self, rows: np.ndarray, epoch: int, positions: np.ndarray) -> torch.Tensor:
+        """Features of ``rows`` (cached features have no augmentation to draw)."""
+        return torch.from_numpy(self._array[rows] if self._array is not None else self._open().read(rows))
 
 
-class CachedPairs(torch.utils.data.Dataset):
-    """Batches of one epoch; item ``b`` is the whole b-th batch (one HDF5 read per batch)."""
+class CachedFeatures:
+    """The pair source of the cached trainer: a feature cache."""
 
-    def __init__(self, features: FeatureRows, tokens: TokenizedCaptions, caption_ids: np.ndarray,
-                 caption_image: np.ndarray, order: np.ndarray, slices: list[slice]):
-        self.features = features
+    backbone = None
+    encode_batch_size = 512
+
+    def __init__(self, cache_path, preload: bool = False):
+        self.index = FeatureCache(cache_path)
+        self.inputs = FeatureRows(cache_path, preload=preload)
+        self.location = str(cache_path)
+        self.feature_dim = self.index.feature_dim
+        self.feature_source = {k: self.index.attrs.get(k) for k in ("backbone", "crops", "dataset")}
+
+
+class PairBatches(torch.utils.data.Dataset):
+    """Batches of one epoch; item ``b`` is the whole b-th batch (one read per batch)."""
+
+    def __init__(self, inputs: ImageInputs, tokens: TokenizedCaptions, caption_ids: np.ndarray,
+                 caption_image: np.ndarray, order: np.ndarray, slices: list[slice], epoch: int):
+        self.inputs = inputs
         self.tokens = tokens
         self.caption_ids = caption_ids
         self.caption_image = caption_image
         self.order = order
         self.slices = slices
+        self.epoch = epoch
 
     def __len__(self) -> int:
         return len(self.slices)
 
-    def __getitem__(self, b: int) -> Batch:
-        captions = self.caption_ids[self.order[self.slices[b]]]
+    def __getitem__(self, b: int) -> Batch | LoadFailure:
+        positions = np.arange(self.slices[b].start, self.slices[b].stop)
+        captions = self.caption_ids[self.order[positions]]
         images = self.caption_image[captions]
         tokens, lengths = self.tokens.batch(captions)
-        return Batch(torch.from_numpy(self.features(images)), tokens, lengths,
-                     torch.from_numpy(images), torch.from_numpy(captions))
+        try:
+            inputs = self.inputs.batch(images, self.epoch, positions)
+        except VseError as exc:
+            return LoadFailure(str(exc))
+        return Batch(inputs, tokens, lengths, torch.from_numpy(images), torch.from_numpy(captions))

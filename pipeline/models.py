@@ -65,10 +65,48 @@ def _projection(in_dim: int, out_dim: int, kind: str, hidden: int) -> nn.Module:
     return head
 
 
+class PixelBackbone(nn.Module):
+    """uint8 RGB crops (B, 3, S, S) → (B, D) CNN features: the normalisation the CNN was
+    trained with, then the CNN (RC mode: the features are computed inside every step).
+
+    Frozen (``trainable=False``): no parameter takes a gradient and the CNN always runs in
+    eval mode without autograd — fixed features, computed on the fly.  Trainable: with
+    ``freeze_bn`` the BatchNorm layers keep their pretrained statistics (eval mode) while their
+    affine weights still train, since statistics of small fine-tuning batches are noisy.
+    """
+
+    def __init__(self, cnn: nn.Module, mean, std, trainable: bool = False, freeze_bn: bool = True):
+        super().__init__()
+        # channels_last: faster convolutions on GPUs (tensor cores) and on CPUs (oneDNN)
+        self.cnn = cnn.requires_grad_(trainable).to(memory_format=torch.channels_last)
+        self.trainable = trainable
+        self.freeze_bn = freeze_bn
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255,
+                             persistent=False)
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255,
+                             persistent=False)
+        self.train(self.training)
+
+    def train(self, mode: bool = True) -> "PixelBackbone":
+        super().train(mode)
+        if not self.trainable:
+            self.cnn.eval()
+        elif self.freeze_bn:
+            for module in self.cnn.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    module.eval()
+        return self
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        with torch.set_grad_enabled(self.trainable and torch.is_grad_enabled()):
+            x = (pixels.float() - self.mean) / self.std
+            return self.cnn(x.contiguous(memory_format=torch.channels_last))
+
+
 class ImageEncoder(nn.Module):
     """Projection of a (cached or freshly computed) CNN feature into the joint space."""
 
-    def __init__(self, cfg: ModelConfig, backbone: nn.Module | None = None):
+    def __init__(self, cfg: ModelConfig, backbone: PixelBackbone | None = None):
         super().__init__()
         self.backbone = backbone
         self.proj = _projection(cfg.feature_dim, cfg.embed_dim, cfg.projection, cfg.mlp_hidden)
@@ -113,7 +151,7 @@ class TextEncoder(nn.Module):
 
 
 class VSEModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, backbone: nn.Module | None = None):
+    def __init__(self, cfg: ModelConfig, backbone: PixelBackbone | None = None):
         super().__init__()
         self.config = cfg
         self.image_encoder = ImageEncoder(cfg, backbone)
@@ -121,6 +159,10 @@ class VSEModel(nn.Module):
 
     def forward(self, images, tokens, lengths):
         return self.image_encoder(images), self.text_encoder(tokens, lengths)
+
+    @property
+    def backbone(self) -> PixelBackbone | None:
+        return self.image_encoder.backbone
 
     def head_state_dict(self) -> dict:
         """Weights of the projection + text encoder (what RC mode and ConVSE init from)."""

@@ -1,5 +1,11 @@
-"""The training loop on cached features: batches → model → loss → optimizer; validation;
-checkpoints; exact resume; torchrun (DDP) with hard negatives mined over the global batch.
+"""The training loop: batches → model → loss → optimizer; validation; checkpoints; exact
+resume; torchrun (DDP) with hard negatives mined over the global batch.
+
+One loop serves both modes; they differ only in the pair source (``batches``): cached
+features, or images whose crops go through the CNN every step (RC mode, ``rc``), frozen or
+fine-tuned.  Under torchrun every rank embeds its B pairs, the embeddings are gathered with
+gradient and every rank computes the loss of the whole global batch of N×B pairs, so each
+loss — hardest negatives included — sees what a single process with batch N×B would.
 """
 
 from __future__ import annotations
@@ -16,8 +22,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from . import distributed as dist
-from .batches import Batch, CachedPairs, FeatureRows, batch_slices, epoch_order
-from .cache import FeatureCache
+from .batches import Batch, CachedFeatures, LoadFailure, PairBatches, PairSource, batch_slices, epoch_order
 from .checkpoint import load_checkpoint, save_checkpoint
 from .errors import VseError
 from .fsutil import atomic_path
@@ -25,8 +30,9 @@ from .inference import encode_split
 from .losses import build_loss
 from .metrics import evaluate_embeddings
 from .models import ModelConfig, VSEModel
-from .runtime import (autocast, needs_grad_scaler, pin_memory, resolve_device, rng_state,
-                      seed_everything, set_rng_state)
+from .runtime import (autocast, default_workers, needs_grad_scaler, pin_memory, resolve_device,
+                      rng_state, seed_everything, set_rng_state)
+from .rc import ImageSource, backbone_checkpoint, model_weights
 from .text import TokenizedCaptions, Vocabulary
 
 CONTRASTIVE = ("csn", "cmn", "mvn")
@@ -36,8 +42,17 @@ CONTRASTIVE = ("csn", "cmn", "mvn")
 class TrainConfig:
     """Every option of a run. Defaults are the VSE++ paper's (Faghri et al. 2018)."""
 
-    features: str = ""
+    features: str = ""                  # feature cache (cached mode)
     run_dir: str = ""
+    rc: bool = False                     # RC mode: images → crops → CNN every step
+    dataset: str = "flickr8k"            # RC: dataset kind and folder (pipeline.datasets)
+    root: str = ""
+    backbone: str = "efficientnet-lite0"  # RC: the CNN (pipeline.backbones)
+    backbone_weights: str | None = None
+    finetune: bool = False               # RC: train the CNN too (else frozen)
+    backbone_lr_factor: float = 1.0      # RC --finetune: CNN lr = lr × this
+    freeze_bn: bool = True               # RC --finetune: keep BatchNorm statistics fixed
+    crop: str = "random"                 # RC training crop: "random" | "random-resized"
     loss: str = "mh"
     margin: float | None = None          # None = the loss's own default (PROTOCOL.md)
     loss_options: dict = field(default_factory=dict)
@@ -60,7 +75,7 @@ class TrainConfig:
     val_images: int = 1000
     val_every: int = 500                 # iterations; validation also runs at each epoch end
     seed: int = 0
-    workers: int = 0
+    workers: int | None = None           # loader processes; None: 0 cached, all cores but one RC
     preload: bool = False                # load the whole feature array into RAM
     device: str = "auto"
     amp: bool = True
@@ -77,6 +92,21 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def check(self) -> None:
+        """Options that only make sense together (VseError otherwise)."""
+        if self.rc:
+            if not self.root:
+                raise VseError("--rc needs --root, the dataset folder")
+            if self.features:
+                raise VseError("--rc reads images: give --features (cached) or --rc, not both")
+            if self.preload:
+                raise VseError("--preload loads a feature cache; it does not apply to --rc")
+        else:
+            if not self.features:
+                raise VseError("--features is required (or --rc with --dataset and --root)")
+            if self.finetune:
+                raise VseError("--finetune needs --rc: a feature cache has no CNN to train")
 
     @property
     def similarity(self) -> str:
@@ -102,6 +132,7 @@ class Trainer:
     """Owns the model, optimizer and data of one run. ``fit()`` trains to the end."""
 
     def __init__(self, config: TrainConfig, resume: bool = False, echo=print):
+        config.check()
         self.cfg = config
         self.echo = echo if dist.is_main() else (lambda *a, **k: None)
         self.run_dir = Path(config.run_dir)
@@ -110,22 +141,26 @@ class Trainer:
         self.world = dist.world_size()
         resume_state = self._resume_state() if resume else None
 
-        self.cache = FeatureCache(config.features)
+        self.source = open_pair_source(config)
+        self.index = self.source.index
+        self.workers = config.workers if config.workers is not None else (default_workers() if config.rc else 0)
         init_state = load_checkpoint(config.init_from) if config.init_from else None
         self.vocab = self._vocabulary(resume_state or init_state)
-        self.tokens = TokenizedCaptions.encode(self.vocab, self.cache.captions, config.max_caption_tokens)
-        train_images = self.cache.split(config.train_split)
-        self.train_captions = np.flatnonzero(np.isin(self.cache.caption_image, train_images))
+        self.tokens = TokenizedCaptions.encode(self.vocab, self.index.captions, config.max_caption_tokens)
+        train_images = self.index.split(config.train_split)
+        self.train_captions = np.flatnonzero(np.isin(self.index.caption_image, train_images))
         if len(self.train_captions) == 0:
-            raise VseError(f"split {config.train_split!r} has no captions", config.features)
-        self.features = FeatureRows(config.features, preload=config.preload)
+            raise VseError(f"split {config.train_split!r} has no captions", self.source.location)
 
         seed_everything(config.seed)
         self.model_config = ModelConfig(
-            vocab_size=len(self.vocab), feature_dim=self.cache.feature_dim, embed_dim=config.embed_dim,
+            vocab_size=len(self.vocab), feature_dim=self.source.feature_dim, embed_dim=config.embed_dim,
             word_dim=50 if config.glove else config.word_dim, img_norm=config.img_norm,
             similarity=config.similarity, projection=config.projection)
-        self.model = VSEModel(self.model_config).to(self.device)
+        self.model = VSEModel(self.model_config, self.source.backbone).to(self.device)
+        if self.distributed and config.finetune and not config.freeze_bn and self.device.type == "cuda":
+            # BatchNorm statistics of the global batch, as one process with N×B would compute
+            self.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
         if init_state is not None:
             self._init_from(init_state)
         elif config.glove:
@@ -135,13 +170,16 @@ class Trainer:
         except ValueError as exc:
             raise VseError(str(exc)) from exc
         self.relevance = self._relevance()
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
+        self.trainable = [q for q in self.model.parameters() if q.requires_grad]
+        self.optimizer = torch.optim.Adam(self._param_groups(), lr=config.lr)
         self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=max(1, config.lr_decay_epoch),
                                                          gamma=config.lr_decay)
         self.scaler = torch.amp.GradScaler("cuda", enabled=needs_grad_scaler(self.device, config.amp))
         self.progress = Progress()
         self.monitor = CollapseMonitor(config.loss, self.loss, config.batch_size * self.world, self.echo)
-        self.ddp_model = (DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        # buffers change only in BatchNorm layers that train their statistics
+        self.ddp_model = (DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                                                  broadcast_buffers=config.finetune and not config.freeze_bn)
                           if self.distributed else self.model)
         if resume_state is not None:
             self._restore(resume_state)
@@ -153,7 +191,8 @@ class Trainer:
             raise VseError("--resume given but the run has no last.pt", self.run_dir)
         state = load_checkpoint(last)
         saved = TrainConfig.from_dict(state["train_config"])
-        for key in ("features", "loss", "batch_size", "seed", "embed_dim", "train_split"):
+        for key in ("features", "rc", "dataset", "backbone", "finetune", "crop", "loss", "batch_size",
+                    "seed", "embed_dim", "train_split"):
             if getattr(saved, key) != getattr(self.cfg, key):
                 raise VseError(f"--resume with a different {key} ({getattr(self.cfg, key)!r}) than the run "
                                f"was started with ({getattr(saved, key)!r})", last)
@@ -162,18 +201,38 @@ class Trainer:
     def _vocabulary(self, state) -> Vocabulary:
         if state is not None:
             return Vocabulary(state["vocab"])
-        train_images = self.cache.split(self.cfg.train_split)
-        caption_rows = np.flatnonzero(np.isin(self.cache.caption_image, train_images))
-        captions = self.cache.captions
+        train_images = self.index.split(self.cfg.train_split)
+        caption_rows = np.flatnonzero(np.isin(self.index.caption_image, train_images))
+        captions = self.index.captions
         return Vocabulary.build((captions[j] for j in caption_rows), self.cfg.min_word_count)
 
     def _init_from(self, state: dict) -> None:
-        own = self.model.state_dict()
+        """The head (projection + text encoder) of any run, cached or RC; the CNN too when
+        the checkpoint is an RC run of the same backbone."""
+        own = self.model.head_state_dict()
         weights = {k: v for k, v in state["model"].items() if k in own and own[k].shape == v.shape}
         skipped = sorted(set(own) - set(weights))
         self.model.load_state_dict(weights, strict=False)
-        self.echo(f"initialised {len(weights)} tensors from {self.cfg.init_from}"
-                  + (f"; kept fresh: {', '.join(skipped)}" if skipped else ""))
+        message = f"initialised {len(weights)} tensors from {self.cfg.init_from}"
+        backbone, saved = self.model.backbone, state.get("backbone")
+        if backbone is not None:
+            trained_on = saved["name"] if saved else state.get("feature_source", {}).get("backbone")
+            if saved and saved["name"] == self.cfg.backbone:
+                backbone.cnn.load_state_dict(saved["state"])
+                message += " and its CNN"
+            elif trained_on != self.cfg.backbone:
+                self.echo(f"warning: {self.cfg.init_from} was trained on features of {trained_on!r}, "
+                          f"not of backbone {self.cfg.backbone!r}")
+        self.echo(message + (f"; kept fresh: {', '.join(skipped)}" if skipped else ""))
+
+    def _param_groups(self) -> list[dict]:
+        """The head at lr; a fine-tuned CNN in its own group at lr × backbone_lr_factor."""
+        cnn = {id(q) for q in self.model.backbone.parameters()} if self.model.backbone is not None else set()
+        groups = [{"params": [q for q in self.trainable if id(q) not in cnn], "lr": self.cfg.lr}]
+        cnn_params = [q for q in self.trainable if id(q) in cnn]
+        if cnn_params:
+            groups.append({"params": cnn_params, "lr": self.cfg.lr * self.cfg.backbone_lr_factor})
+        return groups
 
     def _load_glove(self) -> None:
         from .glove import vectors_for
@@ -189,10 +248,10 @@ class Trainer:
             raise VseError(f"loss {self.cfg.loss!r} needs --relevance FILE (made by `vse relevance`)")
         from .relevance import BatchRelevance
 
-        return BatchRelevance(self.cfg.relevance)
+        return BatchRelevance(self.cfg.relevance, num_captions=len(self.index.captions))
 
     def _restore(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
+        self.model.load_state_dict(model_weights(state))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
@@ -202,20 +261,20 @@ class Trainer:
                   f"iteration {self.progress.iteration} (best rsum {self.progress.best_rsum:.2f})")
 
     # ----------------------------------------------------------------- the loop
-    def epoch_batches(self, epoch: int) -> CachedPairs:
+    def epoch_batches(self, epoch: int) -> PairBatches:
         order = epoch_order(len(self.train_captions), self.cfg.seed, epoch)
         global_batch = self.cfg.batch_size * self.world
         slices = batch_slices(len(order), global_batch, drop_last=self.distributed)
         if self.distributed:  # this rank's part of every global batch
             r, b = dist.rank(), self.cfg.batch_size
             slices = [slice(s.start + r * b, s.start + (r + 1) * b) for s in slices]
-        return CachedPairs(self.features, self.tokens, self.train_captions, self.cache.caption_image,
-                           order, slices)
+        return PairBatches(self.source.inputs, self.tokens, self.train_captions, self.index.caption_image,
+                           order, slices, epoch)
 
-    def loader(self, pairs: CachedPairs, start: int):
+    def loader(self, pairs: PairBatches, start: int):
         generator = torch.Generator().manual_seed(self.cfg.seed)  # keeps the global RNG untouched
         return torch.utils.data.DataLoader(
-            pairs, batch_size=None, sampler=range(start, len(pairs)), num_workers=self.cfg.workers,
+            pairs, batch_size=None, sampler=range(start, len(pairs)), num_workers=self.workers,
             pin_memory=pin_memory(self.device), generator=generator,
             persistent_workers=False)
 
@@ -243,6 +302,8 @@ class Trainer:
         bar = _progress_bar(len(pairs), p.batch, f"epoch {p.epoch + 1}/{cfg.epochs}")
         started, seen = time.perf_counter(), 0
         for batch in self.loader(pairs, p.batch):
+            if isinstance(batch, LoadFailure):
+                raise batch.error()
             loss = self.step(batch)
             self.monitor.update(loss)
             p.batch += 1
@@ -269,23 +330,24 @@ class Trainer:
         loss = self.loss(img, cap, image_ids=image_ids, relevance=relevance)
         if not torch.isfinite(loss):
             raise VseError(f"loss became {loss.item()} at epoch {self.progress.epoch + 1}, iteration "
-                           f"{self.progress.iteration + 1}; lower --lr or check the features for NaNs "
-                           f"(`vse info`)", self.cfg.features)
+                           f"{self.progress.iteration + 1}; lower --lr, or check the features for NaNs "
+                           f"(`vse info` checks a cache)", self.source.location)
         self.optimizer.zero_grad(set_to_none=True)
         # DDP averages gradients over ranks; every rank computed the loss of the whole global
         # batch, so scaling by the world size gives the gradient of that one loss.
         self.scaler.scale(loss * self.world).backward()
         if self.cfg.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+            torch.nn.utils.clip_grad_norm_(self.trainable, self.cfg.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         return loss.item()
 
     # ----------------------------------------------------------------- validation, checkpoints
     def validate(self) -> dict:
-        emb = encode_split(self.model, self.cache, self.tokens, self.cfg.val_split, self.device,
-                           max_images=self.cfg.val_images, amp=self.cfg.amp)
+        emb = encode_split(self.model, self.index, self.tokens, self.cfg.val_split, self.device,
+                           max_images=self.cfg.val_images, batch_size=self.source.encode_batch_size,
+                           amp=self.cfg.amp)
         return evaluate_embeddings(emb.images, emb.captions, emb.caption_image,
                                    order=self.cfg.similarity == "order")
 
@@ -311,12 +373,14 @@ class Trainer:
         dist.barrier()
 
     def state_dict(self) -> dict:
+        backbone = self.model.backbone
         return {
-            "model": self.model.state_dict(),
+            "model": self.model.head_state_dict(),
+            **({"backbone": backbone_checkpoint(self.source, backbone)} if backbone is not None else {}),
             "model_config": self.model_config.to_dict(),
             "vocab": self.vocab.words,
             "train_config": self.cfg.to_dict(),
-            "feature_source": {k: self.cache.attrs.get(k) for k in ("backbone", "crops", "dataset")},
+            "feature_source": self.source.feature_source,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
@@ -325,6 +389,13 @@ class Trainer:
             "iteration": self.progress.iteration,
             "rng": rng_state(),
         }
+
+
+def open_pair_source(cfg: TrainConfig) -> PairSource:
+    if not cfg.rc:
+        return CachedFeatures(cfg.features, preload=cfg.preload)
+    return ImageSource(cfg.dataset, cfg.root, cfg.backbone, weights=cfg.backbone_weights, finetune=cfg.finetune,
+                       freeze_bn=cfg.freeze_bn, crop=cfg.crop, seed=cfg.seed, batch_size=cfg.batch_size)
 
 
 class CollapseMonitor:
