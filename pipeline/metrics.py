@@ -1,8 +1,10 @@
 """Retrieval metrics and the coherent score, exactly as ``shared/docs/PROTOCOL.md`` defines them.
 
 Pure torch/numpy, no file I/O.  Everything is vectorised over queries; the only Python
-loops run over blocks of queries, so at most ``block`` × (number of candidates) scores are
-held at a time, on the device the caller picks (GPU when asked).
+loops run over blocks of queries.  A score matrix of up to ``FULL_MATRIX_ELEMENTS`` (COCO
+5K's 5,000 × 25,000) is computed once for both directions; larger ones are recomputed per
+direction, ``block`` queries at a time, so memory stays bounded.  Work runs on the device
+the caller picks (GPU when asked).
 
 Conventions:
 
@@ -25,6 +27,9 @@ import torch
 from .errors import VseError
 
 DEFAULT_BLOCK = 1024
+# Score matrices up to this many elements (COCO 5K: 5,000 × 25,000) are computed once and
+# serve both directions; larger ones are recomputed per direction in blocks.
+FULL_MATRIX_ELEMENTS = 5000 * 25000
 CAPTIONS_PER_IMAGE = 5
 RECALL_KS = (1, 5, 10)
 METRIC_KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "i2t_medr", "i2t_meanr",
@@ -51,20 +56,31 @@ def similarity_ranks(images, captions, caption_image=None, *, order: bool = Fals
     captions = _embeddings(captions, "caption", device, like=images)
     caption_image = _caption_index(caption_image, len(images), len(captions), device)
     block = _positive_block(block)
-    return (_i2t_ranks(images, captions, caption_image, order, block).cpu().numpy(),
+    if len(images) * len(captions) <= FULL_MATRIX_ELEMENTS:
+        # Small enough to hold: one product serves both directions (half the work), and
+        # both read the very same score values.
+        scores = _similarity(images, captions, order)
+        i2t = _i2t_ranks(lambda a, b: scores[a:b], caption_image, len(images), block)
+        truth = scores[caption_image, torch.arange(len(captions), device=scores.device)]
+        at_least = torch.zeros(len(captions), dtype=torch.long, device=scores.device)
+        for start in range(0, len(images), block):
+            at_least += (scores[start:start + block] >= truth).sum(dim=0)
+        return i2t.cpu().numpy(), (at_least - 1).cpu().numpy()  # minus the ground truth itself
+    return (_i2t_ranks(lambda a, b: _similarity(images[a:b], captions, order), caption_image,
+                       len(images), block).cpu().numpy(),
             _t2i_ranks(images, captions, caption_image, order, block).cpu().numpy())
 
 
-def _i2t_ranks(images, captions, caption_image, order, block):
-    num_images = len(images)
+def _i2t_ranks(score_rows, caption_image, num_images, block):
+    """``score_rows(a, b)`` gives the (b - a, M) scores of images a..b-1 against all captions."""
     by_image = torch.argsort(caption_image, stable=True)
     counts = torch.bincount(caption_image, minlength=num_images)
     # The captions of images start..stop-1 are by_image[first[start]:first[stop]].
     first = np.concatenate([[0], np.cumsum(counts.cpu().numpy())])
-    ranks = torch.empty(num_images, dtype=torch.long, device=images.device)
+    ranks = torch.empty(num_images, dtype=torch.long, device=caption_image.device)
     for start in range(0, num_images, block):
         stop = min(start + block, num_images)
-        scores = _similarity(images[start:stop], captions, order)  # (b, M)
+        scores = score_rows(start, stop)  # (b, M)
         truth = by_image[first[start]:first[stop]]
         row = caption_image[truth] - start
         truth_scores = scores[row, truth]

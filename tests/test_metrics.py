@@ -56,6 +56,18 @@ def integer_embeddings(rng, num_images, num_captions, dim=3):
 # ---------------------------------------------------------------------------- ranks
 
 
+@pytest.fixture(params=["one product", "blocked products"])
+def score_paths(request, monkeypatch):
+    """Run a rank test through both code paths: the score matrix held once for both
+    directions, and recomputed in blocks per direction (what large test sets use)."""
+    import pipeline.metrics
+
+    if request.param == "blocked products":
+        monkeypatch.setattr(pipeline.metrics, "FULL_MATRIX_ELEMENTS", 0)
+    return request.param
+
+
+@pytest.mark.usefixtures("score_paths")
 def test_ranks_golden_with_ties():
     # images = identity, so S[i, j] = captions[j, i].
     scores = np.array([[0.1, 0.5, 0.3, 0.2, 0.0, 0.6, 0.5, 0.4, 0.1, 0.0],
@@ -71,6 +83,7 @@ def test_ranks_golden_with_ties():
         "t2i_meanr": pytest.approx(1.6), "rsum": 440.0, "mrecall": pytest.approx(440 / 6)}
 
 
+@pytest.mark.usefixtures("score_paths")
 def test_constant_model_ranks_last():
     rng = np.random.default_rng(0)
     images = np.tile(rng.standard_normal(8), (20, 1))
@@ -83,6 +96,7 @@ def test_constant_model_ranks_last():
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("block", [1, 4, 1000])
+@pytest.mark.usefixtures("score_paths")
 def test_ranks_match_slow_loop_with_ties(seed, block):
     rng = np.random.default_rng(seed)
     images, captions = integer_embeddings(rng, 12, 60)
@@ -93,6 +107,7 @@ def test_ranks_match_slow_loop_with_ties(seed, block):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.usefixtures("score_paths")
 def test_general_caption_index_matches_slow_loop(seed):
     rng = np.random.default_rng(seed)
     counts = rng.integers(1, 5, 15)
@@ -104,6 +119,7 @@ def test_general_caption_index_matches_slow_loop(seed):
     np.testing.assert_array_equal(got[1], expected[1])
 
 
+@pytest.mark.usefixtures("score_paths")
 def test_without_ties_equals_the_vsepp_reference():
     rng = np.random.default_rng(3)
     images = rng.standard_normal((40, 16))
@@ -115,6 +131,7 @@ def test_without_ties_equals_the_vsepp_reference():
     assert 0 < retrieval_metrics(*got)["rsum"] < 600  # neither trivial nor hopeless
 
 
+@pytest.mark.usefixtures("score_paths")
 def test_order_scores_golden_and_slow_loop():
     images = np.array([[1.0, 1.0], [0.0, 2.0]])
     captions = np.array([[0.5, 0.5], [1.0, 3.0]])
