@@ -1,0 +1,246 @@
+"""Grids of training runs from one YAML file (`vse sweep`), restartable after a kill.
+
+    name: negatives               # optional; default: the file's stem
+    runs_dir: runs                # optional; runs go to <runs_dir>/<name>/<param-string>
+    base:                         # TrainConfig fields shared by every run
+      features: cache/f8k.h5
+      epochs: 15
+      loss_options: {warmup_epochs: 1}
+    grid:                         # option → list of values; the runs are the product
+      loss: [sh, mh]
+      loss_options.negative_set_size: [8, 32, 127]
+      seed: [0, 1]
+
+Grid keys are TrainConfig fields, or ``loss_options.<option>`` for one loss option. Each
+run is named by its grid values ("loss=mh,negative_set_size=8,seed=0"). A run is done once
+the sweep has written ``RUN/sweep-done.json`` after ``fit()`` (or its last.pt is at the final
+epoch); done runs are skipped, unfinished ones (a last.pt short of the final epoch) continue
+with ``resume=True``, so a killed sweep goes on where it stopped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from .errors import VseError
+from .fsutil import atomic_path
+
+DONE_MARKER = "sweep-done.json"
+LOSS_OPTION_PREFIX = "loss_options."
+SWEEP_KEYS = ("name", "runs_dir", "base", "grid")
+
+
+@dataclass
+class SweepRun:
+    name: str                 # the param string
+    run_dir: Path
+    config: dict              # TrainConfig fields
+    status: str = ""          # new | unfinished | done (before running); then trained | failed
+    detail: str = ""
+
+
+@dataclass
+class Sweep:
+    name: str
+    runs_dir: Path
+    runs: list[SweepRun] = field(default_factory=list)
+
+    @property
+    def root(self) -> Path:
+        return self.runs_dir / self.name
+
+
+def load_sweep(path, runs_dir=None) -> Sweep:
+    """Parse a sweep file and expand its grid (VseError naming the file when it is wrong)."""
+    import yaml
+
+    path = Path(path)
+    try:
+        spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise VseError(f"cannot read sweep file ({exc.strerror})", path) from None
+    except yaml.YAMLError as exc:
+        raise VseError(f"cannot parse sweep file ({str(exc).splitlines()[0]})", path) from None
+    if not isinstance(spec, dict):
+        raise VseError("a sweep file is a mapping with base: and grid:", path)
+    unknown = sorted(set(spec) - set(SWEEP_KEYS))
+    if unknown:
+        raise VseError(f"unknown sweep key(s) {', '.join(unknown)} (expected {', '.join(SWEEP_KEYS)}; "
+                       "training options go under base:)", path)
+    base, grid = spec.get("base") or {}, spec.get("grid") or {}
+    if not isinstance(base, dict) or not isinstance(grid, dict):
+        raise VseError("base: and grid: must be mappings", path)
+    name = str(spec.get("name") or path.stem)
+    if not _SAFE_NAME.fullmatch(name):
+        raise VseError(f"sweep name {name!r} may hold only letters, digits, '.', '_' and '-'", path)
+    sweep = Sweep(name, Path(runs_dir or spec.get("runs_dir") or "runs"))
+    for values in expand_grid(grid, path):
+        config = run_config(base, values, path)
+        if not config.get("features"):
+            raise VseError("no features: for the runs (set it under base: or grid:)", path)
+        run_name = param_string(values)
+        config["run_dir"] = str(sweep.root / run_name)
+        sweep.runs.append(SweepRun(run_name, sweep.root / run_name, config))
+    return sweep
+
+
+def expand_grid(grid: dict, path=None) -> list[dict]:
+    """The product of the grid's value lists, in file order (the last key varies fastest)."""
+    from .train import TrainConfig
+
+    known = {f.name for f in fields(TrainConfig)} - {"run_dir"}
+    axes = []
+    for key, values in grid.items():
+        field_name = key[len(LOSS_OPTION_PREFIX):] if key.startswith(LOSS_OPTION_PREFIX) else None
+        if field_name is None and key not in known:
+            raise VseError(f"grid key {key!r} is not a training option (TrainConfig field) nor "
+                           f"{LOSS_OPTION_PREFIX}<option>", path)
+        if field_name == "":
+            raise VseError(f"grid key {key!r} names no loss option", path)
+        if not isinstance(values, list) or not values:
+            raise VseError(f"grid key {key!r} needs a non-empty list of values", path)
+        axes.append([(key, v) for v in values])
+    return [dict(combination) for combination in itertools.product(*axes)]
+
+
+def run_config(base: dict, values: dict, path=None) -> dict:
+    """``base`` with one grid point applied: TrainConfig fields replace, loss options merge."""
+    from .train import TrainConfig
+
+    config = dict(base)
+    loss_options = dict(config.get("loss_options") or {})
+    for key, value in values.items():
+        if key.startswith(LOSS_OPTION_PREFIX):
+            loss_options[key[len(LOSS_OPTION_PREFIX):]] = value
+        else:
+            config[key] = value
+    config["loss_options"] = loss_options
+    try:
+        TrainConfig.from_dict(config)
+    except VseError as exc:
+        raise VseError(str(exc), path) from None
+    return config
+
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def param_string(values: dict) -> str:
+    """'loss=mh,negative_set_size=8,seed=0': the grid values, safe as one folder name."""
+    if not values:
+        return "base"
+    parts = []
+    for key, value in values.items():
+        key = key[len(LOSS_OPTION_PREFIX):] if key.startswith(LOSS_OPTION_PREFIX) else key
+        text = json.dumps(value, sort_keys=True) if isinstance(value, (dict, list, bool)) or value is None \
+            else str(value)
+        parts.append(f"{key}={re.sub(r'[^A-Za-z0-9._+-]+', '_', text).strip('_') or '_'}")
+    return ",".join(parts)
+
+
+def run_status(run: SweepRun) -> tuple[str, str]:
+    """(new | unfinished | done, detail) from what the run folder holds."""
+    from .checkpoint import load_checkpoint
+
+    epochs = int(run.config.get("epochs", 30))
+    marker = run.run_dir / DONE_MARKER
+    if marker.is_file():
+        try:
+            done = json.loads(marker.read_text(encoding="utf-8"))
+        except ValueError:
+            done = {}
+        if done.get("epoch", -1) >= epochs:
+            return "done", f"best rsum {done.get('best_rsum', float('nan')):.2f} at epoch {done.get('best_epoch')}"
+    last = run.run_dir / "last.pt"
+    if not last.is_file():
+        return "new", ""
+    try:
+        epoch = int(load_checkpoint(last)["epoch"])
+    except VseError as exc:
+        return "unfinished", f"unreadable last.pt ({exc})"
+    if epoch >= epochs:
+        return "done", f"last.pt at epoch {epoch}"
+    return "unfinished", f"last.pt at epoch {epoch}/{epochs}"
+
+
+def plan(sweep: Sweep) -> Sweep:
+    """Fill in every run's status."""
+    for run in sweep.runs:
+        run.status, run.detail = run_status(run)
+    return sweep
+
+
+def train_run(config: dict, resume: bool, threads: int | None = None, echo=print) -> dict:
+    """Train one run to the end and write its done marker; returns the Trainer's summary."""
+    import torch
+
+    from .train import TrainConfig, Trainer
+
+    if threads:
+        torch.set_num_threads(threads)
+    run_dir = Path(config["run_dir"])
+    if not resume:
+        # A fresh start must not append to the validation log of an attempt that never
+        # reached a checkpoint (killed between writing metrics.jsonl and last.pt).
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    cfg = TrainConfig.from_dict(config)
+    summary = Trainer(cfg, resume=resume, echo=echo).fit()
+    summary = {**summary, "epoch": cfg.epochs, "finished": time.time()}
+    with atomic_path(run_dir / DONE_MARKER) as tmp:
+        Path(tmp).write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    return summary
+
+
+def _train_safely(run: SweepRun, resume: bool, threads: int | None, quiet: bool) -> tuple[str, str]:
+    """For joblib workers: ('trained' | 'failed', detail) instead of an exception."""
+    prefix = f"[{run.name}] "
+
+    def echo(message, *args, **kwargs):
+        if not quiet:
+            print(prefix + str(message), flush=True)
+
+    try:
+        summary = train_run(run.config, resume, threads, echo)
+    except VseError as exc:
+        return "failed", str(exc)
+    return "trained", f"best rsum {summary['best_rsum']:.2f} at epoch {summary['best_epoch']}"
+
+
+def run_sweep(sweep: Sweep, *, jobs: int = 1, resume: bool = False, echo=print,
+              quiet_runs: bool = False) -> Sweep:
+    """Train every run that is not done, one after another or ``jobs`` at a time (joblib
+    processes). Unfinished runs continue only with ``resume``; otherwise they are left as
+    they are and reported. A failing run does not stop the others."""
+    plan(sweep)
+    todo = []
+    for run in sweep.runs:
+        if run.status == "done":
+            echo(f"done already: {run.name} ({run.detail})")
+        elif run.status == "unfinished" and not resume:
+            echo(f"unfinished: {run.name} ({run.detail}); pass --resume to continue it")
+        else:
+            todo.append(run)
+    if not todo:
+        return sweep
+    echo(f"sweep {sweep.name}: training {len(todo)} of {len(sweep.runs)} runs"
+         + (f", {jobs} at a time" if jobs > 1 else ""))
+    tasks = [(run, run.status == "unfinished") for run in todo]
+    if jobs > 1:
+        import os
+
+        from joblib import Parallel, delayed
+
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        outcomes = Parallel(n_jobs=jobs, backend="loky")(
+            delayed(_train_safely)(run, run_resume, threads, quiet_runs) for run, run_resume in tasks)
+    else:
+        outcomes = [_train_safely(run, run_resume, None, quiet_runs) for run, run_resume in tasks]
+    for run, (status, detail) in zip(todo, outcomes):
+        run.status, run.detail = status, detail
+        echo(f"{status}: {run.name} ({detail})")
+    return sweep
