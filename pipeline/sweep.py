@@ -11,8 +11,16 @@
       loss_options.negative_set_size: [8, 32, 127]
       seed: [0, 1]
 
-Grid keys are TrainConfig fields, or ``loss_options.<option>`` for one loss option. Each
-run is named by its grid values ("loss=mh,negative_set_size=8,seed=0"). A run is done once
+Grid keys are TrainConfig fields, or ``loss_options.<option>`` for one loss option, or any
+other name whose values are mappings of such options set together (a "bundle", for a loss
+with its own options):
+
+    grid:
+      method:
+        - {name: vse0, loss: sh}
+        - {name: vsepp, loss: mh, loss_options.warmup_epochs: 1}
+
+Each run is named by its grid values ("loss=mh,negative_set_size=8,seed=0", "method=vsepp"). A run is done once
 the sweep has written ``RUN/sweep-done.json`` after ``fit()`` (or its last.pt is at the final
 epoch); done runs are skipped, unfinished ones (a last.pt short of the final epoch) continue
 with ``resume=True``, so a killed sweep goes on where it stopped.
@@ -89,21 +97,37 @@ def load_sweep(path, runs_dir=None) -> Sweep:
     return sweep
 
 
-def expand_grid(grid: dict, path=None) -> list[dict]:
-    """The product of the grid's value lists, in file order (the last key varies fastest)."""
+def _is_option(key: str) -> bool:
+    """A TrainConfig field or ``loss_options.<option>``."""
     from .train import TrainConfig
 
-    known = {f.name for f in fields(TrainConfig)} - {"run_dir"}
+    if key.startswith(LOSS_OPTION_PREFIX):
+        return len(key) > len(LOSS_OPTION_PREFIX)
+    return key in {f.name for f in fields(TrainConfig)} - {"run_dir"}
+
+
+def _is_bundle(key: str, value) -> bool:
+    return isinstance(value, dict) and not _is_option(key)
+
+
+def expand_grid(grid: dict, path=None) -> list[dict]:
+    """The product of the grid's value lists, in file order (the last key varies fastest).
+
+    A key that is no option but lists mappings is a bundle axis: each mapping sets several
+    options together (``{name: vsepp, loss: mh, loss_options.warmup_epochs: 1}``), for
+    options that only make sense with one value of another, like a loss's own options."""
     axes = []
     for key, values in grid.items():
-        field_name = key[len(LOSS_OPTION_PREFIX):] if key.startswith(LOSS_OPTION_PREFIX) else None
-        if field_name is None and key not in known:
-            raise VseError(f"grid key {key!r} is not a training option (TrainConfig field) nor "
-                           f"{LOSS_OPTION_PREFIX}<option>", path)
-        if field_name == "":
-            raise VseError(f"grid key {key!r} names no loss option", path)
         if not isinstance(values, list) or not values:
             raise VseError(f"grid key {key!r} needs a non-empty list of values", path)
+        if not _is_option(key):
+            if not all(isinstance(v, dict) for v in values):
+                raise VseError(f"grid key {key!r} is not a training option (TrainConfig field), nor "
+                               f"{LOSS_OPTION_PREFIX}<option>, nor a list of option mappings", path)
+            inner = sorted({k for v in values for k in v if k != "name" and not _is_option(k)})
+            if inner:
+                raise VseError(f"grid key {key!r}: {', '.join(map(repr, inner))} is not a training "
+                               f"option (TrainConfig field) nor {LOSS_OPTION_PREFIX}<option>", path)
         axes.append([(key, v) for v in values])
     return [dict(combination) for combination in itertools.product(*axes)]
 
@@ -115,10 +139,15 @@ def run_config(base: dict, values: dict, path=None) -> dict:
     config = dict(base)
     loss_options = dict(config.get("loss_options") or {})
     for key, value in values.items():
-        if key.startswith(LOSS_OPTION_PREFIX):
-            loss_options[key[len(LOSS_OPTION_PREFIX):]] = value
-        else:
-            config[key] = value
+        for option, setting in (value.items() if _is_bundle(key, value) else [(key, value)]):
+            if option == "name" and _is_bundle(key, value):
+                continue
+            if option.startswith(LOSS_OPTION_PREFIX):
+                loss_options[option[len(LOSS_OPTION_PREFIX):]] = setting
+            elif option == "loss_options":
+                loss_options = dict(setting or {})
+            else:
+                config[option] = setting
     config["loss_options"] = loss_options
     try:
         TrainConfig.from_dict(config)
@@ -131,16 +160,29 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
 
 def param_string(values: dict) -> str:
-    """'loss=mh,negative_set_size=8,seed=0': the grid values, safe as one folder name."""
+    """'loss=mh,negative_set_size=8,seed=0': the grid values, safe as one folder name.
+    A bundle is named by its ``name`` entry, else by its settings joined with '+'."""
     if not values:
         return "base"
     parts = []
     for key, value in values.items():
-        key = key[len(LOSS_OPTION_PREFIX):] if key.startswith(LOSS_OPTION_PREFIX) else key
-        text = json.dumps(value, sort_keys=True) if isinstance(value, (dict, list, bool)) or value is None \
-            else str(value)
-        parts.append(f"{key}={re.sub(r'[^A-Za-z0-9._+-]+', '_', text).strip('_') or '_'}")
+        if _is_bundle(key, value):
+            text = str(value["name"]) if "name" in value else "+".join(
+                f"{_short(k)}-{_text(v)}" for k, v in value.items())
+        else:
+            text = _text(value)
+        parts.append(f"{_short(key)}={re.sub(r'[^A-Za-z0-9._+-]+', '_', text).strip('_') or '_'}")
     return ",".join(parts)
+
+
+def _short(key: str) -> str:
+    return key[len(LOSS_OPTION_PREFIX):] if key.startswith(LOSS_OPTION_PREFIX) else key
+
+
+def _text(value) -> str:
+    if isinstance(value, (dict, list, bool)) or value is None:
+        return json.dumps(value, sort_keys=True)
+    return str(value)
 
 
 def run_status(run: SweepRun) -> tuple[str, str]:

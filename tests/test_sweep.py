@@ -42,6 +42,21 @@ def test_grid_is_the_product_in_file_order_with_loss_options_merged(tmp_path, ti
     assert sweep.runs[0].config["loss_options"] == {"warmup_epochs": 1, "negative_set_size": 4}
 
 
+def test_bundles_set_a_loss_with_its_own_options(tmp_path, tiny_cache):
+    path = _sweep_file(tmp_path, tiny_cache,
+                       "  method:\n    - {name: vse0, loss: sh}\n"
+                       "    - {name: vsepp, loss: mh, loss_options.warmup_epochs: 1}\n"
+                       "    - {loss: mh, margin: 0.1}\n  seed: [0, 1]\n")
+    runs = load_sweep(path).runs
+    assert [r.name for r in runs] == ["method=vse0,seed=0", "method=vse0,seed=1", "method=vsepp,seed=0",
+                                      "method=vsepp,seed=1", "method=loss-mh+margin-0.1,seed=0",
+                                      "method=loss-mh+margin-0.1,seed=1"]
+    assert runs[0].config["loss"] == "sh" and runs[0].config["loss_options"] == {}
+    assert runs[3].config["loss"] == "mh" and runs[3].config["loss_options"] == {"warmup_epochs": 1}
+    assert runs[3].config["seed"] == 1 and "method" not in runs[3].config and "name" not in runs[3].config
+    assert runs[4].config["margin"] == 0.1
+
+
 def test_param_strings_are_safe_folder_names():
     assert param_string({"relevance": "cache/rel svd.h5", "margin": 0.2}) == "relevance=cache_rel_svd.h5,margin=0.2"
     assert param_string({"loss_options.thetas": [0.63, 0.5], "glove": True}) == "thetas=0.63_0.5,glove=true"
@@ -51,6 +66,7 @@ def test_param_strings_are_safe_folder_names():
 @pytest.mark.parametrize("text,message", [
     ("base: {features: x.h5}\ngrid: {lr_typo: [1]}\n", "grid key 'lr_typo' is not a training option"),
     ("base: {features: x.h5}\ngrid: {lr: 0.1}\n", "grid key 'lr' needs a non-empty list"),
+    ("base: {features: x.h5}\ngrid: {m: [{loss: sh, marginn: 1}]}\n", "grid key 'm': 'marginn' is not a training"),
     ("base: {features: x.h5, lrr: 1}\ngrid: {lr: [0.1]}\n", "unknown training option.*lrr"),
     ("bases: {}\n", "unknown sweep key.*bases"),
     ("grid: {lr: [0.1]}\n", "no features"),
