@@ -36,9 +36,9 @@ def atomic_path(path, suffix: str = ".tmp"):
         _unlink_quietly(tmp)
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise VseError("no space left on device while writing", path) from exc
-        if exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
-            raise VseError(f"cannot write ({exc.strerror})", path) from exc
-        raise
+        # EACCES, EROFS, EFBIG (ulimit -f, FAT32), EIO …: the environment, not a bug
+        reason = exc.strerror or (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+        raise VseError(f"cannot write ({reason})", path) from exc
     except BaseException:
         _unlink_quietly(tmp)
         raise
