@@ -27,7 +27,7 @@ import numpy as np
 
 from . import __version__
 from .errors import VseError
-from .fsutil import atomic_path
+from .fsutil import atomic_h5
 
 FORMAT = "vse-features"
 FORMAT_VERSION = 1
@@ -111,7 +111,7 @@ class ShardedWriter:
         if features.shape != (stop - start, self.feature_dim):
             raise ValueError(f"shard {index} needs shape {(stop - start, self.feature_dim)}, "
                              f"got {features.shape}")
-        with atomic_path(self.shard_path(index)) as tmp, h5py.File(tmp, "w") as f:
+        with atomic_h5(self.shard_path(index)) as f:
             f.create_dataset("features", data=features)
             f.create_dataset("bad_rows", data=np.asarray(bad_rows, dtype=np.int64))
             f.attrs.update(format=SHARD_FORMAT, start=start, stop=stop,
@@ -145,7 +145,7 @@ class ShardedWriter:
             relative = f"{shards_dir(self.out).name}/{self.shard_path(i).name}"
             layout[start:stop] = h5py.VirtualSource(relative, "features",
                                                     shape=(stop - start, self.feature_dim))
-        with atomic_path(self.out) as tmp, h5py.File(tmp, "w") as f:
+        with atomic_h5(self.out) as f:
             f.create_virtual_dataset("features", layout, fillvalue=np.nan)
             _write_index(f, index)
             f.create_dataset("bad_images", data=np.sort(np.concatenate(bad_rows)).astype(np.int64))

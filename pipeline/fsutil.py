@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
 from pathlib import Path
 
@@ -42,6 +43,29 @@ def atomic_path(path, suffix: str = ".tmp"):
     except BaseException:
         _unlink_quietly(tmp)
         raise
+
+
+def write_atomic(path, data) -> None:
+    """Write ``data`` (bytes-like) to ``path`` atomically, in one plain write."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        fh.write(data)
+
+
+@contextlib.contextmanager
+def atomic_h5(path):
+    """Yield a new ``h5py.File`` built in memory; write it to ``path`` atomically at the end.
+
+    HDF5 writing to disk itself handles a failing write badly: on a full disk (or past
+    ``ulimit -f``) it raises RuntimeError while flushing, or crashes while closing the
+    file. Built in memory, the file reaches the disk in one plain write whose failure is
+    an ordinary OSError (→ VseError). The price is the file's size in memory while writing.
+    """
+    import h5py
+
+    buffer = io.BytesIO()
+    with h5py.File(buffer, "w") as f:
+        yield f
+    write_atomic(path, buffer.getbuffer())
 
 
 def _fsync_file(path: Path) -> None:
