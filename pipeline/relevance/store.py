@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import __version__
 from ..errors import VseError
-from ..fsutil import atomic_path
+from ..fsutil import atomic_h5
 from .vectors import RelevanceVectors
 
 FORMAT = "vse-relevance"
@@ -48,7 +48,7 @@ def write_relevance(out, rv: RelevanceVectors, *, features_file, fit_splits, num
         attrs["cbow_threshold"] = float(rv.cbow_threshold)
     if svd_model is not None:
         attrs["svd_model"] = svd_model
-    with atomic_path(out) as tmp, h5py.File(tmp, "w") as f:
+    with atomic_h5(out) as f:
         _write_rows(f, "vectors", rv.vectors, DTYPES[dtype])
         if rv.coarse_vectors is not None:
             _write_rows(f, "coarse_vectors", rv.coarse_vectors, DTYPES[dtype])
