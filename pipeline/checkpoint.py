@@ -7,12 +7,13 @@ that is needed to rebuild the model or to resume training exactly.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import torch
 
 from .errors import VseError
-from .fsutil import atomic_path
+from .fsutil import write_atomic
 
 CHECKPOINT_FORMAT = "vse-checkpoint"
 REQUIRED_KEYS = ("format", "model", "model_config", "vocab", "train_config", "epoch", "iteration")
@@ -20,8 +21,11 @@ REQUIRED_KEYS = ("format", "model", "model_config", "vocab", "train_config", "ep
 
 def save_checkpoint(state: dict, path) -> None:
     state = {"format": CHECKPOINT_FORMAT, **state}
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+    # Serialised in memory first: torch.save writing to a full disk raises a RuntimeError
+    # ("unexpected pos …"), a plain write raises OSError(ENOSPC) → a one-line VseError.
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    write_atomic(path, buffer.getbuffer())
 
 
 def load_checkpoint(path, map_location="cpu") -> dict:
