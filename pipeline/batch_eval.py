@@ -110,12 +110,12 @@ class RunEvaluator:
         metrics.pop("folds", None)
         records = read_validation_log(run_dir)
         best = best_record(records)
-        source = loaded.state.get("feature_source", {}) or {}
+        source = loaded.state.get("feature_source") or {}
+        dataset = source.get("dataset") or Path(str(train_config.get("features", ""))).stem
         return {
             **describe_config(train_config),
             "backbone": source.get("backbone"), "crops": source.get("crops"),
-            "train_set": f"{source.get('dataset') or Path(str(train_config.get('features', ''))).stem}"
-                         f":{train_config.get('train_split', 'train')}",
+            "train_set": f"{dataset}:{train_config.get('train_split', 'train')}",
             "features": str(features), "split": self.split, "protocol": self.protocol,
             "images": len(emb.images), "checkpoint": str(checkpoint_path),
             "checkpoint_iteration": loaded.state.get("iteration"),

@@ -196,8 +196,8 @@ def build_gallery(checkpoint, features, out, *, images_root=None, split: str = "
         raise VseError(f"--n and --k must be at least 1 (got {n} and {k})")
     device = torch.device("cpu") if device is None else device
     out = Path(out)
-    emb = embed_checkpoint(checkpoint, features, split, device)
     with FeatureCache(features) as cache:
+        emb = embed_checkpoint(checkpoint, cache, split, device)
         root = images_root or cache.attrs.get("dataset_root")
         image_ids = [cache.image_ids[r] for r in emb.image_rows]
         captions = [cache.captions[r] for r in emb.caption_rows]
