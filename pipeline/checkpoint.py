@@ -8,6 +8,8 @@ that is needed to rebuild the model or to resume training exactly.
 from __future__ import annotations
 
 import io
+import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -34,9 +36,11 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     if not path.is_file():
         raise VseError("checkpoint not found", path)
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": not the user's concern
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError, … here
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        first = _load_error(exc)
         if type(exc).__name__ == "UnpicklingError":
             raise VseError("refusing to load checkpoint: it holds objects other than tensors"
                            f" and plain values ({first})", path) from exc
@@ -47,3 +51,12 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     if missing:
         raise VseError(f"checkpoint lacks {', '.join(missing)}", path)
     return state
+
+
+def _load_error(exc: Exception) -> str:
+    """The informative sentence of torch.load's error: for a refused object torch leads with
+    advice (ANSI-styled) and names the culprit on a 'WeightsUnpickler error:' line."""
+    text = str(exc)
+    refused = re.search(r"WeightsUnpickler error:\s*(\S.*)", text)
+    line = refused.group(1) if refused else (text.strip().splitlines() or [type(exc).__name__])[0]
+    return line.split(". ")[0][:160]
