@@ -49,6 +49,11 @@ def encode_split(model: VSEModel, cache: FeatureCache, tokens: TokenizedCaptions
         image_chunks, caption_chunks = [], []
         for a in range(0, len(image_rows), batch_size):
             feats = cache.read(image_rows[a:a + batch_size])
+            finite = np.isfinite(feats).reshape(len(feats), -1).all(axis=1)
+            if not finite.all():
+                raise VseError(f"the features of row {image_rows[a:a + batch_size][~finite][0]} "
+                               f"(split {split!r}) hold NaN or Inf; `vse info` lists every such row",
+                               cache.path)
             with autocast(device, amp):
                 image_chunks.append(model.image_encoder(torch.from_numpy(feats).to(device)).float().cpu())
         for a in range(0, len(caption_rows), batch_size):
