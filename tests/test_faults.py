@@ -353,6 +353,20 @@ def test_killed_training_resumes_to_the_uninterrupted_weights(vse, tiny_cache, r
     assert all(torch.equal(v, best_cut["model"][k]) for k, v in best_full["model"].items())
 
 
+@pytest.mark.xfail(strict=True, reason="Trainer.validate_and_save appends to metrics.jsonl before "
+                   "last.pt is saved, and --resume does not drop records past the checkpoint")
+def test_metrics_log_after_a_kill_and_resume_equals_the_uninterrupted_one(vse, tiny_cache, reference_run,
+                                                                          tmp_path):
+    run_dir = tmp_path / "cut"
+    assert vse(_train_args(tiny_cache, run_dir), hook="partial:last.pt:5").code == KILLED
+    assert vse([*_train_args(tiny_cache, run_dir), "--resume"]).code == 0
+
+    def iterations(run):
+        return [json.loads(line)["iteration"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+    assert iterations(run_dir) == iterations(reference_run)  # today: iteration 12 is logged twice
+
+
 # ---------------------------------------------------------------------------- vse relevance
 
 
@@ -455,11 +469,26 @@ def test_relevance_on_a_full_disk(vse, tiny_cache, tmp_path, hook, victim, probl
     assert vse(args).code == 0
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a chmod 0o500 folder anyway")
+def _chmod_stops_writes(folder: Path) -> bool:
+    """False for root (CAP_DAC_OVERRIDE writes into a chmod 0o500 folder anyway)."""
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        (folder / "probe").touch()
+    except PermissionError:
+        return True
+    finally:
+        folder.chmod(0o700)
+    (folder / "probe").unlink()
+    return False
+
+
 def test_read_only_output_folders(vse, twelve_images, tiny_cache, tmp_path):
     folder = tmp_path / "read-only"
+    if not _chmod_stops_writes(folder):
+        pytest.skip("running as root: chmod 0o500 does not stop writes (EACCES is simulated above)")
     run_dir = folder / "run"
-    run_dir.mkdir(parents=True)
+    run_dir.mkdir()
     folder.chmod(0o500)
     run_dir.chmod(0o500)
     try:
