@@ -29,10 +29,9 @@ from .fsutil import atomic_path
 from .inference import encode_split
 from .losses import build_loss
 from .metrics import evaluate_embeddings
-from .models import ModelConfig, VSEModel
+from .models import ModelConfig, VSEModel, join_state
 from .runtime import (autocast, default_workers, needs_grad_scaler, pin_memory, resolve_device,
                       rng_state, seed_everything, set_rng_state)
-from .rc import ImageSource, backbone_checkpoint, model_weights
 from .text import TokenizedCaptions, Vocabulary
 
 CONTRASTIVE = ("csn", "cmn", "mvn")
@@ -179,7 +178,7 @@ class Trainer:
         self.monitor = CollapseMonitor(config.loss, self.loss, config.batch_size * self.world, self.echo)
         # buffers change only in BatchNorm layers that train their statistics
         self.ddp_model = (DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                                                  broadcast_buffers=config.finetune and not config.freeze_bn)
+                                                  forward_sync_buffers=config.finetune and not config.freeze_bn)
                           if self.distributed else self.model)
         if resume_state is not None:
             self._restore(resume_state)
@@ -251,14 +250,28 @@ class Trainer:
         return BatchRelevance(self.cfg.relevance, num_captions=len(self.index.captions))
 
     def _restore(self, state: dict) -> None:
-        self.model.load_state_dict(model_weights(state))
+        self.model.load_state_dict(join_state(state["model"], state.get("backbone", {}).get("state")))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
         set_rng_state(state["rng"])
+        if dist.is_main():
+            self._drop_metrics_after(self.progress.iteration)
         self.echo(f"resumed at epoch {self.progress.epoch + 1}, batch {self.progress.batch}, "
                   f"iteration {self.progress.iteration} (best rsum {self.progress.best_rsum:.2f})")
+
+    def _drop_metrics_after(self, iteration: int) -> None:
+        """A run killed between appending a validation record and saving last.pt would log
+        that validation twice after --resume: keep only the records the checkpoint covers."""
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists():
+            return
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if line.strip() and json.loads(line)["iteration"] <= iteration]
+        if len(kept) != len(lines):
+            with atomic_path(path) as tmp:
+                Path(tmp).write_text("".join(kept), encoding="utf-8")
 
     # ----------------------------------------------------------------- the loop
     def epoch_batches(self, epoch: int) -> PairBatches:
@@ -376,7 +389,7 @@ class Trainer:
         backbone = self.model.backbone
         return {
             "model": self.model.head_state_dict(),
-            **({"backbone": backbone_checkpoint(self.source, backbone)} if backbone is not None else {}),
+            **({"backbone": self.source.checkpoint_entry(backbone)} if backbone is not None else {}),
             "model_config": self.model_config.to_dict(),
             "vocab": self.vocab.words,
             "train_config": self.cfg.to_dict(),
@@ -394,6 +407,8 @@ class Trainer:
 def open_pair_source(cfg: TrainConfig) -> PairSource:
     if not cfg.rc:
         return CachedFeatures(cfg.features, preload=cfg.preload)
+    from .rc import ImageSource  # torchvision and the image stack: only RC mode pays their import
+
     return ImageSource(cfg.dataset, cfg.root, cfg.backbone, weights=cfg.backbone_weights, finetune=cfg.finetune,
                        freeze_bn=cfg.freeze_bn, crop=cfg.crop, seed=cfg.seed, batch_size=cfg.batch_size)
 
