@@ -353,8 +353,6 @@ def test_killed_training_resumes_to_the_uninterrupted_weights(vse, tiny_cache, r
     assert all(torch.equal(v, best_cut["model"][k]) for k, v in best_full["model"].items())
 
 
-@pytest.mark.xfail(strict=True, reason="Trainer.validate_and_save appends to metrics.jsonl before "
-                   "last.pt is saved, and --resume does not drop records past the checkpoint")
 def test_metrics_log_after_a_kill_and_resume_equals_the_uninterrupted_one(vse, tiny_cache, reference_run,
                                                                           tmp_path):
     run_dir = tmp_path / "cut"
