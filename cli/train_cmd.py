@@ -113,6 +113,7 @@ def _read_config_file(path: str) -> dict:
 @click.pass_context
 def train_command(ctx, config_file, resume, loss_option, **options):
     """Train a joint embedding on a feature cache, or end to end on images (--rc)."""
+    from pipeline import distributed
     from pipeline.train import TrainConfig, Trainer
 
     values = _read_config_file(config_file) if config_file else {}
@@ -131,8 +132,9 @@ def train_command(ctx, config_file, resume, loss_option, **options):
         raise click.UsageError("--run-dir is required (flag or config file)")
     config = TrainConfig.from_dict(values)
     summary = Trainer(config, resume=resume, echo=click.echo).fit()
-    click.echo(f"done: best validation rsum {summary['best_rsum']:.2f} at epoch {summary['best_epoch']} "
-               f"→ {Path(config.run_dir) / 'best.pt'}")
+    if distributed.is_main():  # under torchrun the other ranks say nothing
+            click.echo(f"done: best validation rsum {summary['best_rsum']:.2f} at epoch {summary['best_epoch']} "
+                   f"→ {Path(config.run_dir) / 'best.pt'}")
 
 
 def register(group: click.Group) -> None:

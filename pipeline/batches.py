@@ -76,7 +76,9 @@ class ImageInputs(Protocol):
 
 
 class PairSource(Protocol):
-    """Where a run's image–caption pairs come from (``CachedFeatures`` or ``rc.ImageSource``)."""
+    """Where a run's image–caption pairs come from (``CachedFeatures`` or ``rc.ImageSource``).
+    A source with a backbone also gives ``checkpoint_entry(backbone)``, the CNN's part of a
+    checkpoint."""
 
     index: object            # image_ids, captions, caption_image, split(name), read(rows), attrs
     inputs: ImageInputs      # training batches (``index.read`` gives validation inputs)

@@ -150,6 +150,15 @@ class TextEncoder(nn.Module):
         return int(mask.sum())
 
 
+CNN_PREFIX = "image_encoder.backbone.cnn."
+
+
+def join_state(head: dict, cnn: dict | None = None) -> dict:
+    """A ``VSEModel`` state dict from its two parts as checkpoints keep them: the head
+    (``head_state_dict()``) and, in RC mode, the CNN's own state dict."""
+    return {**head, **{CNN_PREFIX + k: v for k, v in (cnn or {}).items()}}
+
+
 class VSEModel(nn.Module):
     def __init__(self, cfg: ModelConfig, backbone: PixelBackbone | None = None):
         super().__init__()

@@ -37,14 +37,13 @@ from .datasets import load_dataset, open_image
 from .errors import VseError
 from .extract import select_images
 from .inference import SplitEmbeddings, encode_split
-from .models import ModelConfig, PixelBackbone, VSEModel
+from .models import ModelConfig, PixelBackbone, VSEModel, join_state
 from .runtime import default_workers
 from .text import TokenizedCaptions, Vocabulary
 
 CROP_MODES = ("random", "random-resized")
 RESIZED_CROP_AREA = (0.08, 1.0)
 RESIZED_CROP_ASPECT = (3 / 4, 4 / 3)
-BACKBONE_PREFIX = "image_encoder.backbone.cnn."
 
 
 @dataclass(frozen=True)
@@ -155,6 +154,11 @@ class ImageSource:
         self.location = str(dataset.root)
         self.encode_batch_size = batch_size
 
+    def checkpoint_entry(self, backbone: PixelBackbone) -> dict:
+        """The ``backbone`` entry of an RC checkpoint (tensors and plain values only)."""
+        return {"name": self.backbone_name, "weights_sha256": self.weights_sha256,
+                "finetune": backbone.trainable, "state": backbone.cnn.state_dict()}
+
 
 def freeze_unused_parameters(backbone: PixelBackbone, side: int) -> list[str]:
     """Freeze parameters the forward pass never reaches (efficientnet's ImageNet classifier,
@@ -175,18 +179,6 @@ def freeze_unused_parameters(backbone: PixelBackbone, side: int) -> list[str]:
     return unused
 
 
-def backbone_checkpoint(source: ImageSource, backbone: PixelBackbone) -> dict:
-    """The ``backbone`` entry of an RC checkpoint (plain values and tensors: weights_only loads it)."""
-    return {"name": source.backbone_name, "weights_sha256": source.weights_sha256,
-            "finetune": backbone.trainable, "state": backbone.cnn.state_dict()}
-
-
-def model_weights(state: dict) -> dict:
-    """A checkpoint's full ``VSEModel`` state dict: the head, plus the CNN of RC checkpoints."""
-    backbone = state.get("backbone") or {}
-    return {**state["model"], **{BACKBONE_PREFIX + k: v for k, v in backbone.get("state", {}).items()}}
-
-
 def embed_rc_checkpoint(checkpoint, dataset_kind: str, root, split: str, device: torch.device,
                         max_images: int | None = None, batch_size: int = 128) -> SplitEmbeddings:
     """Embeddings of a split of a dataset's images by an RC checkpoint (its own CNN weights,
@@ -200,7 +192,7 @@ def embed_rc_checkpoint(checkpoint, dataset_kind: str, root, split: str, device:
                          finetune=False, batch_size=batch_size)
     model = VSEModel(ModelConfig.from_dict(state["model_config"]), source.backbone)
     try:
-        model.load_state_dict(model_weights(state))
+        model.load_state_dict(join_state(state["model"], state["backbone"]["state"]))
     except RuntimeError as exc:
         raise VseError(f"checkpoint does not match the model it describes ({str(exc).splitlines()[0][:160]})",
                        checkpoint) from exc

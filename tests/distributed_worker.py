@@ -1,0 +1,70 @@
+"""What tests/test_distributed.py runs under torchrun (not a test module itself):
+
+    python -m torch.distributed.run --standalone --nproc-per-node N tests/distributed_worker.py SPEC.json OUT
+
+SPEC: {"steps": {name: TrainConfig dict}, "resume": {"config": {...}, "kill_after": k},
+       "cli": [arguments of `vse`]}.
+- steps: one training step on the first global batch of epoch 1; every rank saves the loss,
+  the gradients and the weights after the step to OUT/steps-rank<r>.pt.
+- resume: an uninterrupted run (OUT/full) and one killed after k steps on every rank and
+  resumed from its last.pt (OUT/cut); the ranks write nothing themselves.
+- cli: the `vse` command line, as `torchrun -m cli.main ...` runs it (in this launch because
+  importing every command module costs seconds per process).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from pipeline import distributed as dist
+from pipeline.train import TrainConfig, Trainer
+
+
+def one_step(config: dict) -> dict:
+    trainer = Trainer(TrainConfig(**config), echo=lambda *a: None)
+    loss = trainer.step(trainer.epoch_batches(0)[0])
+    named = [(n, p) for n, p in trainer.model.named_parameters() if p.requires_grad]
+    return {"loss": loss, "grads": {n: p.grad.detach().clone() for n, p in named},
+            "weights": {n: p.detach().clone() for n, p in named}}
+
+
+def killed_run(config: dict, kill_after: int) -> None:
+    original, calls = Trainer.step, {"n": 0}
+
+    def step(self, batch):
+        if calls["n"] == kill_after:
+            raise KeyboardInterrupt  # as if every process died here
+        calls["n"] += 1
+        return original(self, batch)
+
+    Trainer.step = step
+    try:
+        Trainer(TrainConfig(**config), echo=lambda *a: None).fit()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        Trainer.step = original
+
+
+def main(spec_path: str, out: str) -> None:
+    spec, out = json.loads(Path(spec_path).read_text()), Path(out)
+    results = {name: one_step(config) for name, config in spec.get("steps", {}).items()}
+    torch.save(results, out / f"steps-rank{dist.rank()}.pt")
+    if "resume" in spec:
+        config = spec["resume"]["config"]
+        Trainer(TrainConfig(**{**config, "run_dir": str(out / "full")}), echo=lambda *a: None).fit()
+        cut = {**config, "run_dir": str(out / "cut")}
+        killed_run(cut, spec["resume"]["kill_after"])
+        Trainer(TrainConfig(**cut), resume=True, echo=lambda *a: None).fit()
+    if "cli" in spec:
+        from cli.main import cli
+
+        cli.main(args=spec["cli"], prog_name="vse", standalone_mode=False)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

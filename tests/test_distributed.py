@@ -1,0 +1,119 @@
+"""torchrun with 2 CPU processes (gloo): one step of N processes × B equals one step of a single
+process on the concatenated batch of N×B, for every loss and in RC mode; only rank 0
+writes; a killed distributed run resumes exactly; `torchrun -m cli.main train` works."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.checkpoint import load_checkpoint
+from pipeline.relevance.stage import build_relevance
+from pipeline.train import TrainConfig, Trainer
+
+from rc_data import make_flickr8k
+
+ROOT = Path(__file__).resolve().parents[1]
+WORLD = 2
+PER_RANK = 8
+SMALL = dict(embed_dim=16, word_dim=8, lr=5e-3, min_word_count=1, val_every=0, workers=0, log_every=1,
+             device="cpu")
+CACHED_LOSSES = {
+    "sh": {"loss": "sh"},
+    "mh": {"loss": "mh"},
+    "mh_negative_set": {"loss": "mh", "loss_options": {"negative_set_size": 3}},  # random negatives
+    "order": {"loss": "order"},
+    "lseh": {"loss": "lseh"},
+    "ladder": {"loss": "ladder", "loss_options": {"levels": 3}},
+    "csn": {"loss": "csn"},
+    "cmn": {"loss": "cmn"},
+    "mvn": {"loss": "mvn"},
+}
+
+
+def torchrun(args, timeout=900):
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             f"--nproc-per-node={WORLD}", *args], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=timeout)
+    assert result.returncode == 0, f"torchrun failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def launched(tiny_cache, tmp_path_factory):
+    """One torchrun launch: the one-step cases, the kill/resume runs and an RC run by the CLI."""
+    out = tmp_path_factory.mktemp("ddp")
+    relevance = out / "svd.h5"
+    build_relevance(tiny_cache, "svd", relevance, k=16, device="cpu")
+    images = make_flickr8k(out / "flickr8k", sizes=(("train", 8), ("dev", 2), ("test", 2)))
+    cached = {name: dict(features=str(tiny_cache), relevance=str(relevance), **SMALL, **extra)
+              for name, extra in CACHED_LOSSES.items()}
+    rc = {f"rc_{mode}": dict(rc=True, root=str(images), backbone="tiny", loss="mh", finetune=mode == "finetune",
+                             **SMALL) for mode in ("frozen", "finetune")}
+    # no gradient clipping here: it would hide a gradient of the wrong scale
+    steps = {name: {**config, "run_dir": str(out / name), "batch_size": PER_RANK, "grad_clip": 0.0}
+             for name, config in {**cached, **rc}.items()}
+    # 120 training captions / (2 × 8) = 7 global batches per epoch; a checkpoint every 3 steps
+    resume = dict(features=str(tiny_cache), loss="mh", epochs=2, lr_decay_epoch=1, batch_size=PER_RANK,
+                  **{**SMALL, "val_every": 3})
+    spec = out / "spec.json"
+    command = ["train", "--rc", "--root", str(images), "--backbone", "tiny", "--finetune", "--run-dir",
+               str(out / "cli"), "--epochs", "1", "--batch-size", "4", "--embed-dim", "16", "--word-dim", "8",
+               "--min-word-count", "1", "--val-every", "0", "--workers", "1", "--device", "cpu"]
+    spec.write_text(json.dumps({"steps": steps, "resume": {"config": resume, "kill_after": 10}, "cli": command}))
+    torchrun(["tests/distributed_worker.py", str(spec), str(out)])
+    ranks = [torch.load(out / f"steps-rank{r}.pt", weights_only=True) for r in range(WORLD)]
+    return {"out": out, "steps": steps, "ranks": ranks, "resume": resume}
+
+
+def _single_process_step(config: dict) -> dict:
+    """The same step by one process on the concatenated batch (WORLD × PER_RANK pairs)."""
+    trainer = Trainer(TrainConfig(**{**config, "batch_size": WORLD * PER_RANK}), echo=lambda *a: None)
+    loss = trainer.step(trainer.epoch_batches(0)[0])
+    named = [(n, p) for n, p in trainer.model.named_parameters() if p.requires_grad]
+    return {"loss": loss, "grads": {n: p.grad for n, p in named}, "weights": {n: p.detach() for n, p in named}}
+
+
+@pytest.mark.parametrize("case", [*CACHED_LOSSES, "rc_frozen", "rc_finetune"])
+def test_distributed_step_equals_one_process_on_the_global_batch(launched, case, tmp_path):
+    expected = _single_process_step({**launched["steps"][case], "run_dir": str(tmp_path)})
+    for rank, results in enumerate(launched["ranks"]):
+        got = results[case]
+        assert got["loss"] == pytest.approx(expected["loss"], rel=1e-5, abs=1e-6), rank
+        assert set(got["grads"]) == set(expected["grads"])
+        for name, grad in expected["grads"].items():  # float32 sums in another order
+            error = (got["grads"][name] - grad).norm() / grad.norm().clamp_min(1e-12)
+            assert error < 1e-4, (case, name, rank, error.item())
+        for name, weight in expected["weights"].items():  # Adam's first step moves each weight by ≈ lr
+            torch.testing.assert_close(got["weights"][name], weight, rtol=0, atol=1e-5, msg=f"{case} {name}")
+    if case == "rc_finetune":
+        assert any(name.startswith("image_encoder.backbone.") for name in expected["grads"])
+    if case == "rc_frozen":
+        assert not any(name.startswith("image_encoder.backbone.") for name in expected["grads"])
+
+
+def test_killed_distributed_run_resumes_exactly_and_only_rank_0_writes(launched):
+    out = launched["out"]
+    full, cut = (load_checkpoint(out / run / "last.pt") for run in ("full", "cut"))
+    assert full["iteration"] == cut["iteration"] == 14  # 2 epochs × 7 global batches (last one dropped)
+    for key, value in full["model"].items():
+        assert torch.equal(value, cut["model"][key]), key
+    lines = [json.loads(line) for line in (out / "full" / "metrics.jsonl").read_text().splitlines()]
+    # validations at iterations 3, 6, 7 (epoch end), 9, 12, 14 (epoch end) — once each, not once per rank
+    assert [r["iteration"] for r in lines] == [3, 6, 7, 9, 12, 14]
+    assert full["train_config"]["batch_size"] == PER_RANK
+    assert sorted(p.name for p in (out / "full").iterdir()) == ["best.pt", "config.json", "last.pt",
+                                                               "metrics.jsonl", "vocab.json"]
+
+
+def test_vse_train_under_torchrun_trains_rc_mode(launched):
+    run = launched["out"] / "cli"
+    state = load_checkpoint(run / "last.pt")
+    assert state["iteration"] == 5  # 40 training pairs / (2 × 4)
+    assert state["backbone"]["finetune"] is True
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
