@@ -22,6 +22,8 @@ def init_from_env(device: torch.device | None = None) -> bool:
     if not launched_by_torchrun() or int(os.environ["WORLD_SIZE"]) < 2:
         return False
     backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
+    if backend == "nccl":  # NCCL collectives run on the current device: bind it to this rank's GPU
+        torch.cuda.set_device(device)
     dist.init_process_group(backend=backend)
     return True
 
