@@ -35,6 +35,7 @@ SHARD_FORMAT = "vse-features-shard"
 DEFAULT_SHARD_SIZE = 1000
 _STRING = h5py.string_dtype("utf-8")
 _READ_BLOCK_ROWS = 8192
+_SPARE_FILES = 256  # beyond the shards: libraries, DataLoader pipes, outputs
 
 
 @dataclass
@@ -214,6 +215,23 @@ def _plain(value):
 # ---------------------------------------------------------------------------- reading
 
 
+def _allow_open_files(num_shards: int, path) -> None:
+    """HDF5 keeps every shard a read has touched open until the cache is closed, and reads
+    the rows of a shard it cannot open as NaN, silently: so this process must be allowed
+    to open them all. Raises the soft limit (``ulimit -n``) when the hard one allows it."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = num_shards + _SPARE_FILES
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise VseError(f"the cache has {num_shards} shards but this process may open only {hard} "
+                       "files (ulimit -n): raise the limit, or extract again with a larger "
+                       "--shard-size", path)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
 @dataclass
 class CacheReport:
     """What ``FeatureCache.check`` found; row indices of each kind of suspicious row."""
@@ -309,7 +327,9 @@ class FeatureCache:
 
     def _check_sources(self) -> None:
         """Every shard the virtual dataset maps must exist, be complete and be of this run."""
-        for source in self.features.virtual_sources():
+        sources = self.features.virtual_sources()
+        _allow_open_files(len(sources), self.path)
+        for source in sources:
             shard = Path(source.file_name)
             shard = shard if shard.is_absolute() else self.path.parent / shard
             (r0, _), (r1, _) = source.vspace.get_select_bounds()
