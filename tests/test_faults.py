@@ -24,6 +24,7 @@ and three that make a write fail instead of killing:
     eacces:NAME           renaming NAME's temporary file into place fails with EACCES
     fsize:BYTES           a real limit: RLIMIT_FSIZE (ulimit -f) of BYTES, so the kernel
                           fails any write past it with EFBIG, whichever library writes
+    nofile:SOFT:HARD      a real limit on open files (ulimit -n)
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 KILLED = -signal.SIGKILL
@@ -131,6 +131,10 @@ def _arm(hook: str) -> None:
 
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write, do not kill
         resource.setrlimit(resource.RLIMIT_FSIZE, (int(args[0]), resource.RLIM_INFINITY))
+    elif kind == "nofile":
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (int(args[0]), int(args[1])))
     elif kind == "step":
         from pipeline.train import Trainer
 
@@ -465,6 +469,22 @@ def test_relevance_on_a_full_disk(vse, tiny_cache, tmp_path, hook, victim, probl
     assert not out.exists()
     _no_temporary_files(tmp_path)
     assert vse(args).code == 0
+
+
+@pytest.mark.parametrize("soft,hard", [(64, 64), (64, 4096)])
+def test_a_cache_of_more_shards_than_open_files(vse, tmp_path, soft, hard):
+    """HDF5 keeps every shard it reads open and reads one it cannot open as NaN, silently."""
+    from pipeline.cache import write_cache
+
+    rows = np.arange(300 * 4, dtype=np.float32).reshape(300, 4)
+    cache = write_cache(tmp_path / "c.h5", rows, [f"i{i}" for i in range(300)], [], [],
+                        {"train": np.arange(300)}, shard_size=1)
+    info = vse(["info", cache], hook=f"nofile:{soft}:{hard}")
+    if hard < 300:
+        _one_error_line(info, cache, f"the cache has 300 shards but this process may open only {hard} "
+                                     "files (ulimit -n)")
+    else:  # the soft limit is raised as far as needed
+        assert info.code == 0 and "check: ok: 300 rows" in info.stdout, info.stdout + info.stderr
 
 
 def _chmod_stops_writes(folder: Path) -> bool:
