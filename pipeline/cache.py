@@ -399,7 +399,7 @@ class FeatureCache:
             chunk = self.features[start:start + _READ_BLOCK_ROWS]
             mask = block_of == block
             out[mask] = chunk[unique[mask] - start]
-        return out[inverse]
+        return out if np.array_equal(unique, rows) else out[inverse]  # no second copy when in order
 
     def check(self) -> CacheReport:
         """Scan every row: NaN/Inf, all-zero rows, rows no shard covers."""
