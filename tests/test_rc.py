@@ -7,7 +7,6 @@ import pytest
 import torch
 import torchvision.transforms.functional as TF
 from click.testing import CliRunner
-from PIL import Image
 
 from cli.main import cli
 from pipeline.backbones import load_backbone
