@@ -14,16 +14,23 @@ Per size:
   scan (MB/s). The file was just written, so reads mostly hit the page cache;
 - train: Trainer set-up (open, vocabulary, tokenising), iterations/s over ``--iterations``
   steps (VSE++ mh loss, batch 128, small ``--embed-dim`` 256: the head's cost does not
-  depend on the cache size), then ``validate()`` on the test split = encode 5k images and
-  25k captions + the 5k × 25k metrics; peak RSS of the process;
+  depend on the cache size; median step time, robust to the other jobs' bursts), then
+  ``validate()`` on the test split = encode 5k images and 25k captions + the 5k × 25k
+  metrics; peak RSS of the process. HDF5 keeps every shard a read has touched open
+  (~0.56 MB each), so the training RSS grows with the number of shards, not of rows;
 - at the middle size also with ``--preload`` (the whole feature array in RAM), to show
   what loading the cache would cost.
+
+Then, for the time ratios between sizes, one process holds a trainer of every size and
+times them side by side, round after round (training steps, random batch reads, the
+5k × 25k evaluation), so that the load of the other jobs on this shared machine falls on
+all sizes alike; the per-size runs give the memory figures.
 
 Prints one JSON object and writes it to ``--out`` (bench/results/scale.json). The CPU is
 shared with other jobs (see ``machine.loadavg``): compare ratios within one run, not
 absolute times across runs.
 
-    python bench/scale.py [--sizes 10000,100000,600000] [--dim 2048] [--iterations 40]
+    python bench/scale.py [--sizes 10000,100000,600000] [--dim 2048] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -91,6 +98,10 @@ def synthetic_index(n: int):
 # ---------------------------------------------------------------------------- child phases
 
 
+def _open_files() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
 def peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
@@ -131,8 +142,9 @@ def phase_read(path: Path, n: int, dim: int) -> dict:
     for start in range(0, n, block):
         np.asarray(cache.features[start:start + block])
     scan_s = time.perf_counter() - t0
+    open_files = _open_files()  # HDF5 keeps each shard it has read from open
     cache.close()
-    return {"open_s": round(open_s, 2), "random_batch_ms": round(random_s / len(batches) * 1e3, 2),
+    return {"open_files_after_reads": open_files, "open_s": round(open_s, 2), "random_batch_ms": round(random_s / len(batches) * 1e3, 2),
             "random_rows_per_s": round(len(batches) * BATCH_ROWS / random_s),
             "scan_s": round(scan_s, 2), "scan_mb_per_s": round(n * dim * 4 / 2**20 / scan_s, 1),
             "peak_rss_mb": peak_rss_mb()}
@@ -141,23 +153,16 @@ def phase_read(path: Path, n: int, dim: int) -> dict:
 def phase_train(path: Path, run_dir: Path, iterations: int, embed_dim: int, preload: bool) -> dict:
     import torch
 
-    from pipeline.train import TrainConfig, Trainer
-
     baseline = peak_rss_mb()  # python + torch + pipeline imported
-    cfg = TrainConfig(features=str(path), run_dir=str(run_dir), loss="mh", batch_size=BATCH_ROWS,
-                      embed_dim=embed_dim, val_every=0, val_split="test", val_images=TEST_IMAGES,
-                      workers=0, preload=preload, device="cpu", log_every=10**9)
     t0 = time.perf_counter()
-    trainer = Trainer(cfg, echo=lambda *a, **k: None)
+    trainer = make_trainer(path, run_dir, embed_dim, preload)
     setup_s = time.perf_counter() - t0
     after_setup = peak_rss_mb()
     batches = _endless_batches(trainer)
     for _ in range(3):  # warm-up
         trainer.step(next(batches))
-    t0 = time.perf_counter()
-    for _ in range(iterations):
-        trainer.step(next(batches))
-    train_s = time.perf_counter() - t0
+    step_s = timed_steps(trainer, batches, iterations)
+    train_s = sum(step_s)
     after_train = peak_rss_mb()
     t0 = time.perf_counter()
     metrics = trainer.validate()
@@ -166,10 +171,64 @@ def phase_train(path: Path, run_dir: Path, iterations: int, embed_dim: int, prel
             "vocab": len(trainer.vocab), "setup_s": round(setup_s, 2),
             "iterations": iterations, "iterations_per_s": round(iterations / train_s, 2),
             "ms_per_iteration": round(train_s / iterations * 1e3, 1),
+            "median_ms_per_iteration": round(float(np.median(step_s)) * 1e3, 1),
+            "open_files": _open_files(),
             "eval_5k_x_25k_s": round(eval_s, 2), "eval_rsum": round(metrics["rsum"], 2),
             "rss_after_imports_mb": baseline, "peak_rss_after_setup_mb": after_setup,
             "peak_rss_after_training_mb": after_train, "peak_rss_mb": peak_rss_mb(),
             "torch_threads": torch.get_num_threads()}
+
+
+def make_trainer(path: Path, run_dir: Path, embed_dim: int, preload: bool = False):
+    from pipeline.train import TrainConfig, Trainer
+
+    cfg = TrainConfig(features=str(path), run_dir=str(run_dir), loss="mh", batch_size=BATCH_ROWS,
+                      embed_dim=embed_dim, val_every=0, val_split="test", val_images=TEST_IMAGES,
+                      workers=0, preload=preload, device="cpu", log_every=10**9)
+    return Trainer(cfg, echo=lambda *a, **k: None)
+
+
+def timed_steps(trainer, batches, count: int) -> list[float]:
+    """Seconds of each of ``count`` training steps (HDF5 read + forward + backward + update)."""
+    seconds = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        trainer.step(next(batches))
+        seconds.append(time.perf_counter() - t0)
+    return seconds
+
+
+def phase_interleaved(paths: dict, run_dir: Path, embed_dim: int, rounds: int, steps: int) -> dict:
+    """Time every size side by side in one process, round after round, so that the other
+    jobs' load falls on all sizes alike: training steps, random batch reads, evaluation."""
+    from pipeline.cache import FeatureCache
+
+    trainers = {n: make_trainer(Path(p), run_dir / n, embed_dim) for n, p in paths.items()}
+    batches = {n: _endless_batches(t) for n, t in trainers.items()}
+    caches = {n: FeatureCache(p) for n, p in paths.items()}
+    rng = np.random.default_rng(1)
+    step_s = {n: [] for n in paths}
+    read_s = {n: [] for n in paths}
+    eval_s = {n: [] for n in paths}
+    for n in paths:
+        timed_steps(trainers[n], batches[n], 3)  # warm-up
+    for _ in range(rounds):
+        for n, trainer in trainers.items():
+            step_s[n] += timed_steps(trainer, batches[n], steps)
+            for _ in range(steps * 4):
+                rows = np.sort(rng.choice(int(n), BATCH_ROWS, replace=False))
+                t0 = time.perf_counter()
+                caches[n].read(rows)
+                read_s[n].append(time.perf_counter() - t0)
+    for _ in range(2):
+        for n, trainer in trainers.items():
+            t0 = time.perf_counter()
+            trainer.validate()
+            eval_s[n].append(time.perf_counter() - t0)
+    return {"rounds": rounds, "steps_per_round": steps,
+            "median_ms_per_iteration": {n: round(float(np.median(v)) * 1e3, 1) for n, v in step_s.items()},
+            "median_random_batch_ms": {n: round(float(np.median(v)) * 1e3, 2) for n, v in read_s.items()},
+            "eval_5k_x_25k_s": {n: round(min(v), 2) for n, v in eval_s.items()}}
 
 
 def _endless_batches(trainer):
@@ -195,6 +254,9 @@ def run_child(phase: str, **kwargs) -> dict:
 
 
 def child(spec: dict) -> dict:
+    if spec["phase"] == "interleaved":
+        return phase_interleaved(spec["paths"], Path(spec["run_dir"]), spec["embed_dim"],
+                                 spec["rounds"], spec["steps"])
     path = Path(spec["path"])
     if spec["phase"] == "write":
         return phase_write(path, spec["n"], spec["dim"])
@@ -227,7 +289,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000,600000")
     parser.add_argument("--dim", type=int, default=None, help="feature dimension (default: by free disk)")
-    parser.add_argument("--iterations", type=int, default=40)
+    parser.add_argument("--iterations", type=int, default=40, help="timed steps of each size's own run")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds of the side-by-side timing")
+    parser.add_argument("--steps", type=int, default=10, help="steps per size and round")
     parser.add_argument("--embed-dim", type=int, default=256)
     parser.add_argument("--workdir", default=None, help="where the caches go (default: a temp folder)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale.json"))
@@ -242,24 +306,24 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="vse-scale-", dir=args.workdir))
     dim, dim_reason = pick_dim(args.dim, sizes[-1], workdir)
     middle = sizes[len(sizes) // 2]
-    results = {}
+    results, paths = {}, {str(n): str(workdir / f"scale-{n}.h5") for n in sizes}
     try:
         for n in sizes:
-            path = workdir / f"scale-{n}.h5"
-            common = {"path": str(path), "n": n, "dim": dim}
-            train = {"path": str(path), "run_dir": str(workdir / f"run-{n}"),
+            common = {"path": paths[str(n)], "n": n, "dim": dim}
+            train = {"path": paths[str(n)], "run_dir": str(workdir / f"run-{n}"),
                      "iterations": args.iterations, "embed_dim": args.embed_dim}
             results[str(n)] = {"write": run_child("write", **common), "read": run_child("read", **common),
                                "train": run_child("train", **train)}
             if n == middle:
                 results[str(n)]["train_preload"] = run_child("train-preload", **train)
             print(json.dumps({n: results[str(n)]}), file=sys.stderr, flush=True)
-            shutil.rmtree(path.with_name(path.name + ".shards"), ignore_errors=True)
-            path.unlink(missing_ok=True)
+        interleaved = run_child("interleaved", paths=paths, run_dir=str(workdir / "interleaved"),
+                                embed_dim=args.embed_dim, rounds=args.rounds, steps=args.steps)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
-    small, large = results[str(sizes[0])], results[str(sizes[-1])]
+    first, last = str(sizes[0]), str(sizes[-1])
+    small, large = results[first], results[last]
 
     def get(result, *keys):
         for key in keys:
@@ -280,17 +344,20 @@ def main() -> None:
                      "torch_threads": THREADS},
         "feature_array_mb": feature_mb,
         "results": results,
+        "interleaved": interleaved,
         "scaling": {
             "rows_ratio": ratio(sizes[0], sizes[-1]),
             "write_time_ratio": ratio(get(small, "write", "write_s"), get(large, "write", "write_s")),
             "scan_time_ratio": ratio(get(small, "read", "scan_s"), get(large, "read", "scan_s")),
-            "random_batch_time_ratio": ratio(get(small, "read", "random_batch_ms"),
-                                             get(large, "read", "random_batch_ms")),
             "train_setup_time_ratio": ratio(get(small, "train", "setup_s"), get(large, "train", "setup_s")),
-            "iteration_time_ratio": ratio(get(small, "train", "ms_per_iteration"),
-                                          get(large, "train", "ms_per_iteration")),
-            "eval_time_ratio": ratio(get(small, "train", "eval_5k_x_25k_s"),
-                                     get(large, "train", "eval_5k_x_25k_s")),
+            "captions_ratio": ratio(get(small, "train", "captions"), get(large, "train", "captions")),
+            # side by side (interleaved), so the machine's load does not bias the ratios:
+            "iteration_time_ratio": ratio(get(interleaved, "median_ms_per_iteration", first),
+                                          get(interleaved, "median_ms_per_iteration", last)),
+            "random_batch_time_ratio": ratio(get(interleaved, "median_random_batch_ms", first),
+                                             get(interleaved, "median_random_batch_ms", last)),
+            "eval_time_ratio": ratio(get(interleaved, "eval_5k_x_25k_s", first),
+                                     get(interleaved, "eval_5k_x_25k_s", last)),
             "training_peak_rss_mb": {str(n): get(results[str(n)], "train", TRAINING_RSS) for n in sizes},
             "training_rss_growth_mb": difference(get(small, "train", TRAINING_RSS),
                                                  get(large, "train", TRAINING_RSS)),
