@@ -24,6 +24,10 @@ def _parse_ks(ctx, param, value):
               help="Run folders (glob, quoted: 'runs/*'), repeatable: one results row per run.")
 @click.option("--features", type=click.Path(dir_okay=False),
               help="Feature cache for --checkpoint (for --runs: default the cache each run trained on).")
+@click.option("--root", type=click.Path(file_okay=False), default=None,
+              help="RC checkpoint (--rc training): embed this dataset folder's images with the run's own CNN.")
+@click.option("--dataset", "dataset_kind", type=click.Choice(["flickr8k", "karpathy"]), default="flickr8k",
+              show_default=True, help="--root: its layout.")
 @click.option("--split", default="test", show_default=True)
 @click.option("--protocol", type=click.Choice(["single", "5fold", "5k"]), default="single", show_default=True,
               help="single: all at once; 5fold: COCO 1K (mean of 5 folds); 5k: COCO 5K.")
@@ -34,7 +38,7 @@ def _parse_ks(ctx, param, value):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="--runs: write results.csv here.")
 @click.option("--checkpoint-name", default="best.pt", show_default=True, help="--runs: which checkpoint of each run.")
-def evaluate_command(embeddings, checkpoint, run_patterns, features, split, protocol, order, relevance, cs_ks,
+def evaluate_command(embeddings, checkpoint, run_patterns, features, root, dataset_kind, split, protocol, order, relevance, cs_ks,
                      device, as_json, out, checkpoint_name):
     """Recall@K, median/mean rank and rsum (PROTOCOL.md), both directions."""
     from pipeline.evaluation import (JSON_KEYS, embed_checkpoint, evaluate_npz,
@@ -50,15 +54,23 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, split, prot
         return
     if out:
         raise click.UsageError("--out goes with --runs")
+    if root and (not checkpoint or features):
+        raise click.UsageError("--root goes with --checkpoint of an RC run, instead of --features")
     if embeddings:
         if relevance:
             raise click.UsageError("--relevance needs --checkpoint and --features (caption identities)")
         metrics = evaluate_npz(embeddings, protocol, dev, order)
         title = f"{embeddings} ({protocol})"
     else:
-        if not features:
-            raise click.UsageError("--checkpoint needs --features CACHE.h5")
-        emb = embed_checkpoint(checkpoint, features, split, dev)
+        if not features and not root:
+            raise click.UsageError("--checkpoint needs --features CACHE.h5 (or --root DIR for an RC run)")
+        if root:
+            from pipeline.rc import embed_rc_checkpoint
+
+            emb = embed_rc_checkpoint(checkpoint, dataset_kind, root, split, dev)
+            features = root
+        else:
+            emb = embed_checkpoint(checkpoint, features, split, dev)
         metrics = evaluate_split_embeddings(emb, protocol, dev, relevance, cs_ks if relevance else ())
         title = f"{checkpoint} on {features} [{split}, {len(emb.images)} images, {protocol}]"
     if as_json:

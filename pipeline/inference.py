@@ -96,6 +96,9 @@ def check_features_match(cache: FeatureCache, model_cfg: ModelConfig, feature_so
                        f"{model_cfg.feature_dim}-d (different backbone?)", cache.path)
     expected = feature_source.get("backbone")
     actual = cache.attrs.get("backbone")
+    if expected and expected.endswith("(RC)") and expected != actual:
+        raise VseError(f"the checkpoint {checkpoint_path} was fine-tuned end to end (RC): no feature cache "
+                       f"holds its CNN's features; evaluate it on images with --root DATASET_DIR", cache.path)
     if expected and actual and expected != actual:
         raise VseError(f"features come from backbone {actual!r} but the checkpoint {checkpoint_path} was "
                        f"trained on {expected!r}", cache.path)

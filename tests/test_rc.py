@@ -229,13 +229,21 @@ def test_evaluate_an_rc_checkpoint(images_root, tiny_features, tmp_path):
     result = runner.invoke(cli, ["evaluate", "--checkpoint", str(tmp_path / "tuned" / "best.pt"),
                                  "--features", str(tiny_features)])
     assert result.exit_code == 1 and "fine-tuned end to end" in result.output
-    assert len(result.output.strip().splitlines()) == 1
+    assert len(result.output.strip().splitlines()) == 1 and "--root" in result.output
+    result = runner.invoke(cli, ["evaluate", "--checkpoint", str(tmp_path / "tuned" / "best.pt"),
+                                 "--root", str(images_root), "--split", "test", "--json"])
+    assert result.exit_code == 0, result.output
+    on_images = json.loads(result.output)
     tuned = embed_rc_checkpoint(tmp_path / "tuned" / "best.pt", "flickr8k", images_root, "test",
                                 torch.device("cpu"))
     expected = encode_split(tuned_trainer.model, tuned_trainer.index, tuned_trainer.tokens, "test",
                             tuned_trainer.device)  # one epoch: best.pt is the final model
     np.testing.assert_allclose(tuned.images, expected.images, atol=1e-6)
     np.testing.assert_allclose(tuned.captions, expected.captions, atol=1e-6)
+    assert on_images["rsum"] == pytest.approx(evaluate_split_embeddings(tuned)["rsum"])
+    result = runner.invoke(cli, ["evaluate", "--checkpoint", str(tmp_path / "tuned" / "best.pt"),
+                                 "--root", str(images_root), "--features", str(tiny_features)])
+    assert result.exit_code == 2 and "--root goes with --checkpoint" in result.output
 
 
 def test_unreadable_image_stops_training_in_one_line(images_root, tmp_path):
