@@ -45,6 +45,29 @@ def atomic_path(path, suffix: str = ".tmp"):
         raise
 
 
+def remove_stale_temporaries(folder) -> list[Path]:
+    """Delete the temporaries ``atomic_path`` left in ``folder`` when its process was killed
+    (``.NAME.PID.tmp`` whose PID no longer runs); returns what was removed."""
+    removed = []
+    for tmp in Path(folder).glob(".*.tmp"):
+        pid = tmp.name.rsplit(".", 2)[-2] if tmp.name.count(".") >= 3 else ""
+        if not pid.isdigit() or _process_alive(int(pid)):
+            continue
+        _unlink_quietly(tmp)
+        removed.append(tmp)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        return True
+    return True
+
+
 def write_atomic(path, data) -> None:
     """Write ``data`` (bytes-like) to ``path`` atomically, in one plain write."""
     with atomic_path(path) as tmp, open(tmp, "wb") as fh:

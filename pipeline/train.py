@@ -25,7 +25,7 @@ from . import distributed as dist
 from .batches import Batch, CachedFeatures, LoadFailure, PairBatches, PairSource, batch_slices, epoch_order
 from .checkpoint import load_checkpoint, save_checkpoint
 from .errors import VseError
-from .fsutil import atomic_path
+from .fsutil import atomic_path, remove_stale_temporaries, write_atomic
 from .inference import encode_split
 from .losses import build_loss
 from .metrics import evaluate_embeddings
@@ -150,6 +150,8 @@ class Trainer:
         self.train_captions = np.flatnonzero(np.isin(self.index.caption_image, train_images))
         if len(self.train_captions) == 0:
             raise VseError(f"split {config.train_split!r} has no captions", self.source.location)
+        if len(self.index.split(config.val_split)) == 0:  # fail now, not after the first epoch
+            raise VseError(f"validation split {config.val_split!r} has no images", self.source.location)
 
         seed_everything(config.seed)
         self.model_config = ModelConfig(
@@ -294,7 +296,11 @@ class Trainer:
     def fit(self) -> dict:
         cfg, p = self.cfg, self.progress
         if dist.is_main():
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise VseError(f"cannot create the run folder ({exc.strerror})", self.run_dir) from exc
+            remove_stale_temporaries(self.run_dir)
             with atomic_path(self.run_dir / "config.json") as tmp:
                 Path(tmp).write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
             self.vocab.save(self.run_dir / "vocab.json")
@@ -374,8 +380,7 @@ class Trainer:
                 p.best_rsum, p.best_epoch = metrics["rsum"], epoch
             record = {"epoch": epoch, "iteration": p.iteration, "split": self.cfg.val_split,
                       "lr": self.optimizer.param_groups[0]["lr"], "time": time.time(), **metrics}
-            with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(record) + "\n")
+            self._append_metrics(record)
             self.echo(f"[epoch {record['epoch']} it {p.iteration}] rsum {metrics['rsum']:.2f}  "
                       f"i2t R@1 {metrics['i2t_r1']:.1f}  t2i R@1 {metrics['t2i_r1']:.1f}"
                       + ("  (best)" if improved else ""))
@@ -384,6 +389,13 @@ class Trainer:
                 save_checkpoint({**state, "metrics": metrics}, self.run_dir / "best.pt")
             save_checkpoint(state, self.run_dir / "last.pt")
         dist.barrier()
+
+    def _append_metrics(self, record: dict) -> None:
+        """Rewritten whole and atomically (it is small): a full disk leaves the previous
+        file intact, never a torn last line."""
+        path = self.run_dir / "metrics.jsonl"
+        old = path.read_bytes() if path.exists() else b""
+        write_atomic(path, old + (json.dumps(record) + "\n").encode("utf-8"))
 
     def state_dict(self) -> dict:
         backbone = self.model.backbone

@@ -441,6 +441,7 @@ def test_extract_on_a_full_or_unwritable_disk(vse, twelve_images, reference_feat
 
 @pytest.mark.parametrize("hook,victim,problem", [
     ("enospc:last.pt", "last.pt", "no space left on device while writing"),
+    ("enospc:metrics.jsonl", "metrics.jsonl", "no space left on device while writing"),
     ("eacces:best.pt", "best.pt", "cannot write (Permission denied)"),
     ("fsize:40000", "best.pt", "cannot write (File too large)"),  # checkpoints: 82 kB
 ])

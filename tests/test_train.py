@@ -1,4 +1,5 @@
 import json
+import os
 
 import numpy as np
 import pytest
@@ -168,3 +169,18 @@ def test_evaluate_refuses_features_of_another_dimension(tiny_cache, tmp_path):
                                       "--features", str(other)])
     assert result.exit_code == 1
     assert "expects 32-d" in result.output
+
+
+def test_a_bad_validation_split_stops_before_training_and_stale_temporaries_go(tiny_cache, tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(VseError, match="no split 'val'"):
+        Trainer(_config(tiny_cache, run, loss="sh", epochs=1, val_split="val"), echo=lambda *a: None)
+    assert not run.exists()  # refused at set-up, before any epoch
+    run.mkdir()
+    killed = run / ".last.pt.999999999.tmp"  # left by a process killed while writing
+    live = run / f".other.json.{os.getpid()}.tmp"  # a writer that is still running
+    killed.write_bytes(b"half")
+    live.write_bytes(b"busy")
+    Trainer(_config(tiny_cache, run, loss="sh", epochs=1), echo=lambda *a: None).fit()
+    assert not killed.exists() and live.exists()
+    assert (run / "last.pt").exists()
