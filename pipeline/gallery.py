@@ -23,7 +23,7 @@ import torch
 from .errors import VseError
 from .fsutil import atomic_path
 from .inference import SplitEmbeddings
-from .metrics import _caption_similarity, _similarity, similarity_ranks
+from .metrics import caption_image_scores, image_caption_scores, similarity_ranks
 
 
 @dataclass
@@ -63,8 +63,8 @@ def retrieve(emb: SplitEmbeddings, n: int, k: int = 5, seed: int = 0, device=Non
     caption_image = torch.from_numpy(emb.caption_image).to(device)
     k_cap, k_img = min(k, num_captions), min(k, num_images)
     with torch.no_grad():
-        top_captions = _similarity(images[image_q], captions, order).topk(k_cap, dim=1).indices
-        top_images = _caption_similarity(captions[caption_q], images, order).topk(k_img, dim=1).indices
+        top_captions = image_caption_scores(images[image_q], captions, order).topk(k_cap, dim=1).indices
+        top_images = caption_image_scores(captions[caption_q], images, order).topk(k_img, dim=1).indices
         cap_correct = caption_image[top_captions] == torch.from_numpy(image_q).to(device)[:, None]
         img_correct = top_images == caption_image[torch.from_numpy(caption_q).to(device)][:, None]
     top_captions, top_images = top_captions.cpu().numpy(), top_images.cpu().numpy()

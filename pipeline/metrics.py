@@ -59,14 +59,14 @@ def similarity_ranks(images, captions, caption_image=None, *, order: bool = Fals
     if len(images) * len(captions) <= FULL_MATRIX_ELEMENTS:
         # Small enough to hold: one product serves both directions (half the work), and
         # both read the very same score values.
-        scores = _similarity(images, captions, order)
+        scores = image_caption_scores(images, captions, order)
         i2t = _i2t_ranks(lambda a, b: scores[a:b], caption_image, len(images), block)
         truth = scores[caption_image, torch.arange(len(captions), device=scores.device)]
         at_least = torch.zeros(len(captions), dtype=torch.long, device=scores.device)
         for start in range(0, len(images), block):
             at_least += (scores[start:start + block] >= truth).sum(dim=0)
         return i2t.cpu().numpy(), (at_least - 1).cpu().numpy()  # minus the ground truth itself
-    return (_i2t_ranks(lambda a, b: _similarity(images[a:b], captions, order), caption_image,
+    return (_i2t_ranks(lambda a, b: image_caption_scores(images[a:b], captions, order), caption_image,
                        len(images), block).cpu().numpy(),
             _t2i_ranks(images, captions, caption_image, order, block).cpu().numpy())
 
@@ -98,14 +98,14 @@ def _t2i_ranks(images, captions, caption_image, order, block):
     ranks = torch.empty(num_captions, dtype=torch.long, device=images.device)
     for start in range(0, num_captions, block):
         stop = min(start + block, num_captions)
-        scores = _caption_similarity(captions[start:stop], images, order)  # (b, N)
+        scores = caption_image_scores(captions[start:stop], images, order)  # (b, N)
         truth_scores = scores.gather(1, caption_image[start:stop, None])
         # Minus one: the ground truth itself.
         ranks[start:stop] = (scores >= truth_scores).sum(dim=1, dtype=torch.int32) - 1
     return ranks
 
 
-def _similarity(images, captions, order: bool) -> torch.Tensor:
+def image_caption_scores(images, captions, order: bool) -> torch.Tensor:
     """(len(images), len(captions)) scores: inner products or order-embedding scores."""
     if not order:
         return images @ captions.T
@@ -118,9 +118,9 @@ def _similarity(images, captions, order: bool) -> torch.Tensor:
     return scores
 
 
-def _caption_similarity(captions, images, order: bool) -> torch.Tensor:
+def caption_image_scores(captions, images, order: bool) -> torch.Tensor:
     """(len(captions), len(images)) scores, contiguous by caption."""
-    return _similarity(images, captions, True).T if order else captions @ images.T
+    return image_caption_scores(images, captions, True).T if order else captions @ images.T
 
 
 # ---------------------------------------------------------------------------- metrics
@@ -234,10 +234,10 @@ def coherent_scores(img_emb, cap_emb, relevance_ref, ks=(100, 1000), *, order: b
         for start in range(0, n, block):
             stop = min(start + block, n)
             if direction == "i2t":
-                scores = _similarity(images[start:stop], captions, order)
+                scores = image_caption_scores(images[start:stop], captions, order)
                 rel = relevance[start:stop]
             else:
-                scores = _caption_similarity(captions[start:stop], images, order)
+                scores = caption_image_scores(captions[start:stop], images, order)
                 rel = relevance[:, start:stop].T
             for per_k, block_taus in zip(taus, _top_k_kendall_tau_b(scores, rel, ks)):
                 per_k.append(block_taus)
