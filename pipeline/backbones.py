@@ -119,30 +119,33 @@ def _efficientnet_lite0(weights: Path | None) -> Backbone:
                     path, file_sha256(path))
 
 
+def _torchvision_cnn(name: str, weights: Path | None, build, default_weights, strip_head, dim: int) -> Backbone:
+    """A torchvision ImageNet CNN: weights from a file or the torch hub cache, classifier cut."""
+    path = _require_weights(_candidates(weights, default_weights.url), name)
+    with torch.device("meta"):
+        net = build(weights=None)
+    _load_state(net, path, name)
+    strip_head(net)
+    return Backbone(name, net, dim, Preprocessing(224, 256, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
+                    path, file_sha256(path))
+
+
 def _resnet152(weights: Path | None) -> Backbone:
     from torchvision.models import ResNet152_Weights, resnet152
 
-    path = _require_weights(_candidates(weights, ResNet152_Weights.IMAGENET1K_V1.url), "resnet152")
-    with torch.device("meta"):
-        net = resnet152(weights=None)
-    _load_state(net, path, "resnet152")
-    net.fc = nn.Identity()
-    return Backbone("resnet152", net, 2048,
-                    Preprocessing(224, 256, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
-                    path, file_sha256(path))
+    def strip_head(net):
+        net.fc = nn.Identity()
+
+    return _torchvision_cnn("resnet152", weights, resnet152, ResNet152_Weights.IMAGENET1K_V1, strip_head, 2048)
 
 
 def _vgg19(weights: Path | None) -> Backbone:
     from torchvision.models import VGG19_Weights, vgg19
 
-    path = _require_weights(_candidates(weights, VGG19_Weights.IMAGENET1K_V1.url), "vgg19")
-    with torch.device("meta"):
-        net = vgg19(weights=None)
-    _load_state(net, path, "vgg19")
-    net.classifier = net.classifier[:5]  # fc6, relu, dropout, fc7, relu  (fc8 removed)
-    return Backbone("vgg19", net, 4096,
-                    Preprocessing(224, 256, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
-                    path, file_sha256(path))
+    def strip_head(net):
+        net.classifier = net.classifier[:5]  # fc6, relu, dropout, fc7, relu  (fc8 removed)
+
+    return _torchvision_cnn("vgg19", weights, vgg19, VGG19_Weights.IMAGENET1K_V1, strip_head, 4096)
 
 
 TINY_SEED = 0

@@ -100,12 +100,9 @@ def _fsync_file(path: Path) -> None:
 
 
 def _fsync_dir(path: Path) -> None:
+    """Makes the rename durable; some filesystems cannot fsync a folder, which is fine."""
     with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync_file(path)
 
 
 def _unlink_quietly(path: Path) -> None:
