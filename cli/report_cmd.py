@@ -13,11 +13,13 @@ import click
               help="paper: R@1 R@10 Med r per direction; recall: R@1 R@5 R@10 per direction + rsum.")
 @click.option("--label", default="run", show_default=True, help="Column of results.csv naming each row.")
 @click.option("--no-bold", "bold", flag_value=False, default=True, help="Do not mark the best value per column.")
-def report_command(results, fmt, layout, label, bold):
+@click.option("--epochs-to-best", "epochs", is_flag=True,
+              help="Add the epochs each run needed to reach its best validation M-Recall.")
+def report_command(results, fmt, layout, label, bold, epochs):
     """Print RESULTS (from `vse evaluate --runs … --out`) as the papers' table."""
     from pipeline.report import format_results, read_results
 
-    click.echo(format_results(read_results(results), fmt, layout, label, bold))
+    click.echo(format_results(read_results(results), fmt, layout, label, bold, epochs))
 
 
 @click.command("plot")

@@ -20,7 +20,8 @@ from .metrics import METRIC_KEYS
 
 TEXT_COLUMNS = {"run", "loss", "loss_options", "backbone", "train_set", "features", "split",
                 "protocol", "checkpoint"}
-LOWER_IS_BETTER = ("_medr", "_meanr")
+LOWER_IS_BETTER = ("_medr", "_meanr", "epochs_to_best")
+EPOCHS_COLUMN = ("Training", [("Epochs to best", "epochs_to_best")])  # LSEH's efficiency measure
 FORMATS = ("md", "latex", "csv")
 LAYOUTS = {
     "paper": [("Caption Retrieval", [("R@1", "i2t_r1"), ("R@10", "i2t_r10"), ("Med r", "i2t_medr")]),
@@ -88,7 +89,9 @@ def _cell(column: str, value: str):
 # ---------------------------------------------------------------------------- tables
 
 
-def table_columns(rows, layout: str = "paper") -> list[tuple[str, list[tuple[str, str]]]]:
+def table_columns(rows, layout: str = "paper", epochs: bool = False) -> list[tuple[str, list[tuple[str, str]]]]:
+    """Column groups (title, [(header, key)]): the layout's, CS@K when rows have it, and the
+    epochs to the best validation M-Recall when ``epochs``."""
     if layout not in LAYOUTS:
         raise VseError(f"unknown table layout {layout!r} (expected {', '.join(LAYOUTS)})")
     groups = [(title, [(h, k) for h, k in cols if any(row.get(k) is not None for row in rows)])
@@ -98,6 +101,8 @@ def table_columns(rows, layout: str = "paper") -> list[tuple[str, list[tuple[str
     if cs:
         groups.append(("Coherent Score", [(("Caption" if k.startswith("i2t") else "Image") + f" CS@{k.split('@')[1]}", k)
                                           for k in cs]))
+    if epochs:
+        groups.append(EPOCHS_COLUMN)
     return [(title, cols) for title, cols in groups if cols]
 
 
@@ -106,6 +111,8 @@ def format_value(key: str, value) -> str:
         return ""
     if "_cs@" in key:
         return f"{value:.3f}"
+    if key == "epochs_to_best":
+        return f"{value:.0f}"
     if key.endswith(LOWER_IS_BETTER):
         return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
     return f"{value:.1f}"
@@ -126,13 +133,14 @@ def best_cells(rows, keys) -> set[tuple[int, str]]:
 
 
 def format_results(rows, fmt: str = "md", layout: str = "paper", label: str = "run",
-                   bold: bool = True) -> str:
-    """The results table of ``rows`` in ``fmt`` (md | latex | csv), one line per row."""
+                   bold: bool = True, epochs: bool = False) -> str:
+    """The results table of ``rows`` in ``fmt`` (md | latex | csv), one line per row;
+    ``epochs`` adds the epochs each run needed to reach its best validation M-Recall."""
     if fmt not in FORMATS:
         raise VseError(f"unknown table format {fmt!r} (expected {', '.join(FORMATS)})")
     if not rows:
         raise VseError("no results to tabulate")
-    groups = table_columns(rows, layout)
+    groups = table_columns(rows, layout, epochs)
     keys = [k for _, cols in groups for _, k in cols]
     best = best_cells(rows, keys) if bold and fmt != "csv" else set()
     cells = [[format_value(k, row.get(k)) for k in keys] for row in rows]
@@ -149,7 +157,7 @@ def _bold(text: str, fmt: str) -> str:
 
 
 def _markdown_table(groups, labels, cells) -> str:
-    short = {"Caption Retrieval": "Caption", "Image Retrieval": "Image", "Coherent Score": ""}
+    short = {"Caption Retrieval": "Caption", "Image Retrieval": "Image", "Coherent Score": "", "Training": ""}
     header = ["Model"] + [" ".join(p for p in (short.get(title, title), h) if p)
                           for title, cols in groups for h, _ in cols]
     lines = ["| " + " | ".join(header) + " |",

@@ -233,3 +233,11 @@ def test_cli_plot(runs, tmp_path):
     assert _is_png(tmp_path / "figs" / "epochs_to_best.png")
     result = CliRunner().invoke(cli, ["plot", "--runs", str(tmp_path / "nothing*"), "--out", str(tmp_path)])
     assert result.exit_code == 2 and "no run folders match" in result.output
+
+
+def test_epochs_to_best_column_fewest_in_bold():
+    rows = [{**ROWS[0], "epochs_to_best": 7}, {**ROWS[1], "epochs_to_best": 12}]
+    lines = format_results(rows, "md", "recall", epochs=True).splitlines()
+    assert lines[0].endswith("| rsum | Epochs to best |")
+    assert lines[2].endswith("| 292.5 | **7** |") and lines[3].endswith("| **301.0** | 12 |")
+    assert "Epochs" not in format_results(rows, "md", "recall")
