@@ -1,7 +1,7 @@
 """Extraction throughput: end to end (``extract_features``: decode, crops, forward, cache
 writes) against the backbone's forward alone on the same batches preloaded on the device.
 
-    .venv/bin/python bench/extract.py [--root /work/shared/data/flickr8k] [--n 256]
+    .venv/bin/python bench/extract.py [--root ../shared/data/flickr8k] [--n 256]
 
 Prints one JSON object; ``ratio_*`` = end-to-end images/s ÷ forward-only images/s
 (target ≥ 0.85: the loading pipeline hides behind the compute).
@@ -64,7 +64,7 @@ def forward_only(dataset: Dataset, options: ExtractOptions) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", type=Path, default=Path("/work/shared/data/flickr8k"))
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "flickr8k")
     parser.add_argument("--n", type=int, default=256)
     parser.add_argument("--backbone", default="efficientnet-lite0")
     parser.add_argument("--batch-size", type=int, default=32)

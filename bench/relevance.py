@@ -14,7 +14,7 @@ Every measurement runs in a fresh subprocess; peak memory is the rise of the pea
 (VmHWM, reset before the measured step) above the RSS just before it.
 Prints one JSON object. Usage:
   python bench/relevance.py [--sizes 56600,566000] [--bert-captions test|all|none]
-                            [--no-neighbours] [--data /work/shared/data/flickr8k]
+                            [--no-neighbours] [--data ../shared/data/flickr8k]
 Takes ~6 min on 2 idle CPU cores; --sizes 5660,56600 --bert-captions none --no-neighbours
 for a quick run.
 """

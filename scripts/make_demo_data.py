@@ -8,7 +8,7 @@ chosen images' caption rows copied verbatim (original order), and the three spli
 (chosen names in official order).  Then reloads the result with the project's reader and
 prints a JSON summary.
 
-    python scripts/make_demo_data.py --source /work/shared/data/flickr8k --out data
+    python scripts/make_demo_data.py --source ../shared/data/flickr8k --out data
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def build(source: Path, out: Path, counts: dict[str, int], seed: str) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--source", type=Path, default=Path("/work/shared/data/flickr8k"))
+    parser.add_argument("--source", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "flickr8k")
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).resolve().parents[1] / "data")
     parser.add_argument("--seed", default="0")

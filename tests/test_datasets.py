@@ -15,7 +15,7 @@ from pipeline.datasets import (
 from pipeline.errors import VseError
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_FLICKR8K = Path("/work/shared/data/flickr8k")
+SHARED_FLICKR8K = REPO.parent / "shared" / "data" / "flickr8k"
 
 
 # ---------------------------------------------------------------- fixture builders
