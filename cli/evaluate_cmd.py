@@ -38,8 +38,8 @@ def _parse_ks(ctx, param, value):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="--runs: write results.csv here.")
 @click.option("--checkpoint-name", default="best.pt", show_default=True, help="--runs: which checkpoint of each run.")
-def evaluate_command(embeddings, checkpoint, run_patterns, features, root, dataset_kind, split, protocol, order, relevance, cs_ks,
-                     device, as_json, out, checkpoint_name):
+def evaluate_command(embeddings, checkpoint, run_patterns, features, root, dataset_kind, split, protocol, order,
+                     relevance, cs_ks, device, as_json, out, checkpoint_name):
     """Recall@K, median/mean rank and rsum (PROTOCOL.md), both directions."""
     from pipeline.evaluation import (JSON_KEYS, embed_checkpoint, evaluate_npz,
                                      evaluate_split_embeddings, format_table)
@@ -56,6 +56,8 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
         raise click.UsageError("--out goes with --runs")
     if root and (not checkpoint or features):
         raise click.UsageError("--root goes with --checkpoint of an RC run, instead of --features")
+    if root and relevance:
+        raise click.UsageError("--relevance rows follow a feature cache's captions: CS@K needs --features")
     if embeddings:
         if relevance:
             raise click.UsageError("--relevance needs --checkpoint and --features (caption identities)")
@@ -68,11 +70,10 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
             from pipeline.rc import embed_rc_checkpoint
 
             emb = embed_rc_checkpoint(checkpoint, dataset_kind, root, split, dev)
-            features = root
         else:
             emb = embed_checkpoint(checkpoint, features, split, dev)
         metrics = evaluate_split_embeddings(emb, protocol, dev, relevance, cs_ks if relevance else ())
-        title = f"{checkpoint} on {features} [{split}, {len(emb.images)} images, {protocol}]"
+        title = f"{checkpoint} on {root or features} [{split}, {len(emb.images)} images, {protocol}]"
     if as_json:
         out = {k: float(metrics[k]) for k in JSON_KEYS}
         out.update({k: float(v) for k, v in metrics.items() if "_cs@" in k})
