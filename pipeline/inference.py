@@ -96,7 +96,7 @@ def check_features_match(cache: FeatureCache, model_cfg: ModelConfig, feature_so
                        f"{model_cfg.feature_dim}-d (different backbone?)", cache.path)
     expected = feature_source.get("backbone")
     actual = cache.attrs.get("backbone")
-    if expected and expected.endswith("(RC)") and expected != actual:
+    if feature_source.get("finetuned"):
         raise VseError(f"the checkpoint {checkpoint_path} was fine-tuned end to end (RC): no feature cache "
                        f"holds its CNN's features; evaluate it on images with --root DATASET_DIR", cache.path)
     if expected and actual and expected != actual:

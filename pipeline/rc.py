@@ -148,7 +148,7 @@ class ImageSource:
         self.backbone_name, self.weights_sha256 = loaded.name, loaded.weights_sha256
         self.feature_dim = loaded.feature_dim
         name = loaded.name if not finetune else f"{loaded.name}, fine-tuned end to end (RC)"
-        self.feature_source = {"backbone": name, "crops": 1, "dataset": dataset_kind}
+        self.feature_source = {"backbone": name, "crops": 1, "dataset": dataset_kind, "finetuned": finetune}
         self.index = ImageIndex(dataset, p, {**self.feature_source, "image_size": p.image_size})
         self.inputs = RandomCrops(self.index.paths, p, crop, seed)
         self.location = str(dataset.root)

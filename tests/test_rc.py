@@ -63,7 +63,7 @@ def test_frozen_rc_run_trains_the_head_only_and_checkpoints_the_cnn(images_root,
     assert set(_cnn_state(last)) == set(pretrained)
     for key, value in pretrained.items():  # frozen: not a bit changed
         assert torch.equal(_cnn_state(last)[key], value), key
-    assert best["feature_source"] == {"backbone": "tiny", "crops": 1, "dataset": "flickr8k"}
+    assert best["feature_source"] == {"backbone": "tiny", "crops": 1, "dataset": "flickr8k", "finetuned": False}
 
 
 def test_finetune_trains_the_cnn_in_its_own_param_group(images_root, tmp_path):
