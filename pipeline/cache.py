@@ -62,6 +62,19 @@ def config_fingerprint(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
 
 
+def caption_fingerprint(captions) -> str:
+    """The identity of a caption list: sha256 over the caption texts in order (each utf-8,
+    length-prefixed, so no two lists share a digest by concatenation).  Feature caches,
+    relevance files and caption-feature files carry it as the ``caption_fingerprint``
+    attribute; a file made for other captions is refused by comparing it."""
+    digest = hashlib.sha256()
+    for caption in captions:
+        raw = str(caption).encode("utf-8")
+        digest.update(len(raw).to_bytes(8, "little"))
+        digest.update(raw)
+    return digest.hexdigest()
+
+
 def shards_dir(out) -> Path:
     out = Path(out)
     return out.with_name(out.name + ".shards")
