@@ -12,14 +12,21 @@ import click
 @click.option("--columns", "layout", type=click.Choice(["paper", "recall"]), default="paper", show_default=True,
               help="paper: R@1 R@10 Med r per direction; recall: R@1 R@5 R@10 per direction + rsum.")
 @click.option("--label", default="run", show_default=True, help="Column of results.csv naming each row.")
-@click.option("--no-bold", "bold", flag_value=False, default=True, help="Do not mark the best value per column.")
+@click.option("--bold", "bold", type=click.Choice(["significant", "best", "none"]), default="significant",
+              show_default=True, help="significant: a column's best mean, only when Welch's t-test over "
+              "seeds puts it above the runner-up (p < 0.05); best: the best printed value; none.")
+@click.option("--no-bold", "bold", flag_value="none", help="Same as --bold none.")
 @click.option("--epochs-to-best", "epochs", is_flag=True,
               help="Add the epochs each run needed to reach its best validation M-Recall.")
-def report_command(results, fmt, layout, label, bold, epochs):
-    """Print RESULTS (from `vse evaluate --runs … --out`) as the papers' table."""
+@click.option("--seeds/--per-run", "seeds", default=None,
+              help="One row per configuration, mean ± std (n) over its seeds (default: when some "
+              "configuration has several seeds), or one row per run.")
+def report_command(results, fmt, layout, label, bold, epochs, seeds):
+    """Print RESULTS (from `vse evaluate --runs … --out`) as the papers' table; runs that
+    differ only by seed are one row, mean ± std (n)."""
     from pipeline.report import format_results, read_results
 
-    click.echo(format_results(read_results(results), fmt, layout, label, bold, epochs))
+    click.echo(format_results(read_results(results), fmt, layout, label, bold, epochs, seeds))
 
 
 @click.command("plot")
@@ -87,13 +94,15 @@ def gallery_command(checkpoint, features, images_root, split, n, k, embed, seed,
 @click.option("--runs-dir", type=click.Path(file_okay=False), default=None,
               help="Parent of the sweep folder (default: the file's runs_dir, else runs).")
 @click.option("--dry-run", is_flag=True, help="List the runs and their status; train nothing.")
-def sweep_command(config, jobs, resume, runs_dir, dry_run):
+@click.option("--seeds", default=None, callback=lambda ctx, param, value: _int_list(value),
+              help="Repeat every grid point with these seeds, e.g. 0,1,2,3,4 (or 0-4).")
+def sweep_command(config, jobs, resume, runs_dir, dry_run, seeds):
     """Train the grid of CONFIG (YAML: base: + grid:), skipping finished runs."""
     from pipeline.sweep import load_sweep, plan, run_sweep
 
     if jobs < 1:
         raise click.UsageError("--jobs must be at least 1")
-    sweep = load_sweep(config, runs_dir)
+    sweep = load_sweep(config, runs_dir, seeds)
     if dry_run:
         for run in plan(sweep).runs:
             click.echo(f"{run.status:10s} {run.run_dir}" + (f"  ({run.detail})" if run.detail else ""))
@@ -105,6 +114,20 @@ def sweep_command(config, jobs, resume, runs_dir, dry_run):
                                    + "; ".join(f"{r.name}: {r.detail}" for r in failed))
     click.echo(f"sweep {sweep.name}: {sum(r.status in ('done', 'trained') for r in sweep.runs)} of "
                f"{len(sweep.runs)} runs finished in {sweep.root}")
+
+
+def _int_list(value):
+    """'0,1,2' or '0-4' (inclusive) → a list of ints; None stays None."""
+    if value is None:
+        return None
+    out = []
+    try:
+        for part in value.split(","):
+            low, sep, high = part.strip().partition("-")
+            out.extend(range(int(low), int(high) + 1) if sep and low else [int(part)])
+    except ValueError:
+        raise click.BadParameter(f"expected integers like 0,1,2 or 0-4, got {value!r}") from None
+    return out
 
 
 def register(group: click.Group) -> None:

@@ -18,13 +18,13 @@ from .cache import FeatureCache
 from .errors import VseError
 from .evaluation import evaluate_split_embeddings
 from .inference import check_features_match, encode_split, load_model
-from .runs import best_record, epochs_to_best, read_validation_log, run_names
+from .runs import best_record, config_id, epochs_to_best, read_validation_log, run_names
 from .text import TokenizedCaptions, Vocabulary
 
 # Columns describing a run, in the order results.csv lists them (metrics follow).
 RUN_COLUMNS = ("run", "loss", "margin", "negative_set_size", "loss_options", "batch_size", "seed",
                "epochs", "backbone", "crops", "train_set", "features", "split", "protocol", "images",
-               "checkpoint", "checkpoint_iteration", "epochs_to_best", "best_val_mrecall")
+               "checkpoint", "checkpoint_iteration", "epochs_to_best", "best_val_mrecall", "config_id")
 
 
 @dataclass
@@ -89,8 +89,8 @@ class RunEvaluator:
             self._relevance[key] = relevance
         return self._relevance[key]
 
-    def evaluate(self, run_dir, checkpoint: str = "best.pt") -> dict:
-        """The results row of one run (VseError when it cannot be evaluated)."""
+    def embed(self, run_dir, checkpoint: str = "best.pt"):
+        """(split embeddings, loaded model, checkpoint path, feature cache path) of one run."""
         run_dir = Path(run_dir)
         checkpoint_path = run_dir / checkpoint
         if not checkpoint_path.is_file():
@@ -103,7 +103,14 @@ class RunEvaluator:
         cache = self.cache(features)
         check_features_match(cache, loaded.model.config, loaded.state.get("feature_source", {}), checkpoint_path)
         tokens = self.tokens(cache, loaded.vocab, train_config.get("max_caption_tokens", 100))
-        emb = encode_split(loaded.model, cache, tokens, self.split, self.device)
+        return encode_split(loaded.model, cache, tokens, self.split, self.device), loaded, checkpoint_path, features
+
+    def evaluate(self, run_dir, checkpoint: str = "best.pt") -> dict:
+        """The results row of one run (VseError when it cannot be evaluated)."""
+        run_dir = Path(run_dir)
+        emb, loaded, checkpoint_path, features = self.embed(run_dir, checkpoint)
+        train_config = loaded.train_config
+        cache = self.cache(features)
         relevance = self.relevance(cache) if self.relevance_path and self.cs_ks else None
         metrics = evaluate_split_embeddings(emb, self.protocol, self.device, relevance,
                                             self.cs_ks if relevance is not None else ())
@@ -141,7 +148,7 @@ def describe_config(config: dict) -> dict:
             "negative_set_size": options.get("negative_set_size"),
             "loss_options": json.dumps(options, sort_keys=True) if options else "",
             "batch_size": config.get("batch_size"), "seed": config.get("seed"),
-            "epochs": config.get("epochs")}
+            "epochs": config.get("epochs"), "config_id": config_id(config) if config else None}
 
 
 def evaluate_runs(run_dirs, *, device: torch.device, split: str = "test", protocol: str = "single",

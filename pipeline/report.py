@@ -2,8 +2,14 @@
 
 Layouts: ``paper`` is the VSE++ / LSEH table (Caption Retrieval R@1 R@10 Med r | Image
 Retrieval R@1 R@10 Med r); ``recall`` is R@1 R@5 R@10 per direction plus rsum. CS@K columns
-are appended when the rows have them. The best value of each column is bold (the lowest for
-Med r), compared as printed, so rows that tie on the page are all bold.
+are appended when the rows have them.
+
+Runs that differ only by their seed (the same ``config_id``, see ``pipeline.runs.config_id``)
+are one row of the table: every cell is ``mean ± std (n)`` over the seeds.  Bold marks
+(``bold``): ``significant`` (the default) bolds a column's best mean only when Welch's
+one-sided t-test over the seeds puts it above the runner-up at p < 0.05 (pipeline.stats), so
+a single seed is never bold; ``best`` bolds the best printed value whatever the noise (ties
+all bold, the lowest for Med r); ``none`` bolds nothing.
 """
 
 from __future__ import annotations
@@ -11,18 +17,25 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .batch_eval import RUN_COLUMNS
 from .errors import VseError
 from .fsutil import atomic_path
 from .metrics import METRIC_KEYS
+from .stats import ALPHA, mean_std, welch_greater
 
 TEXT_COLUMNS = {"run", "loss", "loss_options", "backbone", "train_set", "features", "split",
-                "protocol", "checkpoint"}
+                "protocol", "checkpoint", "config_id"}
 LOWER_IS_BETTER = ("_medr", "_meanr", "epochs_to_best")
 EPOCHS_COLUMN = ("Training", [("Epochs to best", "epochs_to_best")])  # LSEH's efficiency measure
 FORMATS = ("md", "latex", "csv")
+BOLD_MODES = ("significant", "best", "none")
+# Columns that describe one run rather than its configuration: left out of a seed group's key.
+PER_RUN_COLUMNS = ("run", "seed", "checkpoint", "checkpoint_iteration", "epochs_to_best", "best_val_mrecall",
+                   "config_id", "images")
 LAYOUTS = {
     "paper": [("Caption Retrieval", [("R@1", "i2t_r1"), ("R@10", "i2t_r10"), ("Med r", "i2t_medr")]),
               ("Image Retrieval", [("R@1", "t2i_r1"), ("R@10", "t2i_r10"), ("Med r", "t2i_medr")])],
@@ -132,24 +145,132 @@ def best_cells(rows, keys) -> set[tuple[int, str]]:
     return best
 
 
+@dataclass
+class SeedGroup:
+    """The runs of one configuration: ``samples[key]`` holds one value per seed."""
+
+    label: str
+    rows: list[dict]
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.rows)
+
+    def mean(self, key: str):
+        return mean_std(self.samples.get(key, []))[0] if self.samples.get(key) else None
+
+
+def config_key(row: dict) -> tuple:
+    """Rows with equal keys differ only by seed: the ``config_id`` column when present (runs
+    evaluated by this vse), else the run name without its ``seed=N`` part together with every
+    configuration-describing column of results.csv."""
+    if row.get("config_id"):
+        return ("config_id", row["config_id"])
+    # an older results.csv: the same name apart from "seed=N" and the same described options
+    return (_without_seed(str(row.get("run") or "")),
+            *((k, row.get(k)) for k in RUN_COLUMNS if k not in PER_RUN_COLUMNS))
+
+
+def seed_groups(rows, label: str = "run") -> list[SeedGroup]:
+    """Group rows by configuration, in first-seen order; a group's label is its first row's
+    ``label`` with any ``seed=N`` part of a sweep's run name removed."""
+    grouped: dict[tuple, list[dict]] = {}
+    for row in rows:
+        grouped.setdefault(config_key(row), []).append(row)
+    groups = []
+    for members in grouped.values():
+        group = SeedGroup(_without_seed(str(members[0].get(label) or "")), members)
+        for key in {k for row in members for k in row}:
+            values = [row[key] for row in members if isinstance(row.get(key), (int, float))
+                      and not isinstance(row.get(key), bool)]
+            if values:
+                group.samples[key] = [float(v) for v in values]
+        groups.append(group)
+    return groups
+
+
+def _without_seed(name: str) -> str:
+    parts = [p for p in name.split(",") if not re.fullmatch(r"seed=\d+", p.strip())]
+    return ",".join(parts) or name
+
+
+def significant_cells(groups: list[SeedGroup], keys) -> set[tuple[int, str]]:
+    """(group index, key) where the group's mean is the column's best and Welch's one-sided
+    t-test over seeds puts it above the runner-up at p < ALPHA."""
+    marked = set()
+    for key in keys:
+        ranked = [(g.mean(key), i) for i, g in enumerate(groups) if g.samples.get(key)]
+        if len(ranked) < 2:
+            continue
+        lower = key.endswith(LOWER_IS_BETTER)
+        ranked.sort(key=lambda t: t[0], reverse=not lower)
+        (_, best), (_, runner_up) = ranked[0], ranked[1]
+        a, b = groups[best].samples[key], groups[runner_up].samples[key]
+        p = welch_greater([-v for v in a], [-v for v in b]) if lower else welch_greater(a, b)
+        if p < ALPHA:
+            marked.add((best, key))
+    return marked
+
+
+def format_cell(key: str, group: SeedGroup, fmt: str) -> str:
+    """``mean ± std (n)``; one seed prints its value and ``(1)``."""
+    mean, std, n = mean_std(group.samples.get(key, []))
+    if n == 0:
+        return ""
+    text = format_value(key, mean)
+    if n > 1:
+        text += (r" $\pm$ " if fmt == "latex" else " ± ") + format_value(key, std)
+    return f"{text} ({n})"
+
+
 def format_results(rows, fmt: str = "md", layout: str = "paper", label: str = "run",
-                   bold: bool = True, epochs: bool = False) -> str:
-    """The results table of ``rows`` in ``fmt`` (md | latex | csv), one line per row;
-    ``epochs`` adds the epochs each run needed to reach its best validation M-Recall."""
+                   bold="significant", epochs: bool = False, seeds: bool | None = None) -> str:
+    """The results table of ``rows`` in ``fmt`` (md | latex | csv), one line per row, or per
+    configuration with ``seeds`` (default: when some configuration has several seeds);
+    ``epochs`` adds the epochs each run needed to reach its best validation M-Recall.
+    ``bold``: one of BOLD_MODES (True/False mean "best"/"none", as older callers pass)."""
     if fmt not in FORMATS:
         raise VseError(f"unknown table format {fmt!r} (expected {', '.join(FORMATS)})")
+    bold = {True: "best", False: "none"}.get(bold, bold)
+    if bold not in BOLD_MODES:
+        raise VseError(f"unknown bold mode {bold!r} (expected {', '.join(BOLD_MODES)})")
     if not rows:
         raise VseError("no results to tabulate")
     groups = table_columns(rows, layout, epochs)
     keys = [k for _, cols in groups for _, k in cols]
-    best = best_cells(rows, keys) if bold and fmt != "csv" else set()
-    cells = [[format_value(k, row.get(k)) for k in keys] for row in rows]
-    labels = [str(row.get(label) if row.get(label) is not None else "") for row in rows]
+    by_seed = seed_groups(rows, label)
+    if seeds is None:
+        seeds = any(g.n > 1 for g in by_seed)
+    if seeds:
+        labels = [g.label for g in by_seed]
+        cells = [[format_cell(k, g, fmt) for k in keys] for g in by_seed]
+        best = significant_cells(by_seed, keys) if bold == "significant" else set()
+        if bold == "best":
+            best = best_cells([{k: g.mean(k) for k in keys} for g in by_seed], keys)
+    else:
+        labels = [str(row.get(label) if row.get(label) is not None else "") for row in rows]
+        cells = [[format_value(k, row.get(k)) for k in keys] for row in rows]
+        best = best_cells(rows, keys) if bold == "best" else set()
+        # one seed per row: no noise estimate, so "significant" bolds nothing
     if fmt == "csv":
         return _csv_table(groups, labels, cells)
     marked = [[_bold(text, fmt) if (i, k) in best else text for k, text in zip(keys, line)]
               for i, line in enumerate(cells)]
-    return (_latex_table if fmt == "latex" else _markdown_table)(groups, labels, marked)
+    table = (_latex_table if fmt == "latex" else _markdown_table)(groups, labels, marked)
+    note = _table_note(seeds, bold)
+    return table + ("\n\n" + note if fmt == "md" else "\n% " + note) if note else table
+
+
+def _table_note(seeds: bool, bold: str) -> str:
+    parts = ["mean ± std (n seeds)"] if seeds else []
+    if bold == "significant":
+        parts.append(f"bold: better than the runner-up by Welch's one-sided t-test over seeds, p < {ALPHA}"
+                     if seeds else "no bold: one seed per row gives no noise estimate (--bold best marks "
+                     "the best printed value)")
+    elif bold == "best":
+        parts.append("bold: best value, without a significance test")
+    return "; ".join(parts)
 
 
 def _bold(text: str, fmt: str) -> str:

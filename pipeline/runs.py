@@ -11,6 +11,18 @@ from pathlib import Path
 from .errors import VseError
 
 RUN_FILES = ("config.json", "metrics.jsonl", "best.pt", "last.pt")
+# Training options that name where or how a run was executed, not what it computes: runs whose
+# configs differ only in these and the seed are one configuration (seed groups in reports).
+NOT_CONFIGURATION = ("run_dir", "seed", "workers", "log_every", "preload", "device")
+
+
+def config_id(config: dict) -> str:
+    """A short digest of a training config without the seed and the execution-only options:
+    equal for the seeds of one configuration, different when any other option differs."""
+    import hashlib
+
+    kept = {k: v for k, v in sorted(config.items()) if k not in NOT_CONFIGURATION}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def is_run_dir(path) -> bool:

@@ -40,7 +40,7 @@ from .fsutil import atomic_path
 
 DONE_MARKER = "sweep-done.json"
 LOSS_OPTION_PREFIX = "loss_options."
-SWEEP_KEYS = ("name", "runs_dir", "base", "grid")
+SWEEP_KEYS = ("name", "runs_dir", "base", "grid", "seeds")
 
 
 @dataclass
@@ -63,8 +63,12 @@ class Sweep:
         return self.runs_dir / self.name
 
 
-def load_sweep(path, runs_dir=None) -> Sweep:
-    """Parse a sweep file and expand its grid (VseError naming the file when it is wrong)."""
+def load_sweep(path, runs_dir=None, seeds=None) -> Sweep:
+    """Parse a sweep file and expand its grid (VseError naming the file when it is wrong).
+
+    ``seeds`` (or the file's ``seeds:`` list) repeats every grid point with each seed: the
+    last grid axis, so a configuration's seeds are listed together and `vse report` shows
+    their mean ± std."""
     import yaml
 
     path = Path(path)
@@ -83,6 +87,14 @@ def load_sweep(path, runs_dir=None) -> Sweep:
     base, grid = spec.get("base") or {}, spec.get("grid") or {}
     if not isinstance(base, dict) or not isinstance(grid, dict):
         raise VseError("base: and grid: must be mappings", path)
+    seeds = list(seeds) if seeds is not None else spec.get("seeds")
+    if seeds is not None:
+        if not isinstance(seeds, list) or not seeds or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in seeds) or len(set(seeds)) < len(seeds):
+            raise VseError(f"seeds must be a non-empty list of distinct integers, got {seeds!r}", path)
+        if "seed" in grid:
+            raise VseError("give the seeds once: seeds (or --seeds) and a grid 'seed:' axis both set", path)
+        grid = {**grid, "seed": seeds}
     name = str(spec.get("name") or path.stem)
     if not _SAFE_NAME.fullmatch(name):
         raise VseError(f"sweep name {name!r} may hold only letters, digits, '.', '_' and '-'", path)
