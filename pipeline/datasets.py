@@ -226,7 +226,7 @@ def load_flickr8k(root, *, image_dir=None, captions_per_image: int | None = 5) -
     The official token file has 5 rows keyed ``2258277193_586949ec62.jpg.1`` whose image
     does not exist; they are skipped as ``caption_missing_image``.
     """
-    root = _existing_dir(root)
+    root = _existing_dir(root, FOLDER_LAYOUT_HINT)
     images_dir = _find_image_dir(root, image_dir)
     available = _list_files(images_dir)
     report = LoadReport()
@@ -351,7 +351,7 @@ def load_vsepp_precomp(root, *, splits=None,
     if captions_per_image not in (PRECOMP_CAPTIONS_PER_IMAGE, None):
         raise VseError("vsepp-precomp has 5 captions per image by construction "
                        f"(captions_per_image={captions_per_image} is not possible)", root)
-    root = _existing_dir(root)
+    root = _existing_dir(root, FOLDER_LAYOUT_HINT)
     names = [s for s in PRECOMP_SPLITS if (root / f"{s}_caps.txt").is_file()]
     if splits is not None:
         names = list(splits)
@@ -433,10 +433,14 @@ def _to_rgb(image: Image.Image) -> Image.Image:
 # ---------------------------------------------------------------------------- helpers
 
 
-def _existing_dir(path) -> Path:
+# Said when a folder layout (flickr8k, vsepp-precomp) is given a file as its root.
+FOLDER_LAYOUT_HINT = "; only the karpathy layout takes a file (its dataset_*.json)"
+
+
+def _existing_dir(path, hint: str = "") -> Path:
     path = Path(path).absolute()
     if not path.is_dir():
-        raise VseError("dataset folder not found" if not path.exists() else "not a folder",
+        raise VseError("dataset folder not found" if not path.exists() else "not a folder" + hint,
                        path)
     return path
 
@@ -523,8 +527,8 @@ def _find_karpathy_json(root: Path, file: str | None) -> Path:
     found = sorted(folder.glob("dataset_*.json"))
     if len(found) != 1:
         problem = "no dataset_*.json" if not found else (
-            f"several dataset_*.json ({', '.join(p.name for p in found)}); "
-            "pick one with file=")
+            f"several dataset_*.json ({', '.join(p.name for p in found)}): give the file itself "
+            f"as the root, e.g. {found[0]}")
         raise VseError(problem, folder)
     return found[0]
 
