@@ -619,8 +619,16 @@ def _read_precomp_features(path: Path, num_captions: int) -> np.ndarray:
         features = np.load(_require_file(path), mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError) as exc:
         raise VseError(f"not a readable .npy array ({exc})", path) from None
+    if features.ndim != 2:
+        # SCAN / bottom-up-attention "precomp" folders use VSE++'s file names for (N, 36, 2048)
+        # region features. Refused rather than pooled: no published VSE++-family number was
+        # measured on pooled regions, and the models here take one vector per image.
+        what = (f"region features ({features.shape[1]} regions × {features.shape[2]}, SCAN style) "
+                "are not supported" if features.ndim == 3 else "not a 2-D array")
+        raise VseError(f"shape {features.shape}: {what}; vsepp-precomp needs one feature "
+                       "vector per image (or per caption), shape (rows, D)", path)
     num_images = num_captions // PRECOMP_CAPTIONS_PER_IMAGE
-    if features.ndim < 2 or len(features) not in (num_images, num_captions):
+    if len(features) not in (num_images, num_captions):
         raise VseError(f"shape {features.shape} does not match {num_captions} captions "
                        f"(expected {num_images} or {num_captions} rows)", path)
     if len(features) == num_captions:
