@@ -509,10 +509,16 @@ def _find_image_dir(root: Path, image_dir) -> Path:
     raise VseError(f"no image folder ({', '.join(n + '/' for n in IMAGE_DIR_NAMES)})", root)
 
 
+def image_folders(root) -> list[Path]:
+    """Where a dataset's images may be, in the order tried: ``root``, then its image
+    subfolders (``IMAGE_DIR_NAMES``). Image ids are paths relative to one of them."""
+    root = Path(root)
+    return [root] + [root / name for name in IMAGE_DIR_NAMES]
+
+
 def _guess_image_root(folder: Path, image_ids: list[str]) -> Path:
     """The JSON's folder or its first image subfolder that holds the first listed image."""
-    candidates = [folder] + [folder / name for name in IMAGE_DIR_NAMES]
-    for candidate in candidates:
+    for candidate in image_folders(folder):
         if image_ids and (candidate / image_ids[0]).is_file():
             return candidate
     return folder
