@@ -6,6 +6,8 @@ import json
 
 import click
 
+from cli.dataset_root import root_option
+
 
 
 def _parse_ks(ctx, param, value):
@@ -24,8 +26,7 @@ def _parse_ks(ctx, param, value):
               help="Run folders (glob, quoted: 'runs/*'), repeatable: one results row per run.")
 @click.option("--features", type=click.Path(dir_okay=False),
               help="Feature cache for --checkpoint (for --runs: default the cache each run trained on).")
-@click.option("--root", type=click.Path(file_okay=False), default=None,
-              help="RC checkpoint (--rc training): embed this dataset folder's images with the run's own CNN.")
+@root_option(prefix="RC checkpoint (--rc run): embed this dataset's images with the run's own CNN. ")
 @click.option("--dataset", "dataset_kind", type=click.Choice(["flickr8k", "karpathy"]), default="flickr8k",
               show_default=True, help="--root: its layout.")
 @click.option("--split", default="test", show_default=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from cli.dataset_root import root_option
 from pipeline.backbones import BACKBONE_NAMES
 from pipeline.cache import DEFAULT_SHARD_SIZE, FeatureCache
 from pipeline.errors import VseError
@@ -21,7 +22,7 @@ def _split_list(ctx, param, value):
 @click.command("extract")
 @click.option("--dataset", "kind", required=True, type=click.Choice(["flickr8k", "karpathy", "vsepp-precomp"]),
               help="Layout of --root; vsepp-precomp copies VSE++ precomputed features (no CNN).")
-@click.option("--root", required=True, type=click.Path(exists=True, file_okay=False), help="Dataset folder.")
+@root_option(required=True)
 @click.option("--splits", callback=_split_list, default=None,
               help="Comma-separated splits to extract (default: all of the dataset's).")
 @click.option("--backbone", default="efficientnet-lite0", show_default=True,

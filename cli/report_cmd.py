@@ -62,7 +62,9 @@ def plot_command(patterns, results, out_dir):
 @click.option("--split", default="test", show_default=True)
 @click.option("--n", type=int, default=20, show_default=True, help="Query images and query captions.")
 @click.option("--k", type=int, default=5, show_default=True, help="Results shown per query.")
-@click.option("--embed", is_flag=True, help="Embed thumbnails (base64) so the page stands alone.")
+@click.option("--embed/--link", default=True, show_default=True,
+              help="Embed JPEG thumbnails so the page stands alone (moved, mailed), or link the image files "
+                   "relative to the page (smaller; works only where it was written).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Which random queries.")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False), default="gallery.html", show_default=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
+from cli.dataset_root import root_option
 from pipeline.errors import VseError
 
 # Loss-specific flags → the option names of pipeline.losses.build_loss.
@@ -59,7 +60,7 @@ def _read_config_file(path: str) -> dict:
               "(no feature cache; needs --root).")
 @click.option("--dataset", default="flickr8k", show_default=True,
               type=click.Choice(["flickr8k", "karpathy"]), help="--rc: dataset layout of --root.")
-@click.option("--root", type=click.Path(file_okay=False), help="--rc: the dataset folder.")
+@root_option(prefix="--rc: ")
 @click.option("--backbone", default="efficientnet-lite0", show_default=True,
               type=click.Choice(["efficientnet-lite0", "resnet152", "vgg19", "tiny"]), help="--rc: the CNN.")
 @click.option("--backbone-weights", type=click.Path(dir_okay=False), default=None,

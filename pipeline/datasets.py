@@ -226,7 +226,7 @@ def load_flickr8k(root, *, image_dir=None, captions_per_image: int | None = 5) -
     The official token file has 5 rows keyed ``2258277193_586949ec62.jpg.1`` whose image
     does not exist; they are skipped as ``caption_missing_image``.
     """
-    root = _existing_dir(root)
+    root = _existing_dir(root, FOLDER_LAYOUT_HINT)
     images_dir = _find_image_dir(root, image_dir)
     available = _list_files(images_dir)
     report = LoadReport()
@@ -351,7 +351,7 @@ def load_vsepp_precomp(root, *, splits=None,
     if captions_per_image not in (PRECOMP_CAPTIONS_PER_IMAGE, None):
         raise VseError("vsepp-precomp has 5 captions per image by construction "
                        f"(captions_per_image={captions_per_image} is not possible)", root)
-    root = _existing_dir(root)
+    root = _existing_dir(root, FOLDER_LAYOUT_HINT)
     names = [s for s in PRECOMP_SPLITS if (root / f"{s}_caps.txt").is_file()]
     if splits is not None:
         names = list(splits)
@@ -433,10 +433,14 @@ def _to_rgb(image: Image.Image) -> Image.Image:
 # ---------------------------------------------------------------------------- helpers
 
 
-def _existing_dir(path) -> Path:
+# Said when a folder layout (flickr8k, vsepp-precomp) is given a file as its root.
+FOLDER_LAYOUT_HINT = "; only the karpathy layout takes a file (its dataset_*.json)"
+
+
+def _existing_dir(path, hint: str = "") -> Path:
     path = Path(path).absolute()
     if not path.is_dir():
-        raise VseError("dataset folder not found" if not path.exists() else "not a folder",
+        raise VseError("dataset folder not found" if not path.exists() else "not a folder" + hint,
                        path)
     return path
 
@@ -505,10 +509,16 @@ def _find_image_dir(root: Path, image_dir) -> Path:
     raise VseError(f"no image folder ({', '.join(n + '/' for n in IMAGE_DIR_NAMES)})", root)
 
 
+def image_folders(root) -> list[Path]:
+    """Where a dataset's images may be, in the order tried: ``root``, then its image
+    subfolders (``IMAGE_DIR_NAMES``). Image ids are paths relative to one of them."""
+    root = Path(root)
+    return [root] + [root / name for name in IMAGE_DIR_NAMES]
+
+
 def _guess_image_root(folder: Path, image_ids: list[str]) -> Path:
     """The JSON's folder or its first image subfolder that holds the first listed image."""
-    candidates = [folder] + [folder / name for name in IMAGE_DIR_NAMES]
-    for candidate in candidates:
+    for candidate in image_folders(folder):
         if image_ids and (candidate / image_ids[0]).is_file():
             return candidate
     return folder
@@ -523,8 +533,8 @@ def _find_karpathy_json(root: Path, file: str | None) -> Path:
     found = sorted(folder.glob("dataset_*.json"))
     if len(found) != 1:
         problem = "no dataset_*.json" if not found else (
-            f"several dataset_*.json ({', '.join(p.name for p in found)}); "
-            "pick one with file=")
+            f"several dataset_*.json ({', '.join(p.name for p in found)}): give the file itself "
+            f"as the root, e.g. {found[0]}")
         raise VseError(problem, folder)
     return found[0]
 
@@ -615,8 +625,16 @@ def _read_precomp_features(path: Path, num_captions: int) -> np.ndarray:
         features = np.load(_require_file(path), mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError) as exc:
         raise VseError(f"not a readable .npy array ({exc})", path) from None
+    if features.ndim != 2:
+        # SCAN / bottom-up-attention "precomp" folders use VSE++'s file names for (N, 36, 2048)
+        # region features. Refused rather than pooled: no published VSE++-family number was
+        # measured on pooled regions, and the models here take one vector per image.
+        what = (f"region features ({features.shape[1]} regions × {features.shape[2]}, SCAN style) "
+                "are not supported" if features.ndim == 3 else "not a 2-D array")
+        raise VseError(f"shape {features.shape}: {what}; vsepp-precomp needs one feature "
+                       "vector per image (or per caption), shape (rows, D)", path)
     num_images = num_captions // PRECOMP_CAPTIONS_PER_IMAGE
-    if features.ndim < 2 or len(features) not in (num_images, num_captions):
+    if len(features) not in (num_images, num_captions):
         raise VseError(f"shape {features.shape} does not match {num_captions} captions "
                        f"(expected {num_images} or {num_captions} rows)", path)
     if len(features) == num_captions:

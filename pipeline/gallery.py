@@ -2,9 +2,11 @@
 captions, and query captions with their top-k images.
 
 Ground truth is marked and the rank of the best ground truth is shown in brackets (1-based,
-ties counted against the query, as in the metrics). The page is one self-standing file with
-no script: images are linked by paths relative to the page, or embedded as base64 JPEG
-thumbnails (``embed=True``) so the file can be mailed around. All text is escaped.
+ties counted against the query, as in the metrics). The page is one file with no script and
+no absolute path: images are embedded as base64 JPEG thumbnails (default, so the file can be
+moved or mailed around; about 9 kB per picture shown, ≈1 MB for the default 20 image and 20
+caption queries with their top 5, measured on Flickr8k), or linked by paths relative to the
+page (``embed=False``). All text is escaped.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import base64
 import html
 import io
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -76,68 +79,122 @@ def retrieve(emb: SplitEmbeddings, n: int, k: int = 5, seed: int = 0, device=Non
          for i, q in enumerate(caption_q)])
 
 
-class ImageSources:
-    """``src`` attribute values for image ids: a path relative to the page, or an embedded
-    thumbnail. Files are looked up at ROOT/images/<id> (Flickr layout), then ROOT/<id>."""
+THUMB_SIZE = 160        # px, the side of every picture on the page (CSS below uses it too)
+THUMB_QUALITY = 80      # JPEG quality of embedded thumbnails
 
-    def __init__(self, root, page: Path, embed: bool = False, thumb_size: int = 192):
+
+class ImageSources:
+    """``src`` attribute values for image ids: an embedded thumbnail (default: the page stands
+    alone, however it is moved or mailed), or with ``embed=False`` a path relative to the page.
+
+    Thumbnails are the centre ``THUMB_SIZE``² square the page shows (the pictures are cropped
+    to squares anyway), JPEG, encoded once per image. Files are looked up where the dataset
+    readers look: ROOT/<id>, then ROOT/<image folder>/<id> (``datasets.image_folders``)."""
+
+    def __init__(self, root, page: Path, embed: bool = True, thumb_size: int = THUMB_SIZE):
         self.root = Path(root) if root else None
         self.page_dir = Path(page).resolve().parent
         self.embed, self.thumb_size = embed, thumb_size
         self.missing: list[str] = []
+        self._src: dict[str, str | None] = {}
 
     def path(self, image_id: str) -> Path | None:
+        from .datasets import image_folders
+
         if self.root is None:
             return None
-        for candidate in (self.root / "images" / image_id, self.root / image_id):
-            if candidate.is_file():
-                return candidate
+        for folder in image_folders(self.root):
+            if (folder / image_id).is_file():
+                return folder / image_id
         return None
 
     def src(self, image_id: str) -> str | None:
+        if image_id not in self._src:
+            self._src[image_id] = self._make_src(image_id)
+        return self._src[image_id]
+
+    def _make_src(self, image_id: str) -> str | None:
         path = self.path(image_id)
         if path is None:
             self.missing.append(image_id)
             return None
         if self.embed:
-            return self._thumbnail(path)
+            return self._thumbnail(path, image_id)
         return quote(Path(os.path.relpath(path.resolve(), self.page_dir)).as_posix())
 
-    def _thumbnail(self, path: Path) -> str | None:
+    def _thumbnail(self, path: Path, image_id: str) -> str | None:
+        from PIL import ImageOps
+
         from .datasets import open_image
 
         try:
             image = open_image(path)
         except VseError:
-            self.missing.append(path.name)
+            self.missing.append(image_id)
             return None
-        image.thumbnail((self.thumb_size, self.thumb_size))
+        image = ImageOps.fit(image, (self.thumb_size, self.thumb_size))
         buffer = io.BytesIO()
-        image.save(buffer, format="JPEG", quality=85)
+        image.save(buffer, format="JPEG", quality=THUMB_QUALITY, optimize=True)
         return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-STYLE = """
-body { font-family: sans-serif; margin: 1.5em; color: #222; }
-h1 { font-size: 1.3em; } h2 { font-size: 1.15em; margin-top: 2em; }
-.meta { color: #555; font-size: 0.9em; }
-.query { display: flex; gap: 1em; align-items: flex-start; border-top: 1px solid #ddd; padding: 0.8em 0; }
-.query img, .result img { width: 160px; height: 160px; object-fit: cover; background: #eee; }
-.noimg { width: 160px; height: 160px; background: #eee; display: flex; align-items: center;
-         justify-content: center; font-size: 0.75em; color: #777; overflow-wrap: anywhere; text-align: center; }
-ol { margin: 0; padding-left: 1.5em; } li { margin: 0.2em 0; }
-.gt { color: #0a6b0a; font-weight: bold; } .gt::after { content: " \\2713"; }
-.results { display: flex; gap: 0.6em; flex-wrap: wrap; }
-.result { width: 160px; font-size: 0.8em; text-align: center; border: 3px solid transparent; }
-.result.gt { border-color: #0a6b0a; font-weight: normal; } .result.gt::after { content: none; }
-.rank { color: #555; font-weight: normal; }
+@dataclass(frozen=True)
+class Mark:
+    """A kind of highlighted result: CSS class, colour, legend text and the sign after a caption.
+
+    Ground truth is always marked. More kinds (e.g. captions human judges accepted) are passed
+    to ``render_gallery`` as ``highlights``: (mark, applies(image, caption)) pairs over
+    split-local indices, tried in order for results that are not ground truth."""
+
+    css: str
+    colour: str
+    legend: str
+    sign: str = ""
+
+
+GROUND_TRUTH = Mark("gt", "#0a6b0a", "ground truth", "\u2713")
+Highlight = tuple[Mark, Callable[[int, int], bool]]
+
+STYLE = f"""
+body {{ font-family: sans-serif; margin: 1.5em; color: #222; }}
+h1 {{ font-size: 1.3em; }} h2 {{ font-size: 1.15em; margin-top: 2em; }}
+.meta {{ color: #555; font-size: 0.9em; }}
+.query {{ display: flex; gap: 1em; align-items: flex-start; border-top: 1px solid #ddd;
+          padding: 0.8em 0; }}
+.query img, .result img {{ width: {THUMB_SIZE}px; height: {THUMB_SIZE}px; object-fit: cover;
+                           background: #eee; }}
+.noimg {{ width: {THUMB_SIZE}px; height: {THUMB_SIZE}px; background: #eee; display: flex;
+         align-items: center; justify-content: center; font-size: 0.75em; color: #777;
+         overflow-wrap: anywhere; text-align: center; }}
+ol {{ margin: 0; padding-left: 1.5em; }} li {{ margin: 0.2em 0; }}
+.results {{ display: flex; gap: 0.6em; flex-wrap: wrap; }}
+.result {{ width: {THUMB_SIZE}px; font-size: 0.8em; text-align: center; border: 3px solid transparent; }}
+.rank {{ color: #555; font-weight: normal; }}
 """
 
 
+def _mark_style(mark: Mark) -> str:
+    sign = f'li.{mark.css}::after {{ content: " {mark.sign}"; }} ' if mark.sign else ""
+    return (f"li.{mark.css}, span.{mark.css} {{ color: {mark.colour}; font-weight: bold; }} {sign}"
+            f".result.{mark.css} {{ border-color: {mark.colour}; }}")
+
+
+def _legend(marks: list[Mark]) -> str:
+    shown = " · ".join(f'<span class="{m.css}">{html.escape(m.legend)}'
+                       f'{" " + m.sign if m.sign else ""}</span>' for m in marks)
+    return f'<p class="meta legend">{shown}; [n] = rank of the best ground truth.</p>'
+
+
 def render_gallery(data: GalleryData, image_ids, captions, caption_image, sources: ImageSources,
-                   title: str, meta: dict) -> str:
+                   title: str, meta: dict, highlights: Sequence[Highlight] = ()) -> str:
     """The HTML page. ``image_ids`` / ``captions`` / ``caption_image`` are split-local."""
     esc = html.escape
+    marks = [GROUND_TRUTH] + [mark for mark, _ in highlights]
+
+    def mark_of(image: int, caption: int, truth: bool) -> str:
+        if truth:
+            return GROUND_TRUTH.css
+        return next((mark.css for mark, applies in highlights if applies(image, caption)), "other")
 
     def image_tag(index: int) -> str:
         image_id = str(image_ids[index])
@@ -146,30 +203,41 @@ def render_gallery(data: GalleryData, image_ids, captions, caption_image, source
             return f'<div class="noimg" title="{esc(image_id)}">{esc(image_id)}</div>'
         return f'<img src="{esc(src)}" alt="{esc(image_id)}" title="{esc(image_id)}" loading="lazy">'
 
+    style = STYLE + "\n".join(_mark_style(m) for m in marks)
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>",
+             f"<title>{esc(title)}</title><style>{style}</style></head><body>",
              f"<h1>{esc(title)}</h1>",
-             '<p class="meta">' + " · ".join(f"{esc(str(k))}: {esc(str(v))}" for k, v in meta.items()) + "</p>",
-             '<p class="meta">Ground truth in green (✓); [n] = rank of the best ground truth.</p>',
+             '<p class="meta">' + " · ".join(f"{esc(str(k))}: {esc(str(v))}" for k, v in meta.items())
+             + "</p>",
+             _legend(marks),
              f'<h2 id="image-queries">Image → captions (top {_width(data, "captions")})</h2>']
     for q in data.image_queries:
         parts.append(f'<div class="query image-query" data-image="{esc(str(image_ids[q.image]))}">')
         parts.append(image_tag(q.image))
         parts.append(f'<div><div class="rank">ground truth at rank [{q.rank}]</div><ol>')
         for c, correct in zip(q.captions, q.correct):
-            parts.append(f'<li class="{"gt" if correct else "other"}">{esc(captions[c])}</li>')
+            parts.append(f'<li class="{mark_of(q.image, int(c), bool(correct))}">{esc(captions[c])}</li>')
         parts.append("</ol></div></div>")
     parts.append(f'<h2 id="caption-queries">Caption → images (top {_width(data, "images")})</h2>')
     for q in data.caption_queries:
-        parts.append(f'<div class="query caption-query" data-image="{esc(str(image_ids[caption_image[q.caption]]))}">')
+        own = esc(str(image_ids[caption_image[q.caption]]))
+        parts.append(f'<div class="query caption-query" data-image="{own}">')
         parts.append(f'<div><p class="caption">{esc(captions[q.caption])}</p>'
                      f'<div class="rank">ground truth at rank [{q.rank}]</div><div class="results">')
         for i, correct in zip(q.images, q.correct):
-            parts.append(f'<div class="result{" gt" if correct else ""}" data-image="{esc(str(image_ids[i]))}">'
-                         f"{image_tag(i)}</div>")
+            css = mark_of(int(i), q.caption, bool(correct))
+            parts.append(f'<div class="result{"" if css == "other" else " " + css}" '
+                         f'data-image="{esc(str(image_ids[i]))}">{image_tag(i)}</div>')
         parts.append("</div></div></div>")
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def shown_path(path) -> str:
+    """A path as the page shows it: as given when relative; an absolute one by its last two
+    parts only, so the page names no folder of the machine that made it."""
+    path = Path(str(path))
+    return path.as_posix() if not path.is_absolute() else "…/" + "/".join(path.parts[-2:])
 
 
 def _width(data: GalleryData, what: str) -> int:
@@ -186,9 +254,12 @@ class GallerySummary:
 
 
 def build_gallery(checkpoint, features, out, *, images_root=None, split: str = "test", n: int = 20,
-                  k: int = 5, embed: bool = False, seed: int = 0, device=None) -> GallerySummary:
+                  k: int = 5, embed: bool = True, seed: int = 0, device=None,
+                  highlights: Sequence[Highlight] = ()) -> GallerySummary:
     """Encode ``split`` with the checkpoint and write the gallery page to ``out``.
-    ``images_root`` defaults to the root the cache was extracted from (attr dataset_root)."""
+    ``images_root`` defaults to the root the cache was extracted from (attr dataset_root).
+    ``embed`` (default) puts JPEG thumbnails in the page; ``embed=False`` links the image files
+    by paths relative to the page (smaller, but the page then only works where it was written)."""
     from .cache import FeatureCache
     from .evaluation import embed_checkpoint
 
@@ -203,10 +274,13 @@ def build_gallery(checkpoint, features, out, *, images_root=None, split: str = "
         captions = [cache.captions[r] for r in emb.caption_rows]
     data = retrieve(emb, n, k, seed, device)
     sources = ImageSources(root, out, embed)
-    meta = {"checkpoint": checkpoint, "features": features, "split": f"{split} ({len(image_ids)} images)",
-            "images": root or "none"}
+    how = f"embedded {THUMB_SIZE} px thumbnails" if embed else "linked relative to this page"
+    meta = {"checkpoint": shown_path(checkpoint), "features": shown_path(features),
+            "split": f"{split} ({len(image_ids)} images)",
+            "images": f"{shown_path(root)}, {how}" if root else "none"}
     page = render_gallery(data, image_ids, captions, emb.caption_image, sources,
-                          f"Retrieval gallery: {Path(checkpoint).parent.name or checkpoint}", meta)
+                          f"Retrieval gallery: {Path(checkpoint).parent.name or checkpoint}", meta,
+                          highlights)
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(out) as tmp:
         Path(tmp).write_text(page, encoding="utf-8")

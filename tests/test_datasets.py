@@ -312,10 +312,104 @@ def test_karpathy_json_discovery(tmp_path):
         load_dataset("karpathy", tmp_path)
     write_karpathy(tmp_path, COCO_ENTRIES)
     write_karpathy(tmp_path, COCO_ENTRIES, name="dataset_flickr30k.json", images=False)
-    with pytest.raises(VseError, match="several dataset_\\*.json"):
+    with pytest.raises(VseError, match="several dataset_\\*.json .*: give the file itself"):
         load_dataset("karpathy", tmp_path)
     chosen = load_dataset("karpathy", tmp_path, file="dataset_flickr30k.json")
     assert chosen.name == "flickr30k"
+
+
+def karpathy_from_demo(root: Path, splits=(("train", 4), ("val", 1), ("test", 2)),
+                       name="dataset_flickr8k.json") -> Path:
+    """Karpathy's Flickr8k JSON over the first demo images (real files and captions); images in
+    ``root/images/`` as in the real distribution's layout, entries without ``filepath``."""
+    rows: dict[str, list[str]] = {}
+    for line in (REPO / "data" / "Flickr8k.token.txt").read_text(encoding="utf-8").splitlines():
+        key, caption = line.split("\t", 1)
+        rows.setdefault(key.split("#")[0], []).append(caption)
+    names = iter(sorted(rows))
+    entries = []
+    for split, count in splits:
+        for _ in range(count):
+            image = next(names)
+            (root / "images").mkdir(parents=True, exist_ok=True)
+            (root / "images" / image).symlink_to(REPO / "data" / "images" / image)
+            entries.append({"filename": image, "split": split,
+                            "sentences": [{"raw": c, "tokens": []} for c in rows[image][:5]]})
+    path = root / name
+    path.write_text(json.dumps({"images": entries, "dataset": "flickr8k"}), encoding="utf-8")
+    return path
+
+
+def _vse(*args):
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def test_cli_takes_the_karpathy_json_as_root(tmp_path):
+    """README's `vse extract --dataset karpathy --root path/dataset_flickr8k.json`, then the same
+    --root in `train --rc` and `evaluate --root`; a folder of several JSONs is refused by name."""
+    path = karpathy_from_demo(tmp_path / "f8k")
+    out = tmp_path / "k.h5"
+    result = _vse("extract", "--dataset", "karpathy", "--root", path, "--backbone", "tiny",
+                  "--workers", "0", "--quiet", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out}: 7 images" in result.output
+    from pipeline.cache import FeatureCache
+
+    with FeatureCache(out) as cache:
+        assert [len(cache.split(s)) for s in ("train", "dev", "test")] == [4, 1, 2]
+        assert cache.attrs["dataset_root"] == str(path.parent.resolve())
+        assert cache.captions[:5] == load_dataset("karpathy", path).captions[:5]
+    run = tmp_path / "run"
+    result = _vse("train", "--rc", "--dataset", "karpathy", "--root", path, "--backbone", "tiny",
+                  "--run-dir", run, "--epochs", "1", "--batch-size", "4", "--embed-dim", "8",
+                  "--word-dim", "4", "--min-word-count", "1", "--val-every", "0", "--workers", "0",
+                  "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    assert json.loads((run / "config.json").read_text())["root"] == str(path)
+    result = _vse("evaluate", "--checkpoint", run / "best.pt", "--dataset", "karpathy", "--root",
+                  path, "--split", "test", "--device", "cpu", "--json")
+    assert result.exit_code == 0, result.output
+    assert 0 <= json.loads(result.output)["rsum"] <= 600
+
+    karpathy_from_demo(tmp_path / "f8k", splits=(), name="dataset_coco.json")
+    folder = tmp_path / "f8k"
+    for command in (["extract", "--out", tmp_path / "x.h5"],
+                    ["train", "--rc", "--run-dir", tmp_path / "run2", "--backbone", "tiny"],
+                    ["evaluate", "--checkpoint", run / "best.pt"]):
+        result = _vse(*command, "--dataset", "karpathy", "--root", folder)
+        assert result.exit_code == 1, result.output
+        assert result.output.strip() == (
+            f"error: {folder}: several dataset_*.json (dataset_coco.json, dataset_flickr8k.json): "
+            f"give the file itself as the root, e.g. {folder / 'dataset_coco.json'}")
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_cli_root_errors_are_one_line(tmp_path):
+    missing = tmp_path / "nowhere"
+    result = _vse("extract", "--dataset", "flickr8k", "--root", missing, "--out", tmp_path / "x.h5")
+    assert (result.exit_code, result.output) == (1, f"error: {missing}: dataset folder not found\n")
+    json_file = karpathy_from_demo(tmp_path)
+    for kind in ("flickr8k", "vsepp-precomp"):
+        result = _vse("extract", "--dataset", kind, "--root", json_file, "--out", tmp_path / "x.h5")
+        assert (result.exit_code, result.output) == (1, (
+            f"error: {json_file}: not a folder; only the karpathy layout takes a file "
+            "(its dataset_*.json)\n"))
+    result = _vse("evaluate", "--checkpoint", tmp_path / "none.pt", "--root", tmp_path)
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+
+
+def test_one_root_option_definition():
+    """extract, train and evaluate share cli.dataset_root's --root (one type, one help text)."""
+    from cli.dataset_root import DATASET_ROOT, ROOT_HELP
+    from cli.main import cli
+
+    for name in ("extract", "train", "evaluate"):
+        (root,) = [p for p in cli.commands[name].params if p.name == "root"]
+        assert root.type is DATASET_ROOT and root.help.endswith(ROOT_HELP)
 
 
 # ---------------------------------------------------------------- vsepp-precomp
@@ -379,6 +473,22 @@ def test_vsepp_precomp_bad_inputs(tmp_path):
         load_dataset("vsepp-precomp", tmp_path, splits=["../x"])
     with pytest.raises(VseError, match="5 captions per image by construction"):
         load_dataset("vsepp-precomp", tmp_path, captions_per_image=1)
+
+
+def test_scan_region_features_are_refused_in_one_line(tmp_path):
+    """SCAN's precomp folders use VSE++'s names for (N, 36, 2048) region features."""
+    write_precomp(tmp_path, "test", 2)
+    np.save(tmp_path / "test_ims.npy", np.zeros((2, 36, 2048), np.float32))
+    out = tmp_path / "cache.h5"
+    result = _vse("extract", "--dataset", "vsepp-precomp", "--root", tmp_path, "--out", out)
+    assert (result.exit_code, result.output) == (1, (
+        f"error: {tmp_path / 'test_ims.npy'}: shape (2, 36, 2048): region features (36 regions × "
+        "2048, SCAN style) are not supported; vsepp-precomp needs one feature vector per image "
+        "(or per caption), shape (rows, D)\n"))
+    assert not out.exists() and not Path(f"{out}.shards").exists()
+    np.save(tmp_path / "test_ims.npy", np.zeros(10, np.float32))
+    with pytest.raises(VseError, match=r"test_ims.npy: shape \(10,\): not a 2-D array"):
+        load_dataset("vsepp-precomp", tmp_path)
 
 
 def test_vsepp_precomp_keeps_empty_caption_for_alignment(tmp_path):

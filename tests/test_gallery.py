@@ -2,6 +2,7 @@
 
 import base64
 import io
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -11,16 +12,17 @@ from urllib.parse import unquote
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from PIL import Image
+from PIL import Image, ImageOps
 
 from cli.main import cli
 from conftest import DEMO_DATA, demo_captions, learnable_features, write_feature_cache
 from pipeline.evaluation import embed_checkpoint
-from pipeline.gallery import build_gallery
+from pipeline.gallery import THUMB_SIZE, Mark, build_gallery
 from pipeline.runtime import resolve_device
 from pipeline.train import TrainConfig, Trainer
 
-NASTY = """<script>document.title="pwned"</script><img src=x onerror="document.title='pwned'"> & "q" """.strip()
+NASTY = ('<script>document.title="pwned"</script>'
+         '<img src=x onerror="document.title=\'pwned\'"> & "q"')
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
@@ -131,10 +133,10 @@ def test_page_lists_the_right_results_with_text_escaped(run, tmp_path):
     _check_entries(dom, checkpoint, cache, 8, 40)
 
 
-def test_images_are_linked_relative_to_the_page(run, tmp_path):
+def test_link_mode_links_images_relative_to_the_page(run, tmp_path):
     checkpoint, cache = run
     out = tmp_path / "site" / "deep" / "g.html"
-    build_gallery(checkpoint, cache, out, n=3)
+    build_gallery(checkpoint, cache, out, n=3, embed=False)
     images = list(Dom(out.read_text()).root.find_all(tag="img"))
     assert len(images) == 3 + 3 * 5
     for img in images:
@@ -143,17 +145,74 @@ def test_images_are_linked_relative_to_the_page(run, tmp_path):
         assert target == (DEMO_DATA / "images" / img.attrs["alt"]).resolve() and target.is_file()
 
 
-def test_embedded_thumbnails_make_a_standalone_page(run, tmp_path):
+def _thumbnails(page: str) -> dict[str, Image.Image]:
+    """alt (image id) → decoded picture of every <img>, which must all be embedded JPEGs."""
+    prefix, pictures = "data:image/jpeg;base64,", {}
+    for img in Dom(page).root.find_all(tag="img"):
+        assert img.attrs["src"].startswith(prefix), img.attrs["src"][:80]
+        picture = Image.open(io.BytesIO(base64.b64decode(img.attrs["src"][len(prefix):])))
+        assert picture.format == "JPEG"
+        pictures[img.attrs["alt"]] = picture.convert("RGB")
+    return pictures
+
+
+def test_default_page_is_self_contained_and_survives_a_move(run, tmp_path):
+    """No absolute path anywhere in the page; images are embedded thumbnails of the right files,
+    still there after the page is moved away from the dataset and the run."""
     checkpoint, cache = run
+    out = tmp_path / "made" / "g.html"
+    build_gallery(checkpoint, cache, out, n=3, k=4)
+    page = out.read_text(encoding="utf-8")
+    for absolute in {tmp_path, checkpoint, cache, DEMO_DATA, DEMO_DATA.resolve(), Path.cwd()}:
+        assert str(absolute) not in page
+    assert "file:" not in page and not re.search(r'(src|href)="/', page)
+    assert "…/mh/best.pt" in page and f"…/{cache.parent.name}/tiny.h5" in page  # last two parts only
+    moved = tmp_path / "elsewhere" / "shared.html"
+    moved.parent.mkdir()
+    shutil.move(out, moved)
+    pictures = _thumbnails(moved.read_text(encoding="utf-8"))
+    assert len(list(Dom(page).root.find_all(tag="img"))) == 3 + 3 * 4
+    for image_id, picture in pictures.items():
+        assert picture.size == (THUMB_SIZE, THUMB_SIZE)
+        original = ImageOps.fit(Image.open(DEMO_DATA / "images" / image_id).convert("RGB"), picture.size)
+        # JPEG at quality 80: the same picture within a few grey levels on average
+        difference = np.abs(np.asarray(picture, np.float64) - np.asarray(original, np.float64)).mean()
+        assert difference < 6, (image_id, difference)
+
+
+def test_embedded_page_size_per_picture(run, tmp_path):
+    """The size note of the README: each shown picture costs well under 16 kB of HTML."""
+    checkpoint, cache = run
+    linked, embedded = tmp_path / "linked.html", tmp_path / "embedded.html"
+    build_gallery(checkpoint, cache, linked, n=8, k=5, embed=False)
+    build_gallery(checkpoint, cache, embedded, n=8, k=5)
+    shown = len(list(Dom(embedded.read_text()).root.find_all(tag="img")))
+    assert shown == 8 + 8 * 5
+    per_picture = (embedded.stat().st_size - linked.stat().st_size) / shown
+    assert 2_000 < per_picture < 16_000
+
+
+def test_highlights_add_a_mark_with_its_own_colour_and_legend(run, tmp_path):
+    """The extension point for more kinds of marked results (e.g. captions judges accepted)."""
+    checkpoint, cache = run
+    accepted = Mark("accepted", "#1f5fbf", "accepted by judges", "\u2605")
     out = tmp_path / "g.html"
-    build_gallery(checkpoint, cache, out, n=2, k=3, embed=True)
-    images = list(Dom(out.read_text()).root.find_all(tag="img"))
-    assert len(images) == 2 + 2 * 3
-    for img in images:
-        prefix = "data:image/jpeg;base64,"
-        assert img.attrs["src"].startswith(prefix)
-        thumb = Image.open(io.BytesIO(base64.b64decode(img.attrs["src"][len(prefix):])))
-        assert thumb.format == "JPEG" and max(thumb.size) <= 192
+    build_gallery(checkpoint, cache, out, n=40, embed=False,
+                  highlights=[(accepted, lambda image, caption: caption % 2 == 0)])
+    page = out.read_text(encoding="utf-8")
+    assert ".result.accepted { border-color: #1f5fbf; }" in page
+    dom = Dom(page).root
+    assert "accepted by judges \u2605" in next(dom.find_all("legend")).all_text()
+    _, texts = demo_captions(40)
+    texts[5 * 35 + 2] = NASTY
+    test_texts = texts[5 * 32:]
+    for li in dom.find_all(tag="li"):
+        even = test_texts.index(li.all_text()) % 2 == 0
+        assert li.classes == (["gt"] if "gt" in li.classes else ["accepted"] if even else ["other"])
+    for query in dom.find_all("caption-query"):
+        c = test_texts.index(next(query.find_all("caption")).all_text())
+        for result in query.find_all("result"):
+            assert ("accepted" in result.classes) == ("gt" not in result.classes and c % 2 == 0)
 
 
 def test_missing_images_show_their_names(run, tmp_path):
@@ -168,9 +227,15 @@ def test_missing_images_show_their_names(run, tmp_path):
 def test_cli_gallery_defaults_to_the_training_cache_and_its_root(run, tmp_path):
     checkpoint, _ = run
     out = tmp_path / "g.html"
-    result = CliRunner().invoke(cli, ["gallery", "--checkpoint", str(checkpoint), "--n", "4", "--out", str(out)])
+    result = CliRunner().invoke(cli, ["gallery", "--checkpoint", str(checkpoint), "--n", "4",
+                                      "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert f"gallery: {out} (4 image and 4 caption queries)" in result.output
+    assert all(src.startswith("data:image/jpeg;base64,") for src in _srcs(out))  # embedded by default
+    result = CliRunner().invoke(cli, ["gallery", "--checkpoint", str(checkpoint), "--n", "1", "--link",
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert all(src.endswith(".jpg") and not src.startswith("/") for src in _srcs(out))
     result = CliRunner().invoke(cli, ["gallery", "--checkpoint", str(checkpoint), "--images", str(tmp_path),
                                       "--n", "1", "--out", str(out)])
     assert result.exit_code == 0 and "image(s) not found under" in result.output
@@ -178,7 +243,14 @@ def test_cli_gallery_defaults_to_the_training_cache_and_its_root(run, tmp_path):
     assert result.exit_code == 1 and "none.pt: checkpoint not found" in result.output
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="needs a headless Chromium (Debian: apt-get install -y chromium)")
+def _srcs(page: Path) -> list[str]:
+    srcs = [img.attrs["src"] for img in Dom(page.read_text(encoding="utf-8")).root.find_all(tag="img")]
+    assert srcs
+    return srcs
+
+
+@pytest.mark.skipif(CHROMIUM is None,
+                    reason="needs a headless Chromium (Debian: apt-get install -y chromium)")
 def test_page_renders_in_headless_chromium(run, tmp_path):
     checkpoint, cache = run
     out = tmp_path / "g.html"
