@@ -1,0 +1,276 @@
+"""Human relevance judgments: readers, caption keys, matching, metrics checked against scipy
+and by hand, and the CLI (`vse evaluate --judgments`, `vse report --columns human`,
+`vse gallery --judgments`, `vse relevance-human`)."""
+
+import math
+
+import numpy as np
+import pytest
+from conftest import DEMO_DATA, SHARED_FLICKR8K
+from scipy.stats import kendalltau, spearmanr
+
+from pipeline.errors import VseError
+from pipeline.judgments import (
+    SplitIdentity,
+    auc,
+    caption_keys,
+    check_caption_keys,
+    grouped_kendall_tau_b,
+    grouped_ndcg,
+    human_metrics,
+    match_judgments,
+    read_judgments,
+)
+
+IDS = ["a.jpg", "b.jpg", "c.jpg"]
+KEYS = [f"{i}#{n}" for i in IDS for n in range(5)]
+# (image, caption key, yes, no): a.jpg judged against 5 captions, b.jpg against 4, c.jpg against 2
+VOTES = [("a.jpg", "a.jpg#1", 3, 0), ("a.jpg", "b.jpg#0", 2, 1), ("a.jpg", "c.jpg#3", 0, 3),
+         ("a.jpg", "b.jpg#2", 1, 2), ("a.jpg", "c.jpg#0", 2, 1),
+         ("b.jpg", "a.jpg#1", 0, 3), ("b.jpg", "b.jpg#0", 2, 2), ("b.jpg", "c.jpg#3", 1, 3),
+         ("b.jpg", "a.jpg#4", 3, 1),
+         ("c.jpg", "a.jpg#1", 0, 3), ("c.jpg", "b.jpg#0", 3, 0)]
+EXPERT = [(img, key, min(4, 1 + yes), min(4, 1 + yes), max(1, yes)) for img, key, yes, no in VOTES]
+
+
+def crowdflower_text(votes=VOTES):
+    return "".join(f"{i}\t{k}\t{y / (y + n):.15g}\t{y}\t{n}\n" for i, k, y, n in votes)
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def judgment_files(tmp_path):
+    """The same pairs in the three formats."""
+    return {
+        "flickr8k-crowdflower": write(tmp_path, "cf.txt", crowdflower_text()),
+        "flickr8k-expert": write(tmp_path, "expert.txt",
+                                 "".join(f"{i}\t{k}\t{a}\t{b}\t{c}\n" for i, k, a, b, c in EXPERT)),
+        "csv": write(tmp_path, "j.csv", "image,caption_key,grade\n"
+                     + "".join(f"{i},{k},{y / (y + n)}\n" for i, k, y, n in VOTES)),
+    }
+
+
+# ---------------------------------------------------------------------------- readers
+
+
+def test_the_three_formats_read_the_same_pairs(judgment_files):
+    cf = read_judgments(judgment_files["flickr8k-crowdflower"], "flickr8k-crowdflower")
+    expert = read_judgments(judgment_files["flickr8k-expert"], "flickr8k-expert")
+    table = read_judgments(judgment_files["csv"], "csv")
+    for j in (cf, expert, table):
+        assert j.image_ids == [v[0] for v in VOTES] and j.caption_keys == [v[1] for v in VOTES]
+    fractions = np.array([y / (y + n) for _, _, y, n in VOTES])
+    assert np.array_equal(cf.grades, fractions) and np.array_equal(cf.gains, fractions)
+    assert np.allclose(table.grades, fractions, rtol=0, atol=1e-15)
+    # crowdflower: accepted at fraction yes >= 0.5 (2 yes of 4 counts as accepted)
+    assert cf.accepted.tolist() == [True, True, False, False, True, False, True, False, True, False, True]
+    assert table.accepted.tolist() == cf.accepted.tolist()
+    marks = np.array([e[2:] for e in EXPERT], dtype=float)
+    assert np.allclose(expert.grades, marks.mean(axis=1)) and np.allclose(expert.gains, (marks.mean(axis=1) - 1) / 3)
+    assert expert.accepted.tolist() == (marks.mean(axis=1) >= 3).tolist()
+    assert read_judgments(judgment_files["flickr8k-crowdflower"], threshold=0.7).accepted.sum() == 3
+    assert cf.lines.tolist() == list(range(1, 12)) and table.lines.tolist() == list(range(2, 13))
+
+
+@pytest.mark.parametrize("fmt, text, problem", [
+    ("flickr8k-crowdflower", "a.jpg\ta.jpg#1\t1\t3\n", "line 1: expected 5 tab-separated fields"),
+    ("flickr8k-crowdflower", "a.jpg\ta.jpg#1\t1\t3\t0\nb.jpg\tb.jpg#x\t1\t3\t0\n", "line 2: caption key 'b.jpg#x'"),
+    ("flickr8k-crowdflower", "\na.jpg\ta.jpg#1\t0.5\t3\t0\n", "line 2: fraction yes 0.5 disagrees with 3 yes / 0 no"),
+    ("flickr8k-crowdflower", "a.jpg\ta.jpg#1\tnan\t3\t0\n", "line 1: fraction yes 'nan' is not finite"),
+    ("flickr8k-crowdflower", "a.jpg\ta.jpg#1\t1\t-3\t0\n", "line 1: yes '-3' is not a non-negative integer"),
+    ("flickr8k-crowdflower", "a.jpg\ta.jpg#1\t0\t0\t0\n", "line 1: no votes"),
+    ("flickr8k-crowdflower", "a.jpg\ta.jpg#1\t1\t3\t0\na.jpg\ta.jpg#1\t1\t3\t0\n",
+     "line 2: pair a.jpg / a.jpg#1 is already judged on line 1"),
+    ("flickr8k-expert", "a.jpg\ta.jpg#1\t4\t5\t4\n", "line 1: expert grades must be 1-4"),
+    ("flickr8k-expert", "a.jpg\ta.jpg#1\t4\t4\n", "line 1: expected 5 tab-separated fields"),
+    ("csv", "image,caption,grade\na.jpg,a.jpg#1,1\n", "line 1: expected the header image,caption_key,grade"),
+    ("csv", "image,caption_key,grade\na.jpg,a.jpg#1,1\n,a.jpg#2,1\n", "line 3: empty image id"),
+    ("csv", "image,caption_key,grade\na.jpg,a.jpg#1,high\n", "line 2: grade 'high' is not a number"),
+    ("csv", "image,caption_key,grade\na.jpg,a.jpg#1,-1\n", "line 2: grade -1 is negative"),
+    ("csv", "image,caption_key,grade\na.jpg,a.jpg#1,1,2\n", "line 2: expected 3 fields"),
+    ("csv", "image,caption_key,grade\na.jpg,a.jpg#1,3\n", "grades go beyond 1: say which grade"),
+    ("csv", "image,caption_key,grade\n", "no judged pairs"),
+])
+def test_bad_rows_are_one_line_errors_naming_file_and_line(tmp_path, fmt, text, problem):
+    path = write(tmp_path, "bad.txt", text)
+    with pytest.raises(VseError) as err:
+        read_judgments(path, fmt)
+    message = str(err.value)
+    assert message.startswith(f"{path}: ") and problem in message and "\n" not in message
+
+
+def test_unreadable_files_are_one_line_errors(tmp_path):
+    (tmp_path / "latin1.txt").write_bytes("a.jpg\t\xe9#1\t1\t3\t0\n".encode("latin-1"))
+    for path, problem in ((tmp_path / "absent.txt", "not found"), (tmp_path, "is a folder"),
+                          (tmp_path / "latin1.txt", "not UTF-8")):
+        with pytest.raises(VseError, match=problem):
+            read_judgments(path)
+    with pytest.raises(VseError, match="unknown judgments format"):
+        read_judgments(tmp_path / "latin1.txt", "tsv")
+    assert read_judgments(write(tmp_path, "ok.csv", "image,caption_key,grade\na,a#0,3\n"), "csv",
+                          threshold=2).accepted.tolist() == [True]
+
+
+# ---------------------------------------------------------------------------- caption keys
+
+
+def test_caption_keys_rebuild_the_token_file_of_the_demo_data():
+    from pipeline.datasets import load_dataset
+
+    ds = load_dataset("flickr8k", DEMO_DATA)
+    keys = caption_keys(ds.image_ids, ds.caption_image)
+    file_keys = [line.split("\t")[0] for line in
+                 (DEMO_DATA / "Flickr8k.token.txt").read_text(encoding="utf-8").splitlines()]
+    assert keys == file_keys  # the subset's rows are the official rows, in the official order
+    identity = SplitIdentity(ds.image_ids, keys, ds.captions)
+    assert check_caption_keys(identity, DEMO_DATA / "Flickr8k.token.txt") == 5000
+
+
+@pytest.mark.skipif(not SHARED_FLICKR8K.is_dir(), reason="full Flickr8k not present")
+def test_caption_keys_rebuild_the_full_token_file_and_every_crowdflower_pair_matches():
+    from pipeline.datasets import load_dataset
+
+    ds = load_dataset("flickr8k", SHARED_FLICKR8K)
+    keys = caption_keys(ds.image_ids, ds.caption_image)
+    file_keys = [line.split("\t")[0] for line in
+                 (SHARED_FLICKR8K / "Flickr8k.token.txt").read_text(encoding="utf-8").splitlines()]
+    assert keys == [k for k in file_keys if not k.startswith("2258277193_586949ec62.jpg.1#")]
+    test = ds.subset("test")
+    identity = SplitIdentity(test.image_ids, caption_keys(test.image_ids, test.caption_image), test.captions)
+    judgments = read_judgments(SHARED_FLICKR8K / "CrowdFlowerAnnotations.txt")
+    matched = match_judgments(judgments, identity)
+    assert (len(judgments), len(matched.image), matched.unmatched) == (47830, 47830, 0)
+    assert check_caption_keys(identity, SHARED_FLICKR8K / "Flickr8k.token.txt", matched.keys) == 1000
+    assert int(matched.accepted.sum()) == 2731  # fraction yes >= 0.5
+
+
+def test_keys_follow_each_images_captions_in_list_order_and_a_reordering_is_caught(tmp_path):
+    assert caption_keys(["x", "y"], [1, 0, 1, 0, 1]) == ["y#0", "x#0", "y#1", "x#1", "y#2"]
+    token = write(tmp_path, "token.txt", "x#0\tone\nx#1\ttwo\ny#0\tthree\n")
+    assert check_caption_keys(SplitIdentity(["x", "y"], ["x#0", "x#1", "y#0"], ["one", "two", "three"]), token) == 3
+    swapped = SplitIdentity(["x", "y"], ["x#0", "x#1", "y#0"], ["two", "one", "three"])
+    with pytest.raises(VseError, match="caption x#0 is 'one' here but 'two'"):
+        check_caption_keys(swapped, token)
+
+
+def test_pairs_outside_the_split_are_counted_and_a_file_matching_nothing_is_an_error(judgment_files):
+    judgments = read_judgments(judgment_files["flickr8k-crowdflower"])
+    # the split holds a.jpg and b.jpg only
+    identity = SplitIdentity(IDS[:2], KEYS[:10])
+    matched = match_judgments(judgments, identity)
+    assert len(matched.image) == 6 and matched.unmatched == 5
+    assert (matched.missing_image, matched.missing_caption) == (2, 3)  # c.jpg judging; c.jpg captions judged
+    assert "6 of 11 judged pairs in the split; 5 left out" in matched.summary()
+    with pytest.raises(VseError, match="none of its 11 judged pairs is in the evaluated split"):
+        match_judgments(judgments, SplitIdentity(["z.jpg"], ["z.jpg#0"]))
+
+
+# ---------------------------------------------------------------------------- metrics
+
+
+def test_grouped_tau_b_agrees_with_scipy_on_ties_and_leaves_out_small_or_flat_groups():
+    rng = np.random.default_rng(3)
+    groups = rng.integers(0, 30, 400)
+    x = rng.integers(0, 6, 400).astype(float)  # many ties in the scores
+    y = rng.integers(0, 4, 400) / 3
+    groups[:2], y[groups == 7] = 99, 0.5  # group 99: 2 items; group 7: one grade only
+    ids, tau = grouped_kendall_tau_b(groups, x, y)
+    for g, t in zip(ids, tau):
+        m = groups == g
+        if g in (7, 99):
+            assert math.isnan(t)
+        else:
+            assert t == pytest.approx(kendalltau(x[m], y[m]).statistic, abs=1e-12)
+    flat = grouped_kendall_tau_b(np.zeros(4), np.ones(4), np.arange(4))[1]
+    assert math.isnan(flat[0]) and math.isnan(kendalltau(np.ones(4), np.arange(4)).statistic)
+
+
+def test_ndcg_by_hand_with_ties_against_the_query():
+    # one query, four judged candidates: scores 3, 2, 2, 1 and gains 0, 1, 1/3, 1/3
+    ids, ndcg = grouped_ndcg([0, 0, 0, 0], [3, 2, 2, 1], [0, 1, 1 / 3, 1 / 3], k=3)
+    # ranked (ties: lower gain first): 0, 1/3, 1 ; ideal: 1, 1/3, 1/3
+    dcg = 0 + (1 / 3) / math.log2(3) + 1 / math.log2(4)
+    idcg = 1 + (1 / 3) / math.log2(3) + (1 / 3) / math.log2(4)
+    assert ndcg[0] == pytest.approx(dcg / idcg, abs=1e-12)
+    ids, ndcg = grouped_ndcg([5, 5, 6], [1, 2, 3], [0, 0, 2], k=10)
+    assert ids.tolist() == [5, 6] and math.isnan(ndcg[0]) and ndcg[1] == 1.0
+
+
+def test_auc_is_the_mann_whitney_probability():
+    scores, positive = [0.9, 0.5, 0.5, 0.1, 0.7], [True, True, False, False, False]
+    # pairs (pos, neg): 0.9 beats all 3; 0.5 ties 0.5 (1/2), beats 0.1, loses to 0.7
+    assert auc(scores, positive) == pytest.approx((3 + 1.5) / 6)
+    assert math.isnan(auc([1, 2], [True, True]))
+
+
+def embeddings():
+    """3 images, 15 captions with small integer coordinates: every score is exact."""
+    rng = np.random.default_rng(0)
+    images = rng.integers(-2, 3, (3, 4)).astype(np.float32)
+    captions = rng.integers(-2, 3, (15, 4)).astype(np.float32)
+    return images, captions, np.repeat(np.arange(3), 5)
+
+
+def brute_force(scores, matches):
+    """Rank of the best match and R-precision, one query, by sorting (ties against the query)."""
+    order = sorted(range(len(scores)), key=lambda c: (-scores[c], c in matches))
+    rank = min(order.index(m) for m in matches)
+    rank = sum(1 for c in order[:rank + 1] if c not in matches and scores[c] >= max(scores[m] for m in matches))
+    top = order[:len(matches)]
+    return rank, sum(c in matches for c in top) / len(matches)
+
+
+def test_human_metrics_against_scipy_and_brute_force(judgment_files):
+    images, captions, caption_image = embeddings()
+    judgments = read_judgments(judgment_files["flickr8k-crowdflower"])
+    matched = match_judgments(judgments, SplitIdentity(IDS, KEYS))
+    got = human_metrics(images, captions, caption_image, matched, ndcg_ks=(2, 10))
+    scores = images.astype(np.float64) @ captions.T.astype(np.float64)
+    pair = scores[matched.image, matched.caption]
+    assert got["human_spearman"] == pytest.approx(spearmanr(pair, matched.grades).statistic, abs=1e-12)
+    accepted = set(zip(matched.image[matched.accepted].tolist(), matched.caption[matched.accepted].tolist()))
+    for direction, queries, table in (("i2t", matched.image, scores), ("t2i", matched.caption, scores.T)):
+        taus, ranks, rprecs, ndcgs = [], [], [], []
+        for q in np.unique(queries):
+            m = queries == q
+            grades = matched.grades[m]
+            if m.sum() >= 3 and len(set(grades)) >= 2:
+                taus.append(kendalltau(pair[m], grades).statistic)
+            if direction == "i2t":
+                gt = {c for c in range(15) if caption_image[c] == q} | {c for i, c in accepted if i == q}
+            else:
+                gt = {caption_image[q]} | {i for i, c in accepted if c == q}
+            rank, rprec = brute_force(list(table[q]), gt)
+            ranks.append(rank)
+            rprecs.append(rprec)
+            gains = matched.gains[m][np.lexsort((matched.gains[m], -pair[m]))][:2]
+            ideal = np.sort(matched.gains[m])[::-1][:2]
+            discount = 1 / np.log2(np.arange(2, len(gains) + 2))
+            if ideal.sum() > 0:
+                ndcgs.append(gains @ discount / (ideal @ discount))
+        assert got[f"human_{direction}_tau"] == pytest.approx(np.mean(taus), abs=1e-12)
+        assert got[f"human_{direction}_tau_queries"] == len(taus)
+        assert got[f"human_{direction}_ndcg@2"] == pytest.approx(np.mean(ndcgs), abs=1e-12)
+        for k in (1, 5, 10):
+            assert got[f"human_{direction}_r@{k}"] == pytest.approx(100 * np.mean(np.array(ranks) < k))
+        assert got[f"human_{direction}_rprec"] == pytest.approx(100 * np.mean(rprecs))
+    assert got["human_i2t_queries"] == 3 and got["human_t2i_queries"] == 6
+    assert got["human_i2t_tau_queries"] == 2  # c.jpg has only 2 judged captions
+    assert got["human_pairs"] == 11 and got["human_unmatched"] == 0
+    # blocks of one query give the same numbers
+    assert human_metrics(images, captions, caption_image, matched, ndcg_ks=(2, 10), block=1) == \
+        pytest.approx(got, nan_ok=True)
+
+
+def test_a_constant_model_gets_no_plausible_recall(judgment_files):
+    matched = match_judgments(read_judgments(judgment_files["csv"], "csv"), SplitIdentity(IDS, KEYS))
+    got = human_metrics(np.ones((3, 2)), np.ones((15, 2)), np.repeat(np.arange(3), 5), matched)
+    assert got["human_i2t_r@1"] == 0
+    # of the 6 judged captions only b.jpg#0 has no non-match: all 3 images accepted it (or own it)
+    assert got["human_t2i_r@1"] == pytest.approx(100 / 6)
+    assert math.isnan(got["human_i2t_tau"]) and math.isnan(got["human_spearman"])
