@@ -9,8 +9,9 @@ import click
 @click.command("report")
 @click.argument("results", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(["md", "latex", "csv"]), default="md", show_default=True)
-@click.option("--columns", "layout", type=click.Choice(["paper", "recall"]), default="paper", show_default=True,
-              help="paper: R@1 R@10 Med r per direction; recall: R@1 R@5 R@10 per direction + rsum.")
+@click.option("--columns", "layout", type=click.Choice(["paper", "recall", "human"]), default="paper",
+              show_default=True, help="paper: R@1 R@10 Med r per direction; recall: R@1 R@5 R@10 per "
+              "direction + rsum; human: agreement with human judgments (evaluate --judgments) + rsum.")
 @click.option("--label", default="run", show_default=True, help="Column of results.csv naming each row.")
 @click.option("--no-bold", "bold", flag_value=False, default=True, help="Do not mark the best value per column.")
 @click.option("--epochs-to-best", "epochs", is_flag=True,

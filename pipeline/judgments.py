@@ -15,8 +15,8 @@ Caches and datasets keep each image's captions in file order but not their keys:
 ``caption_keys`` is the one mapping from a caption list to keys, and
 ``check_caption_keys`` compares it with a token file when one is at hand.
 
-Readers and ``check_caption_keys`` read files; everything from ``match_judgments`` on is
-pure (arrays in, numbers out).
+Readers, ``check_caption_keys`` and the entry points at the end (``judge_split``,
+``judge_npz``) read files; ``match_judgments`` and the metrics are pure (arrays in, numbers out).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from .errors import VseError
-from .metrics import RECALL_KS, caption_image_scores, image_caption_scores
+from .metrics import CAPTIONS_PER_IMAGE, RECALL_KS, caption_image_scores, image_caption_scores
 
 FORMATS = ("flickr8k-crowdflower", "flickr8k-expert", "csv")
 # The grade at or above which people "accepted" a pair, per format (csv: for grades in [0, 1]).
@@ -467,7 +467,7 @@ def format_human(metrics: dict) -> str:
              + f", Spearman {metrics['human_spearman']:.3f}"]
     for direction, name in (("i2t", "image→text"), ("t2i", "text→image")):
         keys = sorted((k for k in metrics if k.startswith(f"human_{direction}_") and not k.endswith("queries")),
-                      key=_human_key_order)
+                      key=human_key_order)
         cells = [f"{k[len(f'human_{direction}_'):]} {_human_value(k, metrics[k])}" for k in keys]
         lines.append(f"  {name:11s} " + "  ".join(cells)
                      + f"  ({metrics[f'human_{direction}_queries']} queries, "
@@ -475,7 +475,8 @@ def format_human(metrics: dict) -> str:
     return "\n".join(lines)
 
 
-def _human_key_order(key: str):
+def human_key_order(key: str):
+    """Sort key of ``human_<dir>_<metric>`` keys: tau, NDCG@K, R@K, R-precision."""
     name = key.split("_", 2)[2]
     group = next(i for i, prefix in enumerate(METRIC_ORDER) if name.startswith(prefix))
     return group, int(name.split("@")[1]) if "@" in name else 0
@@ -485,3 +486,66 @@ def _human_value(key: str, value) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     return f"{value:.1f}" if ("_r@" in key or key.endswith("_rprec")) else f"{value:.3f}"
+
+
+# ---------------------------------------------------------------------------- entry points
+
+
+@dataclass(frozen=True)
+class JudgmentOptions:
+    """What the user asked for: ``--judgments FILE --judgments-format F --judgments-threshold T``."""
+
+    path: str
+    format: str = "flickr8k-crowdflower"
+    threshold: float | None = None
+
+    def load(self) -> Judgments:
+        return read_judgments(self.path, self.format, self.threshold)
+
+
+def token_file_near(root) -> Path | None:
+    """The Flickr8k token file of a dataset folder, when there is one (to check caption keys)."""
+    from .datasets import FLICKR8K_TOKEN_FILE
+
+    if not root:
+        return None
+    candidate = Path(root) / FLICKR8K_TOKEN_FILE
+    return candidate if candidate.is_file() else None
+
+
+def judge_split(emb, index, judgments: Judgments, device=None, token_file=None) -> tuple[dict, MatchedJudgments]:
+    """Human-judgment metrics of split embeddings (``inference.SplitEmbeddings``) whose rows
+    index ``index`` (a FeatureCache, CacheIndex or RC index). With ``token_file`` the rebuilt
+    keys of the judged captions are checked against it first."""
+    identity = split_identity(index, emb.image_rows, emb.caption_rows)
+    matched = match_judgments(judgments, identity)
+    if token_file is not None:
+        check_caption_keys(identity, token_file, matched.keys)
+    metrics = human_metrics(emb.images, emb.captions, emb.caption_image, matched,
+                            order=emb.similarity == "order", device=device)
+    return metrics, matched
+
+
+def judge_npz(path, judgments: Judgments, order: bool = False, device=None) -> tuple[dict, MatchedJudgments]:
+    """Human-judgment metrics of an embeddings npz that stores ``image_ids`` (N,) and
+    ``caption_keys`` (M,) string arrays beside ``images`` and ``captions``."""
+    from .evaluation import load_embeddings_npz
+
+    images, captions, caption_image = load_embeddings_npz(path)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            missing = [k for k in ("image_ids", "caption_keys") if k not in npz.files]
+            if missing:
+                raise VseError(f"--judgments needs the npz to name its rows: it lacks {', '.join(missing)} "
+                               "(string arrays: image ids (N,), caption keys <image>#<n> (M,))", path)
+            image_ids, keys = npz["image_ids"], npz["caption_keys"]
+    except (OSError, ValueError) as exc:
+        raise VseError(f"cannot read image_ids / caption_keys ({str(exc).splitlines()[0][:120]})", path) from exc
+    if image_ids.shape != (len(images),) or keys.shape != (len(captions),) or \
+            image_ids.dtype.kind != "U" or keys.dtype.kind != "U":
+        raise VseError(f"image_ids {image_ids.shape} {image_ids.dtype} and caption_keys {keys.shape} "
+                       f"{keys.dtype} must be string arrays of {len(images)} and {len(captions)} rows", path)
+    if caption_image is None:
+        caption_image = np.repeat(np.arange(len(images)), CAPTIONS_PER_IMAGE)
+    matched = match_judgments(judgments, SplitIdentity(image_ids.tolist(), keys.tolist()))
+    return human_metrics(images, captions, caption_image, matched, order=order, device=device), matched

@@ -274,3 +274,110 @@ def test_a_constant_model_gets_no_plausible_recall(judgment_files):
     # of the 6 judged captions only b.jpg#0 has no non-match: all 3 images accepted it (or own it)
     assert got["human_t2i_r@1"] == pytest.approx(100 / 6)
     assert math.isnan(got["human_i2t_tau"]) and math.isnan(got["human_spearman"])
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+@pytest.fixture(scope="module")
+def judged_run(tmp_path_factory):
+    """A tiny mh run on 40 real demo images (dataset_root = data/, so caption keys are checked
+    against its token file) and a csv of judgments: test-image pairs plus 3 pairs outside."""
+    from conftest import demo_captions, learnable_features, write_feature_cache
+    from pipeline.train import TrainConfig, Trainer
+
+    root = tmp_path_factory.mktemp("judged")
+    ids, captions = demo_captions(40)
+    caption_image = np.repeat(np.arange(40), 5)
+    cache = write_feature_cache(root / "tiny.h5", learnable_features(captions, caption_image, 40), captions,
+                                caption_image, {"train": np.arange(24), "dev": np.arange(24, 32),
+                                                "test": np.arange(32, 40)},
+                                image_ids=ids, dataset_root=str(DEMO_DATA))
+    config = TrainConfig(features=str(cache), run_dir=str(root / "runs" / "mh"), loss="mh", epochs=1,
+                         embed_dim=16, word_dim=8, batch_size=16, lr=5e-3, min_word_count=1, val_every=0)
+    Trainer(config, echo=lambda *a: None).fit()
+    rng = np.random.default_rng(1)
+    lines = ["image,caption_key,grade"]
+    for q in range(32, 40):
+        for c in rng.choice(np.arange(32, 40), 5, replace=False):
+            lines.append(f"{ids[q]},{ids[c]}#{rng.integers(5)},{rng.integers(4) / 3:.4f}")
+    lines += [f"{ids[0]},{ids[33]}#0,1", f"{ids[33]},{ids[1]}#2,0", f"{ids[2]},{ids[3]}#0,1"]
+    judgments = write(root, "judged.csv", "\n".join(dict.fromkeys(lines)) + "\n")
+    return root / "runs" / "mh" / "best.pt", cache, judgments
+
+
+def _vse(*args):
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def test_evaluate_checkpoint_and_npz_and_runs_give_the_same_human_columns(judged_run, tmp_path):
+    import json
+
+    from pipeline.evaluation import embed_checkpoint
+    from pipeline.report import read_results
+    from pipeline.runtime import resolve_device
+
+    checkpoint, cache, judgments = judged_run
+    common = ["--judgments", judgments, "--judgments-format", "csv", "--device", "cpu"]
+    single = _vse("evaluate", "--checkpoint", checkpoint, "--features", cache, "--json", *common)
+    assert single.exit_code == 0, single.output
+    got = json.loads(single.stdout)
+    total = len(judgments.read_text().splitlines()) - 1
+    assert got["human_pairs"] == total - 3 and got["human_unmatched"] == 3
+    assert f"judgments: {total - 3} of {total} judged pairs in the split; 3 left out" in single.stderr
+    # the npz route (rows named by image_ids / caption_keys) gives the same numbers
+    emb = embed_checkpoint(checkpoint, cache, "test", resolve_device("cpu"))
+    from pipeline.cache import FeatureCache
+
+    with FeatureCache(cache) as c:
+        keys = caption_keys(c.image_ids, c.caption_image)
+        npz = tmp_path / "emb.npz"
+        np.savez(npz, images=emb.images, captions=emb.captions,
+                 image_ids=np.array([c.image_ids[r] for r in emb.image_rows]),
+                 caption_keys=np.array([keys[r] for r in emb.caption_rows]))
+    from_npz = _vse("evaluate", "--embeddings", npz, "--json", *common)
+    assert from_npz.exit_code == 0, from_npz.output
+    assert json.loads(from_npz.stdout) == pytest.approx(got, abs=1e-6, nan_ok=True)
+    table = _vse("evaluate", "--embeddings", npz, *common)
+    assert "human judgments:" in table.stdout and "image→text  tau" in table.stdout
+    # batch evaluation: the same human_* columns in results.csv, and `vse report --columns human`
+    out = tmp_path / "results.csv"
+    batch = _vse("evaluate", "--runs", checkpoint.parent, "--out", out, *common)
+    assert batch.exit_code == 0, batch.output
+    row = read_results(out)[0]
+    assert {k: v for k, v in row.items() if k.startswith("human_")} == \
+        pytest.approx({k: v for k, v in got.items() if k.startswith("human_")}, abs=1e-6, nan_ok=True)
+    report = _vse("report", out, "--columns", "human")
+    assert report.exit_code == 0, report.output
+    header = report.stdout.splitlines()[0]
+    for column in ("Caption (human) tau", "Caption (human) NDCG@10", "Image (human) R@5", "Image (human) R-P",
+                   "Spearman", "rsum"):
+        assert column in header
+    assert f"{row['human_i2t_tau']:.3f}" in report.stdout and f"{row['human_t2i_r@10']:.1f}" in report.stdout
+
+
+def test_judgment_errors_are_one_line(judged_run, tmp_path):
+    checkpoint, cache, _ = judged_run
+    elsewhere = write(tmp_path, "elsewhere.txt", "x.jpg\tx.jpg#0\t1\t3\t0\n")
+    result = _vse("evaluate", "--checkpoint", checkpoint, "--features", cache, "--judgments", elsewhere)
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        f"error: {elsewhere}: none of its 1 judged pairs is in the evaluated split (8 images, e.g. "
+        f"{demo_ids()[32]}; first pair x.jpg / x.jpg#0)"]
+    bare = tmp_path / "bare.npz"
+    np.savez(bare, images=np.eye(2, 4), captions=np.ones((10, 4)))
+    result = _vse("evaluate", "--embeddings", bare, "--judgments", elsewhere)
+    assert result.exit_code == 1 and "lacks image_ids, caption_keys" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    result = _vse("evaluate", "--embeddings", bare, "--judgments-threshold", "2")
+    assert result.exit_code == 2 and "--judgments-threshold goes with --judgments" in result.output
+
+
+def demo_ids():
+    from conftest import demo_captions
+
+    return demo_captions(40)[0]
