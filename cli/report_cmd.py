@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 
+from cli.judgment_options import judgment_options
 
 @click.command("report")
 @click.argument("results", type=click.Path(dir_okay=False))
@@ -60,7 +61,8 @@ def plot_command(patterns, results, out_dir):
 @click.option("--seed", type=int, default=0, show_default=True, help="Which random queries.")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False), default="gallery.html", show_default=True)
-def gallery_command(checkpoint, features, images_root, split, n, k, embed, seed, device, out):
+@judgment_options
+def gallery_command(checkpoint, features, images_root, split, n, k, embed, seed, device, out, judgments):
     """A static HTML page of query images with their top captions and query captions with
     their top images, ground truth marked (opens in a browser, no server)."""
     from pipeline.checkpoint import load_checkpoint
@@ -72,7 +74,8 @@ def gallery_command(checkpoint, features, images_root, split, n, k, embed, seed,
         if not features:
             raise click.UsageError("the checkpoint names no feature cache: give --features")
     summary = build_gallery(checkpoint, features, out, images_root=images_root, split=split, n=n, k=k,
-                            embed=embed, seed=seed, device=resolve_device(device))
+                            embed=embed, seed=seed, device=resolve_device(device),
+                            judgments=judgments.load() if judgments else None)
     if summary.missing_images:
         click.echo(f"warning: {len(summary.missing_images)} image(s) not found under "
                    f"{images_root or 'the cache dataset_root'} (shown by name), e.g. {summary.missing_images[0]}",

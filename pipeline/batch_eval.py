@@ -93,7 +93,8 @@ class RunEvaluator:
 
     def judge(self, cache: FeatureCache, emb) -> dict:
         """Human-judgment metrics; the judged pairs are matched to a cache's split once."""
-        from .judgments import check_caption_keys, human_metrics, match_judgments, split_identity, token_file_near
+        from .judgments import (check_caption_keys, human_metrics, match_judgments, split_identity,
+                                token_file_near)
 
         key = cache.path.resolve()
         if key not in self._matched:

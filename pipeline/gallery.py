@@ -131,13 +131,19 @@ ol { margin: 0; padding-left: 1.5em; } li { margin: 0.2em 0; }
 .result { width: 160px; font-size: 0.8em; text-align: center; border: 3px solid transparent; }
 .result.gt { border-color: #0a6b0a; font-weight: normal; } .result.gt::after { content: none; }
 .rank { color: #555; font-weight: normal; }
+.human { color: #1f4fbf; } .human::after { content: " \\263A"; }
+.result.human { border-color: #1f4fbf; color: inherit; } .result.human::after { content: none; }
 """
 
 
 def render_gallery(data: GalleryData, image_ids, captions, caption_image, sources: ImageSources,
-                   title: str, meta: dict) -> str:
-    """The HTML page. ``image_ids`` / ``captions`` / ``caption_image`` are split-local."""
+                   title: str, meta: dict, accepted=frozenset()) -> str:
+    """The HTML page. ``image_ids`` / ``captions`` / ``caption_image`` are split-local;
+    ``accepted`` holds the (image, caption) pairs that people accepted (marked in blue)."""
     esc = html.escape
+
+    def mark(correct, image: int, caption: int) -> str:
+        return "gt" if correct else "human" if (int(image), int(caption)) in accepted else "other"
 
     def image_tag(index: int) -> str:
         image_id = str(image_ids[index])
@@ -150,14 +156,15 @@ def render_gallery(data: GalleryData, image_ids, captions, caption_image, source
              f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>",
              f"<h1>{esc(title)}</h1>",
              '<p class="meta">' + " · ".join(f"{esc(str(k))}: {esc(str(v))}" for k, v in meta.items()) + "</p>",
-             '<p class="meta">Ground truth in green (✓); [n] = rank of the best ground truth.</p>',
+             '<p class="meta">Ground truth in green (✓); [n] = rank of the best ground truth.'
+             + (" Accepted by people (human judgments) in blue (☺)." if accepted else "") + "</p>",
              f'<h2 id="image-queries">Image → captions (top {_width(data, "captions")})</h2>']
     for q in data.image_queries:
         parts.append(f'<div class="query image-query" data-image="{esc(str(image_ids[q.image]))}">')
         parts.append(image_tag(q.image))
         parts.append(f'<div><div class="rank">ground truth at rank [{q.rank}]</div><ol>')
         for c, correct in zip(q.captions, q.correct):
-            parts.append(f'<li class="{"gt" if correct else "other"}">{esc(captions[c])}</li>')
+            parts.append(f'<li class="{mark(correct, q.image, c)}">{esc(captions[c])}</li>')
         parts.append("</ol></div></div>")
     parts.append(f'<h2 id="caption-queries">Caption → images (top {_width(data, "images")})</h2>')
     for q in data.caption_queries:
@@ -165,7 +172,8 @@ def render_gallery(data: GalleryData, image_ids, captions, caption_image, source
         parts.append(f'<div><p class="caption">{esc(captions[q.caption])}</p>'
                      f'<div class="rank">ground truth at rank [{q.rank}]</div><div class="results">')
         for i, correct in zip(q.images, q.correct):
-            parts.append(f'<div class="result{" gt" if correct else ""}" data-image="{esc(str(image_ids[i]))}">'
+            parts.append(f'<div class="result {mark(correct, i, q.caption)}" '
+                         f'data-image="{esc(str(image_ids[i]))}">'
                          f"{image_tag(i)}</div>")
         parts.append("</div></div></div>")
     parts.append("</body></html>")
@@ -186,9 +194,11 @@ class GallerySummary:
 
 
 def build_gallery(checkpoint, features, out, *, images_root=None, split: str = "test", n: int = 20,
-                  k: int = 5, embed: bool = False, seed: int = 0, device=None) -> GallerySummary:
+                  k: int = 5, embed: bool = False, seed: int = 0, device=None,
+                  judgments=None) -> GallerySummary:
     """Encode ``split`` with the checkpoint and write the gallery page to ``out``.
-    ``images_root`` defaults to the root the cache was extracted from (attr dataset_root)."""
+    ``images_root`` defaults to the root the cache was extracted from (attr dataset_root).
+    ``judgments`` (``pipeline.judgments.Judgments``): mark the captions people accepted."""
     from .cache import FeatureCache
     from .evaluation import embed_checkpoint
 
@@ -201,14 +211,28 @@ def build_gallery(checkpoint, features, out, *, images_root=None, split: str = "
         root = images_root or cache.attrs.get("dataset_root")
         image_ids = [cache.image_ids[r] for r in emb.image_rows]
         captions = [cache.captions[r] for r in emb.caption_rows]
+        accepted = _accepted_pairs(judgments, cache, emb) if judgments is not None else frozenset()
     data = retrieve(emb, n, k, seed, device)
     sources = ImageSources(root, out, embed)
     meta = {"checkpoint": checkpoint, "features": features, "split": f"{split} ({len(image_ids)} images)",
             "images": root or "none"}
     page = render_gallery(data, image_ids, captions, emb.caption_image, sources,
-                          f"Retrieval gallery: {Path(checkpoint).parent.name or checkpoint}", meta)
+                          f"Retrieval gallery: {Path(checkpoint).parent.name or checkpoint}", meta, accepted)
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(out) as tmp:
         Path(tmp).write_text(page, encoding="utf-8")
     return GallerySummary(out, len(data.image_queries), len(data.caption_queries),
                           sorted(set(sources.missing)))
+
+
+def _accepted_pairs(judgments, cache, emb) -> frozenset:
+    """Split-local (image, caption) pairs people accepted (keys checked like `vse evaluate`)."""
+    from .judgments import check_caption_keys, match_judgments, split_identity, token_file_near
+
+    identity = split_identity(cache, emb.image_rows, emb.caption_rows)
+    matched = match_judgments(judgments, identity)
+    token_file = token_file_near(cache.attrs.get("dataset_root"))
+    if token_file is not None:
+        check_caption_keys(identity, token_file, matched.keys)
+    yes = matched.accepted
+    return frozenset(zip(matched.image[yes].tolist(), matched.caption[yes].tolist()))

@@ -280,8 +280,9 @@ def match_judgments(judgments: Judgments, identity: SplitIdentity) -> MatchedJud
     caption = np.array([caption_index.get(k, -1) for k in judgments.caption_keys], dtype=np.int64)
     keep = (image >= 0) & (caption >= 0)
     if not keep.any():
+        example = identity.image_ids[0] if identity.image_ids else "-"
         raise VseError(f"none of its {len(judgments)} judged pairs is in the evaluated split "
-                       f"({len(identity.image_ids)} images, e.g. {identity.image_ids[0] if identity.image_ids else '-'}; "
+                       f"({len(identity.image_ids)} images, e.g. {example}; "
                        f"first pair {judgments.image_ids[0]} / {judgments.caption_keys[0]})", judgments.path)
     rows = np.flatnonzero(keep)
     return MatchedJudgments(image[rows], caption[rows], judgments.grades[rows], judgments.gains[rows],
@@ -463,10 +464,12 @@ def format_human(metrics: dict) -> str:
     if "human_pairs" not in metrics:
         return ""
     lines = [f"human judgments: {metrics['human_pairs']} pairs"
-             + (f" ({metrics['human_unmatched']} outside the split, left out)" if metrics["human_unmatched"] else "")
+             + (f" ({metrics['human_unmatched']} outside the split, left out)"
+                if metrics["human_unmatched"] else "")
              + f", Spearman {metrics['human_spearman']:.3f}"]
     for direction, name in (("i2t", "image→text"), ("t2i", "text→image")):
-        keys = sorted((k for k in metrics if k.startswith(f"human_{direction}_") and not k.endswith("queries")),
+        keys = sorted((k for k in metrics
+                       if k.startswith(f"human_{direction}_") and not k.endswith("queries")),
                       key=human_key_order)
         cells = [f"{k[len(f'human_{direction}_'):]} {_human_value(k, metrics[k])}" for k in keys]
         lines.append(f"  {name:11s} " + "  ".join(cells)
@@ -513,7 +516,8 @@ def token_file_near(root) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
-def judge_split(emb, index, judgments: Judgments, device=None, token_file=None) -> tuple[dict, MatchedJudgments]:
+def judge_split(emb, index, judgments: Judgments, device=None,
+                token_file=None) -> tuple[dict, MatchedJudgments]:
     """Human-judgment metrics of split embeddings (``inference.SplitEmbeddings``) whose rows
     index ``index`` (a FeatureCache, CacheIndex or RC index). With ``token_file`` the rebuilt
     keys of the judged captions are checked against it first."""
@@ -540,7 +544,8 @@ def judge_npz(path, judgments: Judgments, order: bool = False, device=None) -> t
                                "(string arrays: image ids (N,), caption keys <image>#<n> (M,))", path)
             image_ids, keys = npz["image_ids"], npz["caption_keys"]
     except (OSError, ValueError) as exc:
-        raise VseError(f"cannot read image_ids / caption_keys ({str(exc).splitlines()[0][:120]})", path) from exc
+        problem = str(exc).splitlines()[0][:120]
+        raise VseError(f"cannot read image_ids / caption_keys ({problem})", path) from exc
     if image_ids.shape != (len(images),) or keys.shape != (len(captions),) or \
             image_ids.dtype.kind != "U" or keys.dtype.kind != "U":
         raise VseError(f"image_ids {image_ids.shape} {image_ids.dtype} and caption_keys {keys.shape} "

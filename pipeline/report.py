@@ -3,8 +3,9 @@
 Layouts: ``paper`` is the VSE++ / LSEH table (Caption Retrieval R@1 R@10 Med r | Image
 Retrieval R@1 R@10 Med r); ``recall`` is R@1 R@5 R@10 per direction plus rsum; ``human`` the
 agreement with human judgments (tau, NDCG@K, plausible-match R@K, R-precision per direction,
-Spearman) plus rsum. CS@K columns are appended when the rows have them. The best value of each column is bold (the lowest for
-Med r), compared as printed, so rows that tie on the page are all bold.
+Spearman) plus rsum. CS@K columns are appended when the rows have them. The best value of
+each column is bold (the lowest for Med r), compared as printed, so rows that tie on the page
+are all bold.
 """
 
 from __future__ import annotations
@@ -120,7 +121,8 @@ def _human_groups(rows) -> list[tuple[str, list[tuple[str, str]]]]:
     present = {k for row in rows for k in row if k.startswith("human_") and row.get(k) is not None}
     groups = []
     for direction, title in HUMAN_TITLES.items():
-        keys = sorted((k for k in present if k.startswith(f"human_{direction}_") and not k.endswith("queries")),
+        keys = sorted((k for k in present
+                       if k.startswith(f"human_{direction}_") and not k.endswith("queries")),
                       key=human_key_order)
         groups.append((title, [(_human_header(k.split("_", 2)[2]), k) for k in keys]))
     if "human_spearman" in present:

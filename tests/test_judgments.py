@@ -71,7 +71,8 @@ def test_the_three_formats_read_the_same_pairs(judgment_files):
     assert cf.accepted.tolist() == [True, True, False, False, True, False, True, False, True, False, True]
     assert table.accepted.tolist() == cf.accepted.tolist()
     marks = np.array([e[2:] for e in EXPERT], dtype=float)
-    assert np.allclose(expert.grades, marks.mean(axis=1)) and np.allclose(expert.gains, (marks.mean(axis=1) - 1) / 3)
+    assert np.allclose(expert.grades, marks.mean(axis=1))
+    assert np.allclose(expert.gains, (marks.mean(axis=1) - 1) / 3)
     assert expert.accepted.tolist() == (marks.mean(axis=1) >= 3).tolist()
     assert read_judgments(judgment_files["flickr8k-crowdflower"], threshold=0.7).accepted.sum() == 3
     assert cf.lines.tolist() == list(range(1, 12)) and table.lines.tolist() == list(range(2, 13))
@@ -79,8 +80,10 @@ def test_the_three_formats_read_the_same_pairs(judgment_files):
 
 @pytest.mark.parametrize("fmt, text, problem", [
     ("flickr8k-crowdflower", "a.jpg\ta.jpg#1\t1\t3\n", "line 1: expected 5 tab-separated fields"),
-    ("flickr8k-crowdflower", "a.jpg\ta.jpg#1\t1\t3\t0\nb.jpg\tb.jpg#x\t1\t3\t0\n", "line 2: caption key 'b.jpg#x'"),
-    ("flickr8k-crowdflower", "\na.jpg\ta.jpg#1\t0.5\t3\t0\n", "line 2: fraction yes 0.5 disagrees with 3 yes / 0 no"),
+    ("flickr8k-crowdflower", "a.jpg\ta.jpg#1\t1\t3\t0\nb.jpg\tb.jpg#x\t1\t3\t0\n",
+     "line 2: caption key 'b.jpg#x'"),
+    ("flickr8k-crowdflower", "\na.jpg\ta.jpg#1\t0.5\t3\t0\n",
+     "line 2: fraction yes 0.5 disagrees with 3 yes / 0 no"),
     ("flickr8k-crowdflower", "a.jpg\ta.jpg#1\tnan\t3\t0\n", "line 1: fraction yes 'nan' is not finite"),
     ("flickr8k-crowdflower", "a.jpg\ta.jpg#1\t1\t-3\t0\n", "line 1: yes '-3' is not a non-negative integer"),
     ("flickr8k-crowdflower", "a.jpg\ta.jpg#1\t0\t0\t0\n", "line 1: no votes"),
@@ -152,7 +155,8 @@ def test_caption_keys_rebuild_the_full_token_file_and_every_crowdflower_pair_mat
 def test_keys_follow_each_images_captions_in_list_order_and_a_reordering_is_caught(tmp_path):
     assert caption_keys(["x", "y"], [1, 0, 1, 0, 1]) == ["y#0", "x#0", "y#1", "x#1", "y#2"]
     token = write(tmp_path, "token.txt", "x#0\tone\nx#1\ttwo\ny#0\tthree\n")
-    assert check_caption_keys(SplitIdentity(["x", "y"], ["x#0", "x#1", "y#0"], ["one", "two", "three"]), token) == 3
+    in_order = SplitIdentity(["x", "y"], ["x#0", "x#1", "y#0"], ["one", "two", "three"])
+    assert check_caption_keys(in_order, token) == 3
     swapped = SplitIdentity(["x", "y"], ["x#0", "x#1", "y#0"], ["two", "one", "three"])
     with pytest.raises(VseError, match="caption x#0 is 'one' here but 'two'"):
         check_caption_keys(swapped, token)
@@ -220,7 +224,8 @@ def brute_force(scores, matches):
     """Rank of the best match and R-precision, one query, by sorting (ties against the query)."""
     order = sorted(range(len(scores)), key=lambda c: (-scores[c], c in matches))
     rank = min(order.index(m) for m in matches)
-    rank = sum(1 for c in order[:rank + 1] if c not in matches and scores[c] >= max(scores[m] for m in matches))
+    best = max(scores[m] for m in matches)
+    rank = sum(1 for c in order[:rank + 1] if c not in matches and scores[c] >= best)
     top = order[:len(matches)]
     return rank, sum(c in matches for c in top) / len(matches)
 
@@ -381,3 +386,52 @@ def demo_ids():
     from conftest import demo_captions
 
     return demo_captions(40)[0]
+
+
+@pytest.mark.slow
+def test_evaluate_an_rc_checkpoint_on_images_with_judgments(tmp_path):
+    import json
+
+    from pipeline.datasets import load_dataset
+    from pipeline.train import TrainConfig, Trainer
+    from rc_data import make_flickr8k
+
+    root = make_flickr8k(tmp_path / "f8k", sizes=(("train", 4), ("dev", 1), ("test", 3)))
+    Trainer(TrainConfig(rc=True, root=str(root), backbone="tiny", run_dir=str(tmp_path / "rc"), epochs=1,
+                        embed_dim=16, word_dim=8, batch_size=4, min_word_count=1, val_every=0, workers=0),
+            echo=lambda *a: None).fit()
+    test = load_dataset("flickr8k", root).subset("test").image_ids
+    rows = [(q, f"{c}#{n}", (q == c) + n % 2) for q in test for c in test for n in (0, 3)]
+    judgments = write(tmp_path, "j.csv",
+                      "image,caption_key,grade\n" + "".join(f"{q},{k},{g}\n" for q, k, g in rows))
+    result = _vse("evaluate", "--checkpoint", tmp_path / "rc" / "best.pt", "--root", root, "--json",
+                  "--judgments", judgments, "--judgments-format", "csv", "--judgments-threshold", "1",
+                  "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.stdout)
+    assert got["human_pairs"] == 18 and got["human_unmatched"] == 0
+    assert got["human_i2t_queries"] == 3 and got["human_t2i_queries"] == 6
+    assert -1 <= got["human_i2t_tau"] <= 1 and 0 <= got["human_i2t_rprec"] <= 100
+
+
+def test_gallery_marks_the_captions_people_accepted(judged_run, tmp_path):
+    checkpoint, cache, judgments = judged_run
+    out = tmp_path / "gallery.html"
+    # every test image and caption as a query, every candidate shown: each accepted pair appears
+    # once among an image's captions and once among a caption's images
+    result = _vse("gallery", "--checkpoint", checkpoint, "--features", cache, "--n", 40, "--k", 40,
+                  "--judgments", judgments, "--judgments-format", "csv", "--device", "cpu", "--out", out)
+    assert result.exit_code == 0, result.output
+    page = out.read_text(encoding="utf-8")
+    read = read_judgments(judgments, "csv")
+    ids = demo_ids()
+    test_ids = set(ids[32:40])
+    accepted_other = sum(1 for i, k, yes in zip(read.image_ids, read.caption_keys, read.accepted)
+                         if yes and i in test_ids and k.split("#")[0] in test_ids and k.split("#")[0] != i)
+    assert accepted_other > 0
+    assert page.count('<li class="human">') == accepted_other
+    assert page.count('class="result human"') == accepted_other
+    assert "Accepted by people" in page and ".human {" in page
+    plain = _vse("gallery", "--checkpoint", checkpoint, "--features", cache, "--device", "cpu",
+                 "--out", tmp_path / "plain.html")
+    assert plain.exit_code == 0 and 'class="human"' not in (tmp_path / "plain.html").read_text()
