@@ -554,3 +554,193 @@ def judge_npz(path, judgments: Judgments, order: bool = False, device=None) -> t
         caption_image = np.repeat(np.arange(len(images)), CAPTIONS_PER_IMAGE)
     matched = match_judgments(judgments, SplitIdentity(image_ids.tolist(), keys.tolist()))
     return human_metrics(images, captions, caption_image, matched, order=order, device=device), matched
+
+
+# ---------------------------------------------------------------------------- relevance methods
+
+
+def image_caption_relevance(rel_fn, caption_image, judged_captions, block: int = 4096) -> np.ndarray:
+    """(N, U) relevance of each image to each judged caption by the ladder loss's rule: the max
+    over the image's own captions c of rel(c, p), leaving out c = p (a caption is not scored
+    by itself). ``rel_fn(rows, cols)`` → (len(rows), len(cols)) caption–caption relevance of
+    split-local caption indices; ``caption_image`` (M,) maps captions to images."""
+    caption_image = np.asarray(caption_image, dtype=np.int64)
+    judged = np.asarray(judged_captions, dtype=np.int64)
+    out = np.full((int(caption_image.max()) + 1, len(judged)), -np.inf)
+    for a in range(0, len(caption_image), block):
+        rows = np.arange(a, min(a + block, len(caption_image)))
+        rel = np.asarray(rel_fn(rows, judged), dtype=np.float64)
+        rel[rows[:, None] == judged[None, :]] = -np.inf
+        np.maximum.at(out, caption_image[rows], rel)
+    return out
+
+
+def relevance_agreement(pair_relevance, matched: MatchedJudgments, caption_image) -> dict:
+    """How well a relevance predicts the judgments: per-image tau-b and Spearman against the
+    grades, ROC AUC of accepted vs rejected pairs (all pairs, and pairs whose caption belongs
+    to another image)."""
+    own = np.asarray(caption_image)[matched.caption] == matched.image
+    _, taus = grouped_kendall_tau_b(matched.image, pair_relevance, matched.grades)
+    return {"pairs": len(matched.image), "accepted": int(matched.accepted.sum()),
+            "tau": _mean_defined(taus), "tau_images": int((~np.isnan(taus)).sum()),
+            "spearman": spearman(pair_relevance, matched.grades),
+            "auc": auc(pair_relevance, matched.accepted),
+            "other_pairs": int((~own).sum()), "other_accepted": int(matched.accepted[~own].sum()),
+            "auc_other": auc(pair_relevance[~own], matched.accepted[~own])}
+
+
+def format_relevance_agreement(results: dict) -> str:
+    """A markdown table of ``{method: relevance_agreement(...)}``."""
+    lines = ["| relevance | tau (per image) | Spearman | AUC | AUC (other images' captions) |",
+             "|:---|---:|---:|---:|---:|"]
+    for name, r in results.items():
+        lines.append(f"| {name} | " + " | ".join(_human_value("_tau", r[k]) for k in
+                                                 ("tau", "spearman", "auc", "auc_other")) + " |")
+    return "\n".join(lines)
+
+
+@dataclass
+class _CaptionIndex:
+    """What a feature cache (or the cache `vse extract` would write for a dataset) says about
+    its rows: ids, captions grouped by image, splits; with the cache's ``split(name)``."""
+
+    path: Path
+    attrs: dict
+    image_ids: list[str]
+    captions: list[str]
+    caption_image: np.ndarray
+    splits: dict[str, np.ndarray]
+
+    @classmethod
+    def of_cache(cls, features) -> _CaptionIndex:
+        from .cache import FeatureCache
+
+        with FeatureCache(features) as cache:
+            return cls(cache.path, cache.attrs, cache.image_ids, cache.captions, cache.caption_image,
+                       {name: cache.split(name) for name in cache.split_names})
+
+    @classmethod
+    def of_dataset(cls, kind: str, root) -> _CaptionIndex:
+        from .datasets import load_dataset
+        from .extract import select_images
+
+        dataset = load_dataset(kind, root)
+        index = select_images(dataset)[1]
+        return cls(Path(dataset.root), {"dataset_root": str(dataset.root)}, index.image_ids, index.captions,
+                   index.caption_image, index.splits)
+
+    def split(self, name: str) -> np.ndarray:
+        if name not in self.splits:
+            raise VseError(f"no split {name!r} (splits: {', '.join(self.splits) or 'none'})", self.path)
+        return self.splits[name]
+
+
+def score_relevance_methods(judgments: Judgments, *, features=None, root=None, dataset_kind: str = "flickr8k",
+                            split: str = "test", fit_splits=("train",), methods=(), relevance_files=(),
+                            k: int = 400, cbow_threshold: float | None = None, seed: int = 0,
+                            batch_size: int = 256, device="auto", out=None, echo=print) -> dict:
+    """`vse relevance-human`: each relevance method (computed here on the split's captions, svd
+    fitted on ``fit_splits``) and each stored relevance file of ``features``' cache, scored
+    by ``relevance_agreement`` with the ladder rule. Returns (and writes to ``out``) a JSON-able
+    report."""
+    import time
+
+    from .cache import caption_fingerprint
+    from .inference import split_rows
+    from .relevance import compute_relevance_vectors, read_relevance
+    from .relevance.stage import DEFAULT_CBOW_THRESHOLD
+
+    if out is not None:
+        _check_report_target(out)
+    index = _CaptionIndex.of_cache(features) if features else _CaptionIndex.of_dataset(dataset_kind, root)
+    image_rows, caption_rows, caption_image = split_rows(index, split)
+    identity = split_identity(index, image_rows, caption_rows)
+    matched = match_judgments(judgments, identity)
+    token_file = token_file_near(index.attrs.get("dataset_root"))
+    if token_file is not None:
+        check_caption_keys(identity, token_file, matched.keys)
+    echo(f"judgments: {matched.summary()}")
+    judged = np.unique(matched.caption)
+    column = np.searchsorted(judged, matched.caption)
+    split_captions = [index.captions[r] for r in caption_rows]
+    fit_rows = np.concatenate([split_rows(index, s)[1] for s in fit_splits] or [np.zeros(0, np.int64)])
+    threshold = DEFAULT_CBOW_THRESHOLD if cbow_threshold is None else cbow_threshold
+
+    def score(vectors, coarse=None, gate=None) -> dict:
+        rel_fn = _relevance_fn(vectors, coarse, gate)
+        pair = image_caption_relevance(rel_fn, caption_image, judged)[matched.image, column]
+        return relevance_agreement(pair, matched, caption_image)
+
+    results, seconds = {}, {}
+    for method in methods:
+        start = time.perf_counter()
+        captions, fit = split_captions, np.zeros(0, dtype=np.int64)
+        if method == "svd":
+            captions = split_captions + [index.captions[r] for r in fit_rows]
+            fit = np.arange(len(split_captions), len(captions))
+        rv, _ = compute_relevance_vectors(captions, fit, method, k=k, seed=seed, device=device,
+                                          batch_size=batch_size, cbow_threshold=threshold)
+        n = len(split_captions)
+        coarse = None if rv.coarse_vectors is None else rv.coarse_vectors[:n]
+        results[method] = score(rv.vectors[:n], coarse, rv.cbow_threshold)
+        seconds[method] = round(time.perf_counter() - start, 2)
+        echo(f"{method}: tau {results[method]['tau']:.3f}, AUC {results[method]['auc']:.3f} "
+             f"({seconds[method]} s)")
+    for path in relevance_files:
+        stored = read_relevance(path)
+        stored_digest = stored.attrs.get("caption_fingerprint")
+        if stored.num_captions != len(index.captions) or (
+                stored_digest is not None and stored_digest != caption_fingerprint(index.captions)):
+            raise VseError(f"relevance file was made for other captions ({stored.num_captions} captions, "
+                           f"the cache has {len(index.captions)})", path)
+        name = f"{stored.method} ({Path(path).name})"
+        results[name] = score(stored.vectors[caption_rows],
+                              None if stored.coarse_vectors is None else stored.coarse_vectors[caption_rows],
+                              stored.cbow_threshold)
+    report = {"kind": REPORT_KIND, "judgments": str(judgments.path), "format": judgments.format,
+              "threshold": judgments.threshold, "source": str(features or root), "split": split,
+              "fit_splits": list(fit_splits), "pairs": len(matched.image), "unmatched": matched.unmatched,
+              "rule": "relevance(image q, caption p) = max over q's captions c != p of rel(c, p)",
+              "methods": results, "seconds": seconds}
+    if out is not None:
+        import json
+
+        from .fsutil import atomic_path
+
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(out) as tmp:
+            Path(tmp).write_text(json.dumps(report, indent=1, allow_nan=False, default=str) + "\n",
+                                 encoding="utf-8")
+    return report
+
+
+REPORT_KIND = "vse relevance-human"
+
+
+def _check_report_target(out) -> None:
+    """Never overwrite a file this command did not make."""
+    import json
+
+    out = Path(out)
+    if not out.exists():
+        return
+    try:
+        made_here = json.loads(out.read_text(encoding="utf-8")).get("kind") == REPORT_KIND
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        made_here = False
+    if not made_here:
+        raise VseError("exists and is not a `vse relevance-human` report: not overwritten", out)
+
+
+def _relevance_fn(vectors, coarse=None, threshold=None):
+    from .relevance import relevance_matrix
+
+    table = torch.from_numpy(np.asarray(vectors, dtype=np.float32))
+    gate = None if coarse is None else torch.from_numpy(np.asarray(coarse, dtype=np.float32))
+
+    def rel(rows, cols):
+        rows, cols = torch.as_tensor(rows), torch.as_tensor(cols)
+        return relevance_matrix(table[rows], table[cols], None if gate is None else gate[rows],
+                                None if gate is None else gate[cols], threshold).numpy()
+
+    return rel

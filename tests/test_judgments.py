@@ -435,3 +435,57 @@ def test_gallery_marks_the_captions_people_accepted(judged_run, tmp_path):
     plain = _vse("gallery", "--checkpoint", checkpoint, "--features", cache, "--device", "cpu",
                  "--out", tmp_path / "plain.html")
     assert plain.exit_code == 0 and 'class="human"' not in (tmp_path / "plain.html").read_text()
+
+
+def test_relevance_methods_scored_by_people_follow_the_ladder_rule(judged_run, tmp_path):
+    import json
+
+    from sklearn.metrics import roc_auc_score
+
+    from pipeline.cache import FeatureCache
+    from pipeline.relevance import build_relevance, read_relevance
+
+    _, cache, judgments = judged_run
+    stored = tmp_path / "cbow.h5"
+    build_relevance(cache, "cbow", stored, device="cpu")
+    out = tmp_path / "human_relevance.json"
+    result = _vse("relevance-human", "--features", cache, "--method", "cbow", "--method", "svd", "--k", 20,
+                  "--relevance", stored, "--judgments", judgments, "--judgments-format", "csv", "--json",
+                  "--out", out, "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert json.loads(out.read_text()) == report and report["unmatched"] == 3
+    methods = report["methods"]
+    assert set(methods) == {"cbow", "svd", "cbow (cbow.h5)"}
+    assert methods["cbow (cbow.h5)"] == pytest.approx(methods["cbow"], abs=1e-6, nan_ok=True)
+    # by hand: relevance(q, p) = max over q's captions c != p of cos(v_c, v_p), from the stored vectors
+    vectors = read_relevance(stored).vectors.astype(np.float64)
+    with FeatureCache(cache) as c:
+        keys = caption_keys(c.image_ids, c.caption_image)
+        image_of = dict(zip(c.image_ids, range(len(c.image_ids))))
+        caption_of = dict(zip(keys, range(len(keys))))
+        own = {i: np.flatnonzero(c.caption_image == i) for i in range(len(c.image_ids))}
+        test = set(c.split("test").tolist())
+    read = read_judgments(judgments, "csv")
+    rel, grades, accepted, images, other = [], [], [], [], []
+    for image, key, grade, yes in zip(read.image_ids, read.caption_keys, read.grades, read.accepted):
+        q, p = image_of[image], caption_of[key]
+        if q not in test or c.caption_image[p] not in test:
+            continue
+        rel.append(max(vectors[cc] @ vectors[p] for cc in own[q] if cc != p))
+        grades.append(grade), accepted.append(yes), images.append(q), other.append(c.caption_image[p] != q)
+    rel, grades, accepted, images, other = map(np.array, (rel, grades, accepted, images, other))
+    assert methods["cbow"]["pairs"] == len(rel)
+    assert methods["cbow"]["auc"] == pytest.approx(roc_auc_score(accepted, rel), abs=1e-6)
+    assert methods["cbow"]["auc_other"] == pytest.approx(roc_auc_score(accepted[other], rel[other]), abs=1e-6)
+    assert methods["cbow"]["spearman"] == pytest.approx(spearmanr(rel, grades).statistic, abs=1e-6)
+    taus = [kendalltau(rel[images == q], grades[images == q]).statistic for q in np.unique(images)
+            if (images == q).sum() >= 3 and len(set(grades[images == q])) >= 2]
+    assert methods["cbow"]["tau"] == pytest.approx(np.nanmean(taus), abs=1e-6)
+    table = _vse("relevance-human", "--features", cache, "--method", "cbow", "--judgments", judgments,
+                 "--judgments-format", "csv", "--out", out, "--device", "cpu")
+    assert table.exit_code == 0 and "| cbow |" in table.stdout
+    foreign = write(tmp_path, "notes.json", "{}")
+    refused = _vse("relevance-human", "--features", cache, "--method", "cbow", "--judgments", judgments,
+                   "--judgments-format", "csv", "--out", foreign)
+    assert refused.exit_code == 1 and "not overwritten" in refused.output and foreign.read_text() == "{}"
