@@ -84,6 +84,8 @@ def relevance_human(features, root, dataset_kind, split, fit_split, methods, rel
     """Score relevance methods as predictors of human judgments (ladder rule: an image's
     relevance to a caption is the max over the image's own captions)."""
     import json
+    import shlex
+    import sys
 
     from pipeline.judgments import score_relevance_methods
 
@@ -97,8 +99,9 @@ def relevance_human(features, root, dataset_kind, split, fit_split, methods, rel
     report = score_relevance_methods(judgments.load(), features=features, root=root,
                                      dataset_kind=dataset_kind, split=split, fit_splits=fit_splits,
                                      methods=methods, relevance_files=relevance_files, k=k,
-                                     cbow_threshold=cbow_threshold, seed=seed, batch_size=batch_size, device=device, out=out,
-                                     echo=lambda m: click.echo(m, err=True))
+                                     cbow_threshold=cbow_threshold, seed=seed, batch_size=batch_size,
+                                     device=device, out=out, echo=lambda m: click.echo(m, err=True),
+                                     command=" ".join(["vse", *map(shlex.quote, sys.argv[1:])]))
     if as_json:
         click.echo(json.dumps(report, indent=1))
     else:

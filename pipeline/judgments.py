@@ -638,7 +638,8 @@ class _CaptionIndex:
 def score_relevance_methods(judgments: Judgments, *, features=None, root=None, dataset_kind: str = "flickr8k",
                             split: str = "test", fit_splits=("train",), methods=(), relevance_files=(),
                             k: int = 400, cbow_threshold: float | None = None, seed: int = 0,
-                            batch_size: int = 256, device="auto", out=None, echo=print) -> dict:
+                            batch_size: int = 256, device="auto", out=None, echo=print,
+                            command: str | None = None) -> dict:
     """`vse relevance-human`: each relevance method (computed here on the split's captions, svd
     fitted on ``fit_splits``) and each stored relevance file of ``features``' cache, scored
     by ``relevance_agreement`` with the ladder rule. Returns (and writes to ``out``) a JSON-able
@@ -697,7 +698,7 @@ def score_relevance_methods(judgments: Judgments, *, features=None, root=None, d
         results[name] = score(stored.vectors[caption_rows],
                               None if stored.coarse_vectors is None else stored.coarse_vectors[caption_rows],
                               stored.cbow_threshold)
-    report = {"kind": REPORT_KIND, "judgments": str(judgments.path), "format": judgments.format,
+    report = {"kind": REPORT_KIND, "command": command, "judgments": str(judgments.path), "format": judgments.format,
               "threshold": judgments.threshold, "source": str(features or root), "split": split,
               "fit_splits": list(fit_splits), "pairs": len(matched.image), "unmatched": matched.unmatched,
               "rule": "relevance(image q, caption p) = max over q's captions c != p of rel(c, p)",
