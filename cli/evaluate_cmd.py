@@ -119,6 +119,8 @@ def _report_matched(metrics: dict, matched) -> dict:
 
 
 def _json_number(value):
+    if isinstance(value, int):
+        return value  # counts stay integers
     value = float(value)
     return None if value != value else value  # NaN (undefined) as null
 
