@@ -698,7 +698,8 @@ def score_relevance_methods(judgments: Judgments, *, features=None, root=None, d
         results[name] = score(stored.vectors[caption_rows],
                               None if stored.coarse_vectors is None else stored.coarse_vectors[caption_rows],
                               stored.cbow_threshold)
-    report = {"kind": REPORT_KIND, "command": command, "judgments": str(judgments.path), "format": judgments.format,
+    report = {"kind": REPORT_KIND, "command": command, "judgments": str(judgments.path),
+              "format": judgments.format,
               "threshold": judgments.threshold, "source": str(features or root), "split": split,
               "fit_splits": list(fit_splits), "pairs": len(matched.image), "unmatched": matched.unmatched,
               "rule": "relevance(image q, caption p) = max over q's captions c != p of rel(c, p)",
