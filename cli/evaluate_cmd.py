@@ -7,7 +7,7 @@ import json
 import click
 
 from cli.dataset_root import root_option
-
+from cli.judgment_options import judgment_options
 
 
 def _parse_ks(ctx, param, value):
@@ -39,8 +39,9 @@ def _parse_ks(ctx, param, value):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="--runs: write results.csv here.")
 @click.option("--checkpoint-name", default="best.pt", show_default=True, help="--runs: which checkpoint of each run.")
+@judgment_options
 def evaluate_command(embeddings, checkpoint, run_patterns, features, root, dataset_kind, split, protocol, order,
-                     relevance, cs_ks, device, as_json, out, checkpoint_name):
+                     relevance, cs_ks, device, as_json, out, checkpoint_name, judgments):
     """Recall@K, median/mean rank and rsum (PROTOCOL.md), both directions."""
     from pipeline.evaluation import (JSON_KEYS, embed_checkpoint, evaluate_npz,
                                      evaluate_split_embeddings, format_table)
@@ -51,7 +52,8 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
         raise click.UsageError("give one of --embeddings FILE.npz, --checkpoint FILE with --features, "
                                "or --runs 'runs/*'")
     if run_patterns:
-        _evaluate_runs(run_patterns, features, split, protocol, relevance, cs_ks, dev, out, checkpoint_name)
+        _evaluate_runs(run_patterns, features, split, protocol, relevance, cs_ks, dev, out, checkpoint_name,
+                       judgments)
         return
     if out:
         raise click.UsageError("--out goes with --runs")
@@ -64,6 +66,10 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
             raise click.UsageError("--relevance needs --checkpoint and --features (caption identities)")
         metrics = evaluate_npz(embeddings, protocol, dev, order)
         title = f"{embeddings} ({protocol})"
+        if judgments:
+            from pipeline.judgments import judge_npz
+
+            metrics.update(_report_matched(*judge_npz(embeddings, judgments.load(), order, dev)))
     else:
         if not features and not root:
             raise click.UsageError("--checkpoint needs --features CACHE.h5 (or --root DIR for an RC run)")
@@ -75,15 +81,52 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
             emb = embed_checkpoint(checkpoint, features, split, dev)
         metrics = evaluate_split_embeddings(emb, protocol, dev, relevance, cs_ks if relevance else ())
         title = f"{checkpoint} on {root or features} [{split}, {len(emb.images)} images, {protocol}]"
+        if judgments:
+            metrics.update(_judge_split(emb, judgments, features, root, dataset_kind, dev))
     if as_json:
         out = {k: float(metrics[k]) for k in JSON_KEYS}
         out.update({k: float(v) for k, v in metrics.items() if "_cs@" in k})
+        out.update({k: _json_number(v) for k, v in metrics.items() if k.startswith("human_")})
         click.echo(json.dumps(out))
     else:
-        click.echo(format_table(metrics, title))
+        from pipeline.judgments import format_human
+
+        click.echo("\n".join(filter(None, [format_table(metrics, title), format_human(metrics)])))
 
 
-def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device, out, checkpoint_name):
+def _judge_split(emb, judgments, features, root, dataset_kind, device) -> dict:
+    """Human-judgment metrics of a checkpoint's split embeddings; caption keys are rebuilt from
+    the cache (or dataset) order and checked against Flickr8k.token.txt when it is at hand."""
+    from pipeline.judgments import judge_split, token_file_near
+
+    loaded = judgments.load()
+    if root:
+        from pipeline.datasets import load_dataset
+        from pipeline.extract import select_images
+
+        index = select_images(load_dataset(dataset_kind, root))[1]
+        return _report_matched(*judge_split(emb, index, loaded, device, token_file_near(root)))
+    from pipeline.cache import FeatureCache
+
+    with FeatureCache(features) as cache:
+        token_file = token_file_near(cache.attrs.get("dataset_root"))
+        return _report_matched(*judge_split(emb, cache, loaded, device, token_file))
+
+
+def _report_matched(metrics: dict, matched) -> dict:
+    click.echo(f"judgments: {matched.summary()}", err=True)
+    return metrics
+
+
+def _json_number(value):
+    if isinstance(value, int):
+        return value  # counts stay integers
+    value = float(value)
+    return None if value != value else value  # NaN (undefined) as null
+
+
+def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device, out, checkpoint_name,
+                   judgments=None):
     from pipeline.batch_eval import evaluate_runs
     from pipeline.report import format_results, write_results
     from pipeline.runs import find_runs
@@ -93,12 +136,17 @@ def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device
         raise click.UsageError(f"no run folders match {' '.join(patterns)}")
     result = evaluate_runs(run_dirs, device=device, split=split, protocol=protocol, features=features,
                            relevance=relevance, cs_ks=cs_ks if relevance else (), checkpoint=checkpoint_name,
-                           echo=lambda m: click.echo(m, err=True))
+                           echo=lambda m: click.echo(m, err=True),
+                           judgments=judgments.load() if judgments else None)
     if not result.rows:
         raise click.ClickException(f"none of the {len(run_dirs)} runs could be evaluated")
     if out:
         write_results(result.rows, out)
-    click.echo(format_results(result.rows, "md", "recall"))
+    click.echo(format_results(result.rows, "md", "human" if judgments else "recall"))
+    if judgments:
+        first = result.rows[0]
+        click.echo(f"judgments: {first['human_pairs']} judged pairs in the split, "
+                   f"{first['human_unmatched']} outside it (left out)", err=True)
     summary = f"{len(result.rows)} of {len(run_dirs)} runs evaluated"
     if result.skipped:
         summary += f", {len(result.skipped)} skipped"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from cli.judgment_options import judgment_options
 from pipeline.relevance.stage import DEFAULT_CBOW_THRESHOLD, METHODS
 from pipeline.relevance.svd import DEFAULT_SVD_ITERATIONS
 
@@ -55,5 +56,60 @@ def relevance(features, method, out, k, neighbours, fit_split, batch_size, devic
         click.echo(f"neighbours: top {summary.neighbours} per caption")
 
 
+@click.command("relevance-human")
+@click.option("--features", type=click.Path(dir_okay=False), default=None,
+              help="Feature cache whose captions are scored (also what --relevance files were made for).")
+@click.option("--root", type=click.Path(file_okay=False), default=None,
+              help="Or a dataset folder (no cache needed): its captions and splits.")
+@click.option("--dataset", "dataset_kind", type=click.Choice(["flickr8k", "karpathy"]), default="flickr8k",
+              show_default=True, help="--root: its layout.")
+@click.option("--split", default="test", show_default=True, help="The judged split.")
+@click.option("--fit-split", default="train", show_default=True,
+              help="Split(s) svd is fitted on, comma-separated.")
+@click.option("--method", "methods", multiple=True, type=click.Choice(METHODS),
+              help="Relevance methods to compute and score, repeatable (default: all, unless --relevance).")
+@click.option("--relevance", "relevance_files", multiple=True, type=click.Path(dir_okay=False),
+              help="Stored relevance files (of --features' cache) to score too, repeatable.")
+@click.option("--k", default=400, show_default=True, help="SVD dimensions (svd only).")
+@click.option("--cbow-threshold", default=DEFAULT_CBOW_THRESHOLD, show_default=True,
+              help="cbow+bert: pairs with a CBoW cosine below this get relevance 0.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the randomized SVD.")
+@click.option("--batch-size", default=256, show_default=True, help="Captions per BERT batch.")
+@click.option("--device", default="auto", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the JSON here.")
+@judgment_options(required=True)
+def relevance_human(features, root, dataset_kind, split, fit_split, methods, relevance_files, k,
+                    cbow_threshold, seed, batch_size, device, as_json, out, judgments):
+    """Score relevance methods as predictors of human judgments (ladder rule: an image's
+    relevance to a caption is the max over the image's own captions)."""
+    import json
+    import shlex
+    import sys
+
+    from pipeline.judgments import score_relevance_methods
+
+    if bool(features) == bool(root):
+        raise click.UsageError("give --features CACHE.h5 or --root DATASET_DIR")
+    if relevance_files and not features:
+        raise click.UsageError("--relevance files follow a feature cache's captions: give --features")
+    if not methods and not relevance_files:
+        methods = METHODS
+    fit_splits = tuple(s.strip() for s in fit_split.split(",") if s.strip())
+    report = score_relevance_methods(judgments.load(), features=features, root=root,
+                                     dataset_kind=dataset_kind, split=split, fit_splits=fit_splits,
+                                     methods=methods, relevance_files=relevance_files, k=k,
+                                     cbow_threshold=cbow_threshold, seed=seed, batch_size=batch_size,
+                                     device=device, out=out, echo=lambda m: click.echo(m, err=True),
+                                     command=" ".join(["vse", *map(shlex.quote, sys.argv[1:])]))
+    if as_json:
+        click.echo(json.dumps(report, indent=1))
+    else:
+        from pipeline.judgments import format_relevance_agreement
+
+        click.echo(format_relevance_agreement(report["methods"]))
+
+
 def register(group: click.Group) -> None:
     group.add_command(relevance)
+    group.add_command(relevance_human)

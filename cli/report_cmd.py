@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import click
 
+from cli.judgment_options import judgment_options
 
 @click.command("report")
 @click.argument("results", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(["md", "latex", "csv"]), default="md", show_default=True)
-@click.option("--columns", "layout", type=click.Choice(["paper", "recall"]), default="paper", show_default=True,
-              help="paper: R@1 R@10 Med r per direction; recall: R@1 R@5 R@10 per direction + rsum.")
+@click.option("--columns", "layout", type=click.Choice(["paper", "recall", "human"]), default="paper",
+              show_default=True, help="paper: R@1 R@10 Med r per direction; recall: R@1 R@5 R@10 per "
+              "direction + rsum; human: agreement with human judgments (evaluate --judgments) + rsum.")
 @click.option("--label", default="run", show_default=True, help="Column of results.csv naming each row.")
 @click.option("--bold", "bold", type=click.Choice(["significant", "best", "none"]), default="significant",
               show_default=True, help="significant: a column's best mean, only when Welch's t-test over "
@@ -68,7 +70,8 @@ def plot_command(patterns, results, out_dir):
 @click.option("--seed", type=int, default=0, show_default=True, help="Which random queries.")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False), default="gallery.html", show_default=True)
-def gallery_command(checkpoint, features, images_root, split, n, k, embed, seed, device, out):
+@judgment_options
+def gallery_command(checkpoint, features, images_root, split, n, k, embed, seed, device, out, judgments):
     """A static HTML page of query images with their top captions and query captions with
     their top images, ground truth marked (opens in a browser, no server)."""
     from pipeline.checkpoint import load_checkpoint
@@ -80,7 +83,8 @@ def gallery_command(checkpoint, features, images_root, split, n, k, embed, seed,
         if not features:
             raise click.UsageError("the checkpoint names no feature cache: give --features")
     summary = build_gallery(checkpoint, features, out, images_root=images_root, split=split, n=n, k=k,
-                            embed=embed, seed=seed, device=resolve_device(device))
+                            embed=embed, seed=seed, device=resolve_device(device),
+                            judgments=judgments.load() if judgments else None)
     if summary.missing_images:
         click.echo(f"warning: {len(summary.missing_images)} image(s) not found under "
                    f"{images_root or 'the cache dataset_root'} (shown by name), e.g. {summary.missing_images[0]}",

@@ -44,8 +44,10 @@ class RunEvaluator:
     relevance tables between them. Use as a context manager (closes the caches)."""
 
     def __init__(self, device: torch.device, split: str = "test", protocol: str = "single",
-                 features=None, relevance=None, cs_ks=()):
+                 features=None, relevance=None, cs_ks=(), judgments=None):
         self.device, self.split, self.protocol = device, split, protocol
+        self.judgments = judgments  # pipeline.judgments.Judgments: adds the human_* columns
+        self._matched: dict[Path, object] = {}
         self.features = features
         self.relevance_path, self.cs_ks = relevance, tuple(cs_ks)
         self._caches: dict[Path, FeatureCache] = {}
@@ -89,6 +91,22 @@ class RunEvaluator:
             self._relevance[key] = relevance
         return self._relevance[key]
 
+    def judge(self, cache: FeatureCache, emb) -> dict:
+        """Human-judgment metrics; the judged pairs are matched to a cache's split once."""
+        from .judgments import (check_caption_keys, human_metrics, match_judgments, split_identity,
+                                token_file_near)
+
+        key = cache.path.resolve()
+        if key not in self._matched:
+            identity = split_identity(cache, emb.image_rows, emb.caption_rows)
+            matched = match_judgments(self.judgments, identity)
+            token_file = token_file_near(cache.attrs.get("dataset_root"))
+            if token_file is not None:
+                check_caption_keys(identity, token_file, matched.keys)
+            self._matched[key] = matched
+        return human_metrics(emb.images, emb.captions, emb.caption_image, self._matched[key],
+                             order=emb.similarity == "order", device=self.device)
+
     def embed(self, run_dir, checkpoint: str = "best.pt"):
         """(split embeddings, loaded model, checkpoint path, feature cache path) of one run."""
         run_dir = Path(run_dir)
@@ -115,6 +133,8 @@ class RunEvaluator:
         metrics = evaluate_split_embeddings(emb, self.protocol, self.device, relevance,
                                             self.cs_ks if relevance is not None else ())
         metrics.pop("folds", None)
+        if self.judgments is not None:
+            metrics.update(self.judge(cache, emb))
         records = read_validation_log(run_dir)
         best = best_record(records)
         source = loaded.state.get("feature_source") or {}
@@ -153,11 +173,11 @@ def describe_config(config: dict) -> dict:
 
 def evaluate_runs(run_dirs, *, device: torch.device, split: str = "test", protocol: str = "single",
                   features=None, relevance=None, cs_ks=(), checkpoint: str = "best.pt",
-                  echo=print) -> BatchResult:
+                  echo=print, judgments=None) -> BatchResult:
     """One row per run (``run`` = its short name); unusable runs are echoed and skipped."""
     result = BatchResult()
     run_dirs = [Path(p) for p in run_dirs]
-    with RunEvaluator(device, split, protocol, features, relevance, cs_ks) as evaluator:
+    with RunEvaluator(device, split, protocol, features, relevance, cs_ks, judgments) as evaluator:
         for i, (run_dir, name) in enumerate(zip(run_dirs, run_names(run_dirs) if run_dirs else []), 1):
             try:
                 row = evaluator.evaluate(run_dir, checkpoint)

@@ -153,6 +153,7 @@ class Mark:
 
 
 GROUND_TRUTH = Mark("gt", "#0a6b0a", "ground truth", "\u2713")
+HUMAN = Mark("human", "#1f4fbf", "accepted by people (human judgments)", "\u263a")
 Highlight = tuple[Mark, Callable[[int, int], bool]]
 
 STYLE = f"""
@@ -255,11 +256,12 @@ class GallerySummary:
 
 def build_gallery(checkpoint, features, out, *, images_root=None, split: str = "test", n: int = 20,
                   k: int = 5, embed: bool = True, seed: int = 0, device=None,
-                  highlights: Sequence[Highlight] = ()) -> GallerySummary:
+                  highlights: Sequence[Highlight] = (), judgments=None) -> GallerySummary:
     """Encode ``split`` with the checkpoint and write the gallery page to ``out``.
     ``images_root`` defaults to the root the cache was extracted from (attr dataset_root).
     ``embed`` (default) puts JPEG thumbnails in the page; ``embed=False`` links the image files
-    by paths relative to the page (smaller, but the page then only works where it was written)."""
+    by paths relative to the page (smaller, but the page then only works where it was written).
+    ``judgments`` (``pipeline.judgments.Judgments``): mark the pairs people accepted (HUMAN)."""
     from .cache import FeatureCache
     from .evaluation import embed_checkpoint
 
@@ -272,6 +274,9 @@ def build_gallery(checkpoint, features, out, *, images_root=None, split: str = "
         root = images_root or cache.attrs.get("dataset_root")
         image_ids = [cache.image_ids[r] for r in emb.image_rows]
         captions = [cache.captions[r] for r in emb.caption_rows]
+        accepted = _accepted_pairs(judgments, cache, emb) if judgments is not None else frozenset()
+    if accepted:
+        highlights = [*highlights, (HUMAN, lambda image, caption: (image, caption) in accepted)]
     data = retrieve(emb, n, k, seed, device)
     sources = ImageSources(root, out, embed)
     how = f"embedded {THUMB_SIZE} px thumbnails" if embed else "linked relative to this page"
@@ -286,3 +291,16 @@ def build_gallery(checkpoint, features, out, *, images_root=None, split: str = "
         Path(tmp).write_text(page, encoding="utf-8")
     return GallerySummary(out, len(data.image_queries), len(data.caption_queries),
                           sorted(set(sources.missing)))
+
+
+def _accepted_pairs(judgments, cache, emb) -> frozenset:
+    """Split-local (image, caption) pairs people accepted (keys checked like `vse evaluate`)."""
+    from .judgments import check_caption_keys, match_judgments, split_identity, token_file_near
+
+    identity = split_identity(cache, emb.image_rows, emb.caption_rows)
+    matched = match_judgments(judgments, identity)
+    token_file = token_file_near(cache.attrs.get("dataset_root"))
+    if token_file is not None:
+        check_caption_keys(identity, token_file, matched.keys)
+    yes = matched.accepted
+    return frozenset(zip(matched.image[yes].tolist(), matched.caption[yes].tolist()))

@@ -1,8 +1,9 @@
 """results.csv (one row per evaluated run) and the papers' results tables (md, LaTeX, csv).
 
 Layouts: ``paper`` is the VSE++ / LSEH table (Caption Retrieval R@1 R@10 Med r | Image
-Retrieval R@1 R@10 Med r); ``recall`` is R@1 R@5 R@10 per direction plus rsum. CS@K columns
-are appended when the rows have them.
+Retrieval R@1 R@10 Med r); ``recall`` is R@1 R@5 R@10 per direction plus rsum; ``human`` the
+agreement with human judgments (tau, NDCG@K, plausible-match R@K, R-precision per direction,
+Spearman) plus rsum. CS@K columns are appended when the rows have them.
 
 Runs that differ only by their seed (the same ``config_id``, see ``pipeline.runs.config_id``)
 are one row of the table: every cell is ``mean ± std (n)`` over the seeds.  Bold marks
@@ -42,7 +43,11 @@ LAYOUTS = {
     "recall": [("Caption Retrieval", [("R@1", "i2t_r1"), ("R@5", "i2t_r5"), ("R@10", "i2t_r10")]),
                ("Image Retrieval", [("R@1", "t2i_r1"), ("R@5", "t2i_r5"), ("R@10", "t2i_r10")]),
                ("", [("rsum", "rsum")])],
+    "human": [("", [("rsum", "rsum")])],  # after the human_* columns the rows have (_human_groups)
 }
+HUMAN_TITLES = {"i2t": "Caption Retrieval (human)", "t2i": "Image Retrieval (human)"}
+HUMAN_HEADERS = {"tau": "tau", "ndcg": "NDCG", "r": "R", "rprec": "R-P", "spearman": "Spearman"}
+HUMAN_THREE_DECIMALS = ("_tau", "_spearman", "_ndcg@")
 
 
 # ---------------------------------------------------------------------------- results.csv
@@ -109,6 +114,8 @@ def table_columns(rows, layout: str = "paper", epochs: bool = False) -> list[tup
         raise VseError(f"unknown table layout {layout!r} (expected {', '.join(LAYOUTS)})")
     groups = [(title, [(h, k) for h, k in cols if any(row.get(k) is not None for row in rows)])
               for title, cols in LAYOUTS[layout]]
+    if layout == "human":
+        groups = _human_groups(rows) + groups
     cs = sorted({k for row in rows for k in row if "_cs@" in k},
                 key=lambda k: (int(k.split("@")[1]), k))
     if cs:
@@ -119,10 +126,31 @@ def table_columns(rows, layout: str = "paper", epochs: bool = False) -> list[tup
     return [(title, cols) for title, cols in groups if cols]
 
 
+def _human_groups(rows) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The human-judgment columns of ``rows`` (docs/PROTOCOL.md, Human judgments)."""
+    from .judgments import human_key_order
+
+    present = {k for row in rows for k in row if k.startswith("human_") and row.get(k) is not None}
+    groups = []
+    for direction, title in HUMAN_TITLES.items():
+        keys = sorted((k for k in present
+                       if k.startswith(f"human_{direction}_") and not k.endswith("queries")),
+                      key=human_key_order)
+        groups.append((title, [(_human_header(k.split("_", 2)[2]), k) for k in keys]))
+    if "human_spearman" in present:
+        groups.append(("", [(HUMAN_HEADERS["spearman"], "human_spearman")]))
+    return groups
+
+
+def _human_header(name: str) -> str:
+    metric, at, k = name.partition("@")
+    return HUMAN_HEADERS[metric] + at + k
+
+
 def format_value(key: str, value) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
-    if "_cs@" in key:
+    if "_cs@" in key or (key.startswith("human_") and any(t in key for t in HUMAN_THREE_DECIMALS)):
         return f"{value:.3f}"
     if key == "epochs_to_best":
         return f"{value:.0f}"
@@ -278,7 +306,8 @@ def _bold(text: str, fmt: str) -> str:
 
 
 def _markdown_table(groups, labels, cells) -> str:
-    short = {"Caption Retrieval": "Caption", "Image Retrieval": "Image", "Coherent Score": "", "Training": ""}
+    short = {"Caption Retrieval": "Caption", "Image Retrieval": "Image", "Coherent Score": "", "Training": "",
+             HUMAN_TITLES["i2t"]: "Caption (human)", HUMAN_TITLES["t2i"]: "Image (human)"}
     header = ["Model"] + [" ".join(p for p in (short.get(title, title), h) if p)
                           for title, cols in groups for h, _ in cols]
     lines = ["| " + " | ".join(header) + " |",
