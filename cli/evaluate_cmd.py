@@ -38,8 +38,9 @@ def _parse_ks(ctx, param, value):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="--runs: write results.csv here.")
 @click.option("--checkpoint-name", default="best.pt", show_default=True, help="--runs: which checkpoint of each run.")
+@click.option("--overwrite", is_flag=True, help="--out: replace a file that is not a vse results table.")
 def evaluate_command(embeddings, checkpoint, run_patterns, features, root, dataset_kind, split, protocol, order,
-                     relevance, cs_ks, device, as_json, out, checkpoint_name):
+                     relevance, cs_ks, device, as_json, out, checkpoint_name, overwrite):
     """Recall@K, median/mean rank and rsum (PROTOCOL.md), both directions."""
     from pipeline.evaluation import (JSON_KEYS, embed_checkpoint, evaluate_npz,
                                      evaluate_split_embeddings, format_table)
@@ -50,7 +51,8 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
         raise click.UsageError("give one of --embeddings FILE.npz, --checkpoint FILE with --features, "
                                "or --runs 'runs/*'")
     if run_patterns:
-        _evaluate_runs(run_patterns, features, split, protocol, relevance, cs_ks, dev, out, checkpoint_name)
+        _evaluate_runs(run_patterns, features, split, protocol, relevance, cs_ks, dev, out, checkpoint_name,
+                       overwrite)
         return
     if out:
         raise click.UsageError("--out goes with --runs")
@@ -82,10 +84,15 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
         click.echo(format_table(metrics, title))
 
 
-def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device, out, checkpoint_name):
+def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device, out, checkpoint_name,
+                   overwrite=False):
     from pipeline.batch_eval import evaluate_runs
-    from pipeline.report import format_results, write_results
+    from pipeline.fsutil import guard_output
+    from pipeline.report import RESULTS_FORMAT, format_results, write_results
     from pipeline.runs import find_runs
+
+    if out:  # before hours of evaluation, not after
+        guard_output(out, RESULTS_FORMAT, "a vse results table", overwrite)
 
     run_dirs = find_runs(patterns)
     if not run_dirs:

@@ -27,7 +27,7 @@ import numpy as np
 
 from . import __version__
 from .errors import VseError
-from .fsutil import atomic_h5
+from .fsutil import atomic_h5, guard_output
 
 FORMAT = "vse-features"
 FORMAT_VERSION = 1
@@ -80,6 +80,18 @@ def shards_dir(out) -> Path:
     return out.with_name(out.name + ".shards")
 
 
+def guard_cache_outputs(out, overwrite: bool = False) -> None:
+    """Refuse an existing ``out`` or shard file that is not part of a vse feature cache
+    (resuming reuses those), unless ``overwrite``; see ``fsutil.guard_output``."""
+    guard_output(out, FORMAT, "a vse feature cache", overwrite)
+    shards = shards_dir(out)
+    if shards.exists() and not shards.is_dir():
+        raise VseError("exists and is not a folder (the cache's shards go there): move it away", shards)
+    if shards.is_dir():
+        for shard in sorted(shards.glob("shard-*.h5")):
+            guard_output(shard, SHARD_FORMAT, "a vse feature shard", overwrite)
+
+
 def shard_bounds(num_rows: int, shard_size: int) -> list[tuple[int, int]]:
     if shard_size < 1:
         raise VseError(f"--shard-size must be at least 1, not {shard_size}")
@@ -89,10 +101,12 @@ def shard_bounds(num_rows: int, shard_size: int) -> list[tuple[int, int]]:
 class ShardedWriter:
     """Writes the shards of one cache (in any order, from any rank) and then the combined file."""
 
-    def __init__(self, out, num_rows: int, feature_dim: int, shard_size: int, config: dict):
+    def __init__(self, out, num_rows: int, feature_dim: int, shard_size: int, config: dict,
+                 overwrite: bool = False):
         if num_rows < 1:
             raise VseError("nothing to write: no images selected", out)
         self.out = Path(out)
+        guard_cache_outputs(self.out, overwrite)
         self.feature_dim = int(feature_dim)
         self.shard_size = int(shard_size)
         self.bounds = shard_bounds(num_rows, shard_size)
@@ -134,12 +148,15 @@ class ShardedWriter:
             f.attrs["complete"] = True  # last, once everything above is in the file
 
     def discard_stale_combined(self) -> None:
-        """Remove a combined file from another configuration: its shards are about to change."""
+        """Remove a combined file from another configuration: its shards are about to change.
+        Only a vse feature cache: anything else (allowed by ``overwrite``) stays until the new
+        cache replaces it, complete."""
         try:
             with h5py.File(self.out, "r") as f:
-                stale = f.attrs.get("config_fingerprint") != self.fingerprint
-        except OSError:  # absent or unreadable
-            stale = self.out.exists()
+                stale = (f.attrs.get("format") == FORMAT
+                         and f.attrs.get("config_fingerprint") != self.fingerprint)
+        except OSError:  # absent, unreadable or not HDF5
+            stale = False
         if stale:
             self.out.unlink(missing_ok=True)
 
@@ -188,14 +205,14 @@ class ShardedWriter:
 
 
 def write_cache(path, features, image_ids, captions, caption_image, splits, attrs=None,
-                shard_size: int = DEFAULT_SHARD_SIZE, bad_images=()) -> Path:
+                shard_size: int = DEFAULT_SHARD_SIZE, bad_images=(), overwrite: bool = False) -> Path:
     """Write a complete cache from features already at hand (an array or anything that
     slices rows, e.g. a memory map): the VSE++ precomputed import, tests, synthetic data."""
     attrs = dict(attrs or {})
     num_rows, feature_dim = features.shape
     config = {"source": "write_cache", "num_rows": int(num_rows), "feature_dim": int(feature_dim),
               "attrs": {k: _plain(v) for k, v in sorted(attrs.items())}}
-    writer = ShardedWriter(path, num_rows, feature_dim, shard_size, config)
+    writer = ShardedWriter(path, num_rows, feature_dim, shard_size, config, overwrite)
     bad_images = np.asarray(bad_images, dtype=np.int64)
     for i, (start, stop) in enumerate(writer.bounds):
         inside = bad_images[(bad_images >= start) & (bad_images < stop)]

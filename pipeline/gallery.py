@@ -21,9 +21,11 @@ import numpy as np
 import torch
 
 from .errors import VseError
-from .fsutil import atomic_path
+from .fsutil import atomic_path, guard_output
 from .inference import SplitEmbeddings
 from .metrics import caption_image_scores, image_caption_scores, similarity_ranks
+
+FORMAT = "vse-gallery"  # the page's <meta name="generator">, read by fsutil.output_format
 
 
 @dataclass
@@ -147,6 +149,7 @@ def render_gallery(data: GalleryData, image_ids, captions, caption_image, source
         return f'<img src="{esc(src)}" alt="{esc(image_id)}" title="{esc(image_id)}" loading="lazy">'
 
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             f'<meta name="generator" content="{FORMAT}">',
              f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>",
              f"<h1>{esc(title)}</h1>",
              '<p class="meta">' + " · ".join(f"{esc(str(k))}: {esc(str(v))}" for k, v in meta.items()) + "</p>",
@@ -186,7 +189,8 @@ class GallerySummary:
 
 
 def build_gallery(checkpoint, features, out, *, images_root=None, split: str = "test", n: int = 20,
-                  k: int = 5, embed: bool = False, seed: int = 0, device=None) -> GallerySummary:
+                  k: int = 5, embed: bool = False, seed: int = 0, device=None,
+                  overwrite: bool = False) -> GallerySummary:
     """Encode ``split`` with the checkpoint and write the gallery page to ``out``.
     ``images_root`` defaults to the root the cache was extracted from (attr dataset_root)."""
     from .cache import FeatureCache
@@ -196,6 +200,7 @@ def build_gallery(checkpoint, features, out, *, images_root=None, split: str = "
         raise VseError(f"--n and --k must be at least 1 (got {n} and {k})")
     device = torch.device("cpu") if device is None else device
     out = Path(out)
+    guard_output(out, FORMAT, "a vse gallery page", overwrite)
     with FeatureCache(features) as cache:
         emb = embed_checkpoint(checkpoint, cache, split, device)
         root = images_root or cache.attrs.get("dataset_root")

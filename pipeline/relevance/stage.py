@@ -8,11 +8,12 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import VseError
+from ..fsutil import guard_output
 from .bert import bert_identity, bert_vectors
 from .cbow import cbow_identity, cbow_vectors
 from .neighbours import top_neighbours
-from .store import DTYPES, write_relevance
-from .svd import DEFAULT_SVD_ITERATIONS, SvdModel, model_path_for
+from .store import DTYPES, FORMAT, write_relevance
+from .svd import DEFAULT_SVD_ITERATIONS, MODEL_FORMAT, SvdModel, model_path_for
 from .vectors import RelevanceVectors
 
 METHODS = ("svd", "bert", "cbow", "cbow+bert")
@@ -71,7 +72,7 @@ def build_relevance(features, method: str, out, *, k: int = 400, neighbours: int
                     batch_size: int = 256, device="auto", dtype: str = "float32",
                     cbow_threshold: float = DEFAULT_CBOW_THRESHOLD, fit_splits=("train",),
                     seed: int = 0, svd_iterations: int = DEFAULT_SVD_ITERATIONS,
-                    progress: bool = False) -> RelevanceSummary:
+                    progress: bool = False, overwrite: bool = False) -> RelevanceSummary:
     """Run the stage on a feature cache: vectors for all its captions, fitted on
     ``fit_splits``; optional top-``neighbours`` lists among the fitting captions."""
     from ..cache import FeatureCache
@@ -85,6 +86,9 @@ def build_relevance(features, method: str, out, *, k: int = 400, neighbours: int
         raise VseError(f"--neighbours must be 0 (none) or more, not {neighbours}")
     if out.resolve() == features.resolve():
         raise VseError("--out would overwrite the feature cache", out)
+    guard_output(out, FORMAT, "a vse relevance file", overwrite)
+    if method == "svd":
+        guard_output(model_path_for(out), MODEL_FORMAT, "a vse SVD relevance model", overwrite)
     with FeatureCache(features) as cache:
         captions = cache.captions
         if not captions:

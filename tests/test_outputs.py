@@ -1,0 +1,185 @@
+"""No command destroys or silently mixes data: --out refuses a file the command did not
+write (unless --overwrite), files made for other captions are refused, and the outputs of
+a failed run leave nothing behind. Driven through the `vse` command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_bad_inputs import assert_one_error_line, extract, flickr8k_layout, train, vse
+
+from pipeline.fsutil import output_format
+
+REFUSED = "--overwrite replaces it"
+
+
+@pytest.fixture(scope="module")
+def f8k(tmp_path_factory) -> Path:
+    return flickr8k_layout(tmp_path_factory.mktemp("f8k"), 6)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tiny_cache, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("runs") / "sh"
+    result = train(tiny_cache, run)
+    assert result.exit_code == 0, result.output
+    return run
+
+
+def _relevance(cache, out, *extra):
+    return vse("relevance", "--features", cache, "--method", "svd", "--k", 8, "--out", out, *extra)
+
+
+# ---------------------------------------------------------------------------- --out guards
+
+
+def test_extract_refuses_to_replace_a_caption_file_or_a_checkpoint(f8k, tmp_path, run_dir):
+    captions = tmp_path / "Flickr8k.token.txt"
+    captions.write_bytes((f8k / "Flickr8k.token.txt").read_bytes())
+    checkpoint = tmp_path / "best.pt"
+    checkpoint.write_bytes((run_dir / "best.pt").read_bytes())
+    for victim in (captions, checkpoint):
+        before = victim.read_bytes()
+        assert_one_error_line(extract(f8k, victim), victim,
+                              f"exists and is not a vse feature cache (a file vse did not write); {REFUSED}")
+        assert victim.read_bytes() == before
+        assert not Path(f"{victim}.shards").exists()  # refused before any work
+
+
+def test_extract_overwrite_replaces_a_foreign_file_only_when_complete(f8k, tmp_path):
+    victim = tmp_path / "notes.h5"
+    victim.write_text("my notes")
+    result = extract(f8k, victim, "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert output_format(victim) == "vse-features"
+    assert vse("info", victim).exit_code == 0
+
+
+def test_extract_resumes_and_rewrites_its_own_cache(f8k, tmp_path):
+    out = tmp_path / "f.h5"
+    assert extract(f8k, out).exit_code == 0
+    again = extract(f8k, out)  # its own output: resumed, no --overwrite needed
+    assert again.exit_code == 0, again.output
+    assert "0 computed here" in again.output
+
+
+def test_extract_refuses_foreign_files_among_its_shards(f8k, tmp_path):
+    out = tmp_path / "f.h5"
+    shards = Path(f"{out}.shards")
+    shards.mkdir()
+    foreign = shards / "shard-00000.h5"
+    foreign.write_text("not a shard")
+    assert_one_error_line(extract(f8k, out), foreign,
+                          f"exists and is not a vse feature shard (a file vse did not write); {REFUSED}")
+    assert foreign.read_text() == "not a shard"
+    assert extract(f8k, out, "--overwrite").exit_code == 0
+    assert output_format(foreign) == "vse-features-shard"
+
+    blocked = tmp_path / "g.h5"
+    Path(f"{blocked}.shards").write_text("a file where the shard folder goes")
+    assert_one_error_line(extract(f8k, blocked, "--overwrite"), f"{blocked}.shards",
+                          "exists and is not a folder (the cache's shards go there): move it away")
+
+
+def test_relevance_refuses_to_replace_another_cache(tiny_cache, tmp_path):
+    other = tmp_path / "other.h5"
+    other.write_bytes(tiny_cache.read_bytes())  # a cache stored inline (no shards)
+    before = other.read_bytes()
+    assert_one_error_line(_relevance(tiny_cache, other), other,
+                          f"exists and is not a vse relevance file (format 'vse-features'); {REFUSED}")
+    assert other.read_bytes() == before and not Path(f"{other}.svd.joblib").exists()
+
+    out = tmp_path / "rel.h5"
+    assert _relevance(tiny_cache, out).exit_code == 0
+    assert output_format(f"{out}.svd.joblib") == "vse-relevance-svd"
+    again = _relevance(tiny_cache, out)  # its own file and model: rebuilt
+    assert again.exit_code == 0, again.output
+
+
+def test_relevance_refuses_a_foreign_svd_model_file(tiny_cache, tmp_path):
+    out = tmp_path / "rel.h5"
+    model = Path(f"{out}.svd.joblib")
+    torch.save({"weights": torch.zeros(2)}, model)  # someone's file under the model's name
+    assert_one_error_line(_relevance(tiny_cache, out), model,
+                          f"exists and is not a vse SVD relevance model (a file vse did not write); {REFUSED}")
+    assert not out.exists()
+    assert vse("relevance", "--features", tiny_cache, "--method", "cbow", "--out", out).exit_code == 0
+    assert _relevance(tiny_cache, out, "--overwrite").exit_code == 0
+    assert output_format(model) == "vse-relevance-svd"
+
+
+def test_evaluate_runs_out_refuses_before_evaluating(run_dir, tmp_path):
+    victim = tmp_path / "paper.tex"
+    victim.write_text("\\section{Results}\n")
+    result = vse("evaluate", "--runs", run_dir, "--out", victim, "--device", "cpu")
+    assert_one_error_line(result, victim, f"exists and is not a vse results table (a file vse did not write); "
+                                          f"{REFUSED}")
+    assert "evaluated" not in result.output and victim.read_text() == "\\section{Results}\n"
+
+    out = tmp_path / "results.csv"
+    for _ in range(2):  # written, then its own file replaced
+        result = vse("evaluate", "--runs", run_dir, "--out", out, "--device", "cpu")
+        assert result.exit_code == 0, result.output
+    assert output_format(out) == "vse-results"
+    assert vse("evaluate", "--runs", run_dir, "--out", victim, "--device", "cpu", "--overwrite").exit_code == 0
+    assert output_format(victim) == "vse-results"
+
+
+def test_gallery_out_refuses_a_foreign_page(run_dir, tiny_cache, tmp_path):
+    victim = tmp_path / "index.html"
+    victim.write_text("<html>my home page</html>")
+    args = ["gallery", "--checkpoint", run_dir / "best.pt", "--features", tiny_cache, "--n", 2,
+            "--device", "cpu", "--out", victim]
+    assert_one_error_line(vse(*args), victim,
+                          f"exists and is not a vse gallery page (a file vse did not write); {REFUSED}")
+    assert victim.read_text() == "<html>my home page</html>"
+    assert vse(*args, "--overwrite").exit_code == 0
+    assert output_format(victim) == "vse-gallery"
+    assert vse(*args).exit_code == 0  # now its own page
+
+
+def test_plot_out_refuses_foreign_figures(run_dir, tmp_path):
+    from PIL import Image
+
+    out = tmp_path / "figures"
+    out.mkdir()
+    photo = out / "validation_curves.png"
+    Image.new("RGB", (4, 4)).save(photo)
+    before = photo.read_bytes()
+    assert_one_error_line(vse("plot", "--runs", run_dir, "--out", out), photo,
+                          f"exists and is not a vse figure (a file vse did not write); {REFUSED}")
+    assert photo.read_bytes() == before and sorted(p.name for p in out.iterdir()) == [photo.name]
+    assert vse("plot", "--runs", run_dir, "--out", out, "--overwrite").exit_code == 0
+    for name in ("validation_curves.png", "validation_curves.pdf"):
+        assert output_format(out / name) == "vse-plot", name
+    again = vse("plot", "--runs", run_dir, "--out", out)
+    assert again.exit_code == 0, again.output
+
+
+def test_output_format_reads_tags_without_running_anything(tmp_path, tiny_cache):
+    import pickle
+
+    from pipeline.relevance.svd import SvdModel
+
+    model = SvdModel(k=2).fit(["a red dog runs", "two black cats sleep", "a dog and a cat"])
+    assert output_format(model.save(tmp_path / "m.joblib")) == "vse-relevance-svd"
+    assert output_format(tiny_cache) == "vse-features"
+    marker = tmp_path / "ran"
+    (tmp_path / "evil.pkl").write_bytes(pickle.dumps({"format": "x", "code": _RunsCode(marker)}))
+    assert output_format(tmp_path / "evil.pkl") == "x" and not marker.exists()
+    for name, data in {"empty": b"", "text.txt": b"hello", "trunc.h5": tiny_cache.read_bytes()[:100],
+                       "csv.csv": b"a,b\n1,2\n"}.items():
+        (tmp_path / name).write_bytes(data)
+        assert output_format(tmp_path / name) is None, name
+    assert output_format(tmp_path / "absent") is None
+
+
+class _RunsCode:
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').write('ran')",))
+
