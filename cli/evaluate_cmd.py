@@ -42,8 +42,9 @@ def _parse_ks(ctx, param, value):
 def evaluate_command(embeddings, checkpoint, run_patterns, features, root, dataset_kind, split, protocol, order,
                      relevance, cs_ks, device, as_json, out, checkpoint_name, overwrite):
     """Recall@K, median/mean rank and rsum (PROTOCOL.md), both directions."""
-    from pipeline.evaluation import (JSON_KEYS, embed_checkpoint, evaluate_npz,
-                                     evaluate_split_embeddings, format_table)
+    from pipeline.cache import FeatureCache
+    from pipeline.evaluation import (JSON_KEYS, embed_checkpoint, evaluate_npz, evaluate_split_embeddings,
+                                     format_table, relevance_for_cache)
     from pipeline.runtime import resolve_device
 
     dev = resolve_device(device)
@@ -73,7 +74,9 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
 
             emb = embed_rc_checkpoint(checkpoint, dataset_kind, root, split, dev)
         else:
-            emb = embed_checkpoint(checkpoint, features, split, dev)
+            with FeatureCache(features) as cache:  # a relevance file of other captions: refused first
+                relevance = relevance_for_cache(relevance, cache) if relevance else None
+                emb = embed_checkpoint(checkpoint, cache, split, dev)
         metrics = evaluate_split_embeddings(emb, protocol, dev, relevance, cs_ks if relevance else ())
         title = f"{checkpoint} on {root or features} [{split}, {len(emb.images)} images, {protocol}]"
     if as_json:

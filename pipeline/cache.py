@@ -75,6 +75,25 @@ def caption_fingerprint(captions) -> str:
     return digest.hexdigest()
 
 
+def check_caption_fingerprint(expected: str, found_attrs, path, what: str, made_for) -> None:
+    """Refuse ``path`` (a ``what``, e.g. "relevance file", whose attributes are
+    ``found_attrs``) unless its ``caption_fingerprint`` is ``expected``, the fingerprint of
+    the captions of ``made_for`` (the file whose captions it must follow). A file without
+    the attribute was made by an older vse and is refused too: it cannot be checked, and a
+    file built for another caption list of the same length would be used silently."""
+    found = found_attrs.get("caption_fingerprint")
+    if isinstance(found, bytes):
+        found = found.decode("utf-8", "replace")
+    if found == expected:
+        return
+    if not found:
+        raise VseError(f"{what} has no caption fingerprint (made by an older vse), so it cannot be "
+                       f"checked against the captions of {made_for}; rebuild it from {made_for}", path)
+    source = found_attrs.get("features_file")
+    raise VseError(f"{what} was made for other captions{f' (from {source})' if source else ''} than "
+                   f"those of {made_for}; rebuild it from {made_for}", path)
+
+
 def shards_dir(out) -> Path:
     out = Path(out)
     return out.with_name(out.name + ".shards")
@@ -183,7 +202,8 @@ class ShardedWriter:
             f.attrs.update({k: v for k, v in attrs.items() if v is not None})
             f.attrs.update(format=FORMAT, format_version=FORMAT_VERSION,
                            feature_dim=self.feature_dim, num_images=self.num_rows,
-                           num_captions=len(index.captions), shard_size=self.shard_size,
+                           num_captions=len(index.captions),
+                           caption_fingerprint=caption_fingerprint(index.captions), shard_size=self.shard_size,
                            num_shards=len(self.bounds), config_fingerprint=self.fingerprint,
                            config=json.dumps(self.config, sort_keys=True),
                            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -387,6 +407,14 @@ class FeatureCache:
     @property
     def feature_dim(self) -> int:
         return int(self.features.shape[1])
+
+    @property
+    def caption_fingerprint(self) -> str:
+        """``caption_fingerprint(self.captions)``: the stored attribute, or computed for a
+        cache written before vse stored it."""
+        if "caption_fingerprint" not in self.attrs:
+            self.attrs["caption_fingerprint"] = caption_fingerprint(self.captions)
+        return self.attrs["caption_fingerprint"]
 
     @property
     def num_images(self) -> int:

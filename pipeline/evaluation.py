@@ -59,6 +59,15 @@ def embed_checkpoint(checkpoint, features, split: str, device: torch.device,
             cache.close()
 
 
+def relevance_for_cache(path, cache: FeatureCache):
+    """The relevance file ``path`` as a ``BatchRelevance``, refused unless it was made for
+    the captions of ``cache`` (same count and caption fingerprint)."""
+    from .relevance import BatchRelevance
+
+    return BatchRelevance(path, num_captions=len(cache.captions), caption_fingerprint=cache.caption_fingerprint,
+                          captions_from=cache.path)
+
+
 def evaluate_split_embeddings(emb: SplitEmbeddings, protocol: str = "single", device=None,
                               relevance=None, cs_ks=()) -> dict:
     """Retrieval metrics, plus CS@K when a relevance source (file path or object) is given."""

@@ -4,8 +4,10 @@ a failed run leave nothing behind. Driven through the `vse` command line."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from test_bad_inputs import assert_one_error_line, extract, flickr8k_layout, train, vse
@@ -85,7 +87,7 @@ def test_extract_refuses_foreign_files_among_its_shards(f8k, tmp_path):
 
 def test_relevance_refuses_to_replace_another_cache(tiny_cache, tmp_path):
     other = tmp_path / "other.h5"
-    other.write_bytes(tiny_cache.read_bytes())  # a cache stored inline (no shards)
+    other.write_bytes(tiny_cache.read_bytes())  # a feature cache (its shards stay where they are)
     before = other.read_bytes()
     assert_one_error_line(_relevance(tiny_cache, other), other,
                           f"exists and is not a vse relevance file (format 'vse-features'); {REFUSED}")
@@ -183,3 +185,75 @@ class _RunsCode:
     def __reduce__(self):
         return (exec, (f"open({self.marker!r}, 'w').write('ran')",))
 
+
+
+# ---------------------------------------------------------------------------- caption fingerprints
+
+
+def _same_count_other_captions(tiny_cache, path) -> Path:
+    """A cache like ``tiny_cache`` whose 200 captions are the same texts in another order."""
+    from conftest import write_feature_cache
+
+    from pipeline.cache import FeatureCache
+
+    with FeatureCache(tiny_cache) as cache:
+        features, captions = cache.read(np.arange(cache.num_images)), cache.captions
+        caption_image, ids = cache.caption_image, cache.image_ids
+        splits = {name: cache.split(name) for name in cache.split_names}
+    return write_feature_cache(path, features, captions[5:] + captions[:5], caption_image, splits, image_ids=ids)
+
+
+def test_caches_and_relevance_files_carry_the_caption_fingerprint(tiny_cache, tmp_path):
+    import h5py
+
+    from pipeline.cache import FeatureCache, caption_fingerprint
+
+    with FeatureCache(tiny_cache) as cache:
+        expected = caption_fingerprint(cache.captions)
+        assert cache.attrs["caption_fingerprint"] == cache.caption_fingerprint == expected
+    out = tmp_path / "rel.h5"
+    assert _relevance(tiny_cache, out).exit_code == 0
+    with h5py.File(out, "r") as f:
+        assert f.attrs["caption_fingerprint"] == expected
+    old = tmp_path / "old.h5"  # a cache written before vse stored the fingerprint
+    old.write_bytes(tiny_cache.read_bytes())
+    shutil.copytree(f"{tiny_cache}.shards", tmp_path / f"{tiny_cache.name}.shards")  # its shards
+    with h5py.File(old, "a") as f:
+        del f.attrs["caption_fingerprint"]
+    with FeatureCache(old) as cache:
+        assert cache.caption_fingerprint == expected
+
+
+def test_a_relevance_file_of_other_captions_with_the_same_count_is_refused(tiny_cache, run_dir, tmp_path):
+    other = _same_count_other_captions(tiny_cache, tmp_path / "other.h5")
+    relevance = tmp_path / "other-rel.h5"
+    assert _relevance(other, relevance).exit_code == 0
+    problem = (f"relevance file was made for other captions (from {other.resolve()}) than those of "
+               f"{tiny_cache}; rebuild it from {tiny_cache}")
+    for loss in ("lseh", "ladder"):
+        assert_one_error_line(train(tiny_cache, tmp_path / loss, "--loss", loss, "--relevance", relevance),
+                              relevance, problem)
+        assert not (tmp_path / loss / "last.pt").exists()
+    assert_one_error_line(vse("evaluate", "--checkpoint", run_dir / "best.pt", "--features", tiny_cache,
+                              "--relevance", relevance, "--cs", 2, "--device", "cpu"), relevance, problem)
+    runs = vse("evaluate", "--runs", run_dir, "--features", tiny_cache, "--relevance", relevance,
+               "--cs", 2, "--device", "cpu")
+    assert runs.exit_code == 1 and problem in runs.stderr  # the run is skipped, saying why
+
+    own = tmp_path / "own-rel.h5"
+    assert _relevance(tiny_cache, own).exit_code == 0
+    ok = vse("evaluate", "--checkpoint", run_dir / "best.pt", "--features", tiny_cache,
+             "--relevance", own, "--cs", 2, "--device", "cpu")
+    assert ok.exit_code == 0 and "i2t_cs@2" in ok.output, ok.output
+
+
+def test_a_relevance_file_without_a_fingerprint_is_refused(tiny_cache, tmp_path):
+    import h5py
+
+    relevance = tmp_path / "old-rel.h5"
+    assert _relevance(tiny_cache, relevance).exit_code == 0
+    with h5py.File(relevance, "a") as f:  # as an older vse wrote it
+        del f.attrs["caption_fingerprint"]
+    assert_one_error_line(train(tiny_cache, tmp_path / "run", "--loss", "lseh", "--relevance", relevance),
+                          relevance, f"relevance file has no caption fingerprint (made by an older vse), so "
+                                     f"it cannot be checked against the captions of {tiny_cache}; rebuild it")

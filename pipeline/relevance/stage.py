@@ -90,7 +90,7 @@ def build_relevance(features, method: str, out, *, k: int = 400, neighbours: int
     if method == "svd":
         guard_output(model_path_for(out), MODEL_FORMAT, "a vse SVD relevance model", overwrite)
     with FeatureCache(features) as cache:
-        captions = cache.captions
+        captions, fingerprint = cache.captions, cache.caption_fingerprint
         if not captions:
             raise VseError("feature cache has no captions", features)
         fit_indices = np.concatenate([cache.split_captions(s) for s in fit_splits])
@@ -111,7 +111,7 @@ def build_relevance(features, method: str, out, *, k: int = 400, neighbours: int
     model_path = None
     if model is not None:
         model_path = model.save(model_path_for(out))
-    write_relevance(out, rv, features_file=features, fit_splits=fit_splits,
+    write_relevance(out, rv, features_file=features, caption_fingerprint=fingerprint, fit_splits=fit_splits,
                     num_fit_captions=len(fit_indices), dtype=dtype, neighbours=lists,
                     svd_model=None if model_path is None else model_path.name)
     return RelevanceSummary(out, method, rv.num_captions, len(fit_indices), rv.vectors.shape[1],
