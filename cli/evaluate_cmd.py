@@ -43,8 +43,8 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
                      relevance, cs_ks, device, as_json, out, checkpoint_name, overwrite):
     """Recall@K, median/mean rank and rsum (PROTOCOL.md), both directions."""
     from pipeline.cache import FeatureCache
-    from pipeline.evaluation import (JSON_KEYS, embed_checkpoint, evaluate_npz, evaluate_split_embeddings,
-                                     format_table, relevance_for_cache)
+    from pipeline.evaluation import (JSON_KEYS, cs_note, embed_checkpoint, evaluate_npz,
+                                     evaluate_split_embeddings, format_table, relevance_for_cache)
     from pipeline.runtime import resolve_device
 
     dev = resolve_device(device)
@@ -78,6 +78,9 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
                 relevance = relevance_for_cache(relevance, cache) if relevance else None
                 emb = embed_checkpoint(checkpoint, cache, split, dev)
         metrics = evaluate_split_embeddings(emb, protocol, dev, relevance, cs_ks if relevance else ())
+        note = cs_note(cs_ks, len(emb.images), split) if relevance else None
+        if note:
+            click.echo(note, err=True)
         title = f"{checkpoint} on {root or features} [{split}, {len(emb.images)} images, {protocol}]"
     if as_json:
         out = {k: float(metrics[k]) for k in JSON_KEYS}
@@ -90,6 +93,7 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
 def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device, out, checkpoint_name,
                    overwrite=False):
     from pipeline.batch_eval import evaluate_runs
+    from pipeline.evaluation import cs_note
     from pipeline.fsutil import guard_output
     from pipeline.report import RESULTS_FORMAT, format_results, write_results
     from pipeline.runs import find_runs
@@ -105,6 +109,10 @@ def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device
                            echo=lambda m: click.echo(m, err=True))
     if not result.rows:
         raise click.ClickException(f"none of the {len(run_dirs)} runs could be evaluated")
+    if relevance:
+        for note in dict.fromkeys(cs_note(cs_ks, row["images"], split) for row in result.rows):
+            if note:
+                click.echo(note, err=True)
     if out:
         write_results(result.rows, out)
     click.echo(format_results(result.rows, "md", "recall"))

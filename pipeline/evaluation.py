@@ -79,6 +79,20 @@ def evaluate_split_embeddings(emb: SplitEmbeddings, protocol: str = "single", de
     return metrics
 
 
+def usable_cs_ks(ks, num_images: int) -> tuple[list[int], list[int]]:
+    """The K of CS@K that a split of ``num_images`` images allows (K <= N), and those left out."""
+    return [k for k in ks if k <= num_images], [k for k in ks if k > num_images]
+
+
+def cs_note(ks, num_images: int, split: str) -> str | None:
+    """The line telling which CS@K were left out for a split of ``num_images`` images."""
+    _, dropped = usable_cs_ks(ks, num_images)
+    if not dropped:
+        return None
+    return (f"note: {', '.join(f'CS@{k}' for k in dropped)} left out: the {split} split has only "
+            f"{num_images} images (CS@K needs K <= that)")
+
+
 def coherent_score_report(emb: SplitEmbeddings, relevance, ks, order: bool = False, device=None) -> dict:
     """CS@K on one caption per image (each image's first caption), as the ladder paper."""
     from .relevance import BatchRelevance
@@ -87,9 +101,11 @@ def coherent_score_report(emb: SplitEmbeddings, relevance, ks, order: bool = Fal
     first = np.flatnonzero(np.r_[True, emb.caption_image[1:] != emb.caption_image[:-1]])
     if len(first) != len(emb.images):
         raise VseError("CS@K needs at least one caption for every image of the split")
+    ks, _ = usable_cs_ks(ks, len(emb.images))
+    if not ks:
+        return {}
     ref_rows = torch.from_numpy(emb.caption_rows[first])
     rel = source(ref_rows).float().cpu().numpy()
-    ks = [k for k in ks if k <= len(emb.images)]
     return coherent_scores(emb.images, emb.captions[first], rel, ks, order=order, device=device)
 
 

@@ -257,3 +257,27 @@ def test_a_relevance_file_without_a_fingerprint_is_refused(tiny_cache, tmp_path)
     assert_one_error_line(train(tiny_cache, tmp_path / "run", "--loss", "lseh", "--relevance", relevance),
                           relevance, f"relevance file has no caption fingerprint (made by an older vse), so "
                                      f"it cannot be checked against the captions of {tiny_cache}; rebuild it")
+
+
+# ---------------------------------------------------------------------------- CS@K on small splits
+
+
+def test_cs_at_k_beyond_the_split_size_is_left_out_and_named(tiny_cache, run_dir, tmp_path):
+    import json
+
+    relevance = tmp_path / "rel.h5"
+    assert _relevance(tiny_cache, relevance).exit_code == 0
+    base = ["evaluate", "--checkpoint", run_dir / "best.pt", "--features", tiny_cache, "--relevance", relevance,
+            "--device", "cpu"]
+    default = vse(*base, "--json")  # --cs 100,1000 on the 8 test images: was `max() arg is an empty sequence`
+    assert default.exit_code == 0, default.output
+    assert default.stderr.splitlines() == [
+        "note: CS@100, CS@1000 left out: the test split has only 8 images (CS@K needs K <= that)"]
+    assert not any("_cs@" in key for key in json.loads(default.stdout))
+    some = vse(*base, "--cs", "4,8,100")
+    assert some.exit_code == 0, some.output
+    assert "i2t_cs@4" in some.stdout and "t2i_cs@8" in some.stdout and "cs@100" not in some.stdout
+    assert "note: CS@100 left out: the test split has only 8 images" in some.stderr
+    runs = vse("evaluate", "--runs", run_dir, "--relevance", relevance, "--cs", "4,100", "--device", "cpu")
+    assert runs.exit_code == 0, runs.output
+    assert "note: CS@100 left out: the test split has only 8 images" in runs.stderr
