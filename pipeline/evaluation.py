@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +23,8 @@ def load_embeddings_npz(path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None
     """``images`` (N×D), ``captions`` (M×D; 5N with captions 5k..5k+4 of image k, unless an
     explicit ``caption_image`` array is stored)."""
     path = Path(path)
+    if not path.is_file():
+        raise VseError("embeddings file not found", path)
     try:
         with np.load(path, allow_pickle=False) as npz:
             missing = [k for k in ("images", "captions") if k not in npz.files]
@@ -28,8 +32,9 @@ def load_embeddings_npz(path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None
                 raise VseError(f"npz lacks array(s) {', '.join(missing)} (has: {', '.join(npz.files) or 'none'})", path)
             images, captions = npz["images"], npz["captions"]
             caption_image = npz["caption_image"] if "caption_image" in npz.files else None
-    except (OSError, ValueError) as exc:
-        raise VseError(f"cannot read embeddings ({str(exc).splitlines()[0][:160]})", path) from exc
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+        raise VseError(f"cannot read embeddings: truncated or not an npz ({reason})", path) from exc
     if images.ndim != 2 or captions.ndim != 2 or images.shape[1] != captions.shape[1]:
         raise VseError(f"images {images.shape} and captions {captions.shape} must be 2-D with the same width", path)
     if caption_image is None and len(captions) != 5 * len(images):

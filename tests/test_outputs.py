@@ -281,3 +281,42 @@ def test_cs_at_k_beyond_the_split_size_is_left_out_and_named(tiny_cache, run_dir
     runs = vse("evaluate", "--runs", run_dir, "--relevance", relevance, "--cs", "4,100", "--device", "cpu")
     assert runs.exit_code == 0, runs.output
     assert "note: CS@100 left out: the test split has only 8 images" in runs.stderr
+
+
+# ---------------------------------------------------------------------------- files given in the wrong place
+
+
+def test_a_truncated_or_corrupt_embeddings_file_is_one_line(tmp_path):
+    rng = np.random.default_rng(0)
+    whole = tmp_path / "emb.npz"
+    np.savez_compressed(whole, images=rng.random((4, 3)), captions=rng.random((20, 3)))
+    assert vse("evaluate", "--embeddings", whole).exit_code == 0
+    data = whole.read_bytes()
+    cut = tmp_path / "cut.npz"
+    cut.write_bytes(data[: len(data) // 2])
+    assert_one_error_line(vse("evaluate", "--embeddings", cut), cut,
+                          "cannot read embeddings: truncated or not an npz (File is not a zip file)")
+    flipped = tmp_path / "flipped.npz"  # one byte changed inside the compressed images array
+    flipped.write_bytes(data[:60] + bytes([data[60] ^ 0xFF]) + data[61:])
+    assert_one_error_line(vse("evaluate", "--embeddings", flipped), flipped, "cannot read embeddings")
+    assert_one_error_line(vse("evaluate", "--embeddings", tmp_path / "absent.npz"), tmp_path / "absent.npz",
+                          "embeddings file not found")
+
+
+def test_a_file_given_as_checkpoint_is_named_for_what_it_is(tiny_cache, tmp_path):
+    relevance = tmp_path / "rel.h5"
+    assert _relevance(tiny_cache, relevance).exit_code == 0
+    embeddings = tmp_path / "emb.npz"
+    np.savez(embeddings, images=np.zeros((2, 3)), captions=np.zeros((10, 3)))
+    text = tmp_path / "notes.pt"
+    text.write_text("hello")
+    cases = {tiny_cache: "is a vse feature cache, not a checkpoint; give it as --features",
+             relevance: "is a vse relevance file, not a checkpoint; give it as --relevance",
+             embeddings: "is an npz of arrays, not a checkpoint (saved embeddings go to --embeddings)",
+             text: "is not a PyTorch checkpoint file"}
+    for path, problem in cases.items():
+        result = vse("evaluate", "--checkpoint", path, "--features", tiny_cache, "--device", "cpu")
+        assert_one_error_line(result, path, problem)
+        assert "other than tensors" not in result.stderr
+    assert_one_error_line(train(tiny_cache, tmp_path / "run", "--init-from", tiny_cache), tiny_cache,
+                          cases[tiny_cache])
