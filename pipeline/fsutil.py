@@ -46,6 +46,11 @@ def atomic_path(path, suffix: str = ".tmp"):
         raise
 
 
+def flush_to_disk(path) -> None:
+    """fsync ``path`` now (a full disk shows here, before anything depends on the file)."""
+    _fsync_file(Path(path))
+
+
 def remove_stale_temporaries(folder) -> list[Path]:
     """Delete the temporaries ``atomic_path`` left in ``folder`` when its process was killed
     (``.NAME.PID.tmp`` whose PID no longer runs); returns what was removed."""

@@ -107,9 +107,13 @@ def test_relevance_refuses_a_foreign_svd_model_file(tiny_cache, tmp_path):
     assert_one_error_line(_relevance(tiny_cache, out), model,
                           f"exists and is not a vse SVD relevance model (a file vse did not write); {REFUSED}")
     assert not out.exists()
+    foreign = model.read_bytes()
     assert vse("relevance", "--features", tiny_cache, "--method", "cbow", "--out", out).exit_code == 0
+    assert model.read_bytes() == foreign  # not its model: left alone
     assert _relevance(tiny_cache, out, "--overwrite").exit_code == 0
     assert output_format(model) == "vse-relevance-svd"
+    assert vse("relevance", "--features", tiny_cache, "--method", "cbow", "--out", out).exit_code == 0
+    assert not model.exists()  # the model of the svd file just replaced goes with it
 
 
 def test_evaluate_runs_out_refuses_before_evaluating(run_dir, tmp_path):
