@@ -94,8 +94,8 @@ def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device
                    overwrite=False):
     from pipeline.batch_eval import evaluate_runs
     from pipeline.evaluation import cs_note
-    from pipeline.fsutil import guard_output
-    from pipeline.report import RESULTS_FORMAT, format_results, write_results
+    from pipeline.fsutil import RESULTS_FORMAT, guard_output
+    from pipeline.report import format_results, write_results
     from pipeline.runs import find_runs
 
     if out:  # before hours of evaluation, not after

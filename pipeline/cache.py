@@ -108,7 +108,20 @@ def guard_cache_outputs(out, overwrite: bool = False) -> None:
         raise VseError("exists and is not a folder (the cache's shards go there): move it away", shards)
     if shards.is_dir():
         for shard in sorted(shards.glob("shard-*.h5")):
-            guard_output(shard, SHARD_FORMAT, "a vse feature shard", overwrite)
+            if not _broken_hdf5(shard):  # a broken shard is recomputed like a missing one
+                guard_output(shard, SHARD_FORMAT, "a vse feature shard", overwrite)
+
+
+def _broken_hdf5(path: Path) -> bool:
+    """An HDF5 signature that h5py cannot open: what a shard cut short looks like."""
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(8) != b"\x89HDF\r\n\x1a\n":
+                return False
+        h5py.File(path, "r").close()
+    except OSError:
+        return True
+    return False
 
 
 def shard_bounds(num_rows: int, shard_size: int) -> list[tuple[int, int]]:
@@ -203,7 +216,8 @@ class ShardedWriter:
             f.attrs.update(format=FORMAT, format_version=FORMAT_VERSION,
                            feature_dim=self.feature_dim, num_images=self.num_rows,
                            num_captions=len(index.captions),
-                           caption_fingerprint=caption_fingerprint(index.captions), shard_size=self.shard_size,
+                           caption_fingerprint=caption_fingerprint(index.captions),
+                           shard_size=self.shard_size,
                            num_shards=len(self.bounds), config_fingerprint=self.fingerprint,
                            config=json.dumps(self.config, sort_keys=True),
                            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),

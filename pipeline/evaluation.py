@@ -69,8 +69,8 @@ def relevance_for_cache(path, cache: FeatureCache):
     the captions of ``cache`` (same count and caption fingerprint)."""
     from .relevance import BatchRelevance
 
-    return BatchRelevance(path, num_captions=len(cache.captions), caption_fingerprint=cache.caption_fingerprint,
-                          captions_from=cache.path)
+    return BatchRelevance(path, num_captions=len(cache.captions),
+                          caption_fingerprint=cache.caption_fingerprint, captions_from=cache.path)
 
 
 def evaluate_split_embeddings(emb: SplitEmbeddings, protocol: str = "single", device=None,

@@ -121,13 +121,14 @@ def _unlink_quietly(path: Path) -> None:
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _SNIFF_BYTES = 1 << 16
+RESULTS_FORMAT = "vse-results"  # a results.csv (pipeline.report): its header starts "run," and has rsum
 
 
 def output_format(path) -> str | None:
     """The format tag of a file vse writes, read without running anything: an HDF5 file's
     ``format`` attribute, a pickle's (joblib) leading ``"format": TAG`` item, a PNG's
     ``format`` text chunk, a PDF's ``/Creator``, an HTML page's ``<meta name="generator">``,
-    ``vse-results`` for a CSV whose header starts with ``run`` and has ``rsum``. None for
+    ``RESULTS_FORMAT`` for a CSV whose header starts with ``run`` and has ``rsum``. None for
     anything else (a file vse did not write)."""
     path = Path(path)
     try:
@@ -151,7 +152,7 @@ def output_format(path) -> str | None:
         return match.group(1)
     header = text.split("\n", 1)[0].rstrip("\r").split(",")
     if header[0] == "run" and "rsum" in header:
-        return "vse-results"
+        return RESULTS_FORMAT
     return None
 
 

@@ -23,7 +23,6 @@ TEXT_COLUMNS = {"run", "loss", "loss_options", "backbone", "train_set", "feature
 LOWER_IS_BETTER = ("_medr", "_meanr", "epochs_to_best")
 EPOCHS_COLUMN = ("Training", [("Epochs to best", "epochs_to_best")])  # LSEH's efficiency measure
 FORMATS = ("md", "latex", "csv")
-RESULTS_FORMAT = "vse-results"  # what fsutil.output_format calls a results.csv (header: run, …, rsum)
 LAYOUTS = {
     "paper": [("Caption Retrieval", [("R@1", "i2t_r1"), ("R@10", "i2t_r10"), ("Med r", "i2t_medr")]),
               ("Image Retrieval", [("R@1", "t2i_r1"), ("R@10", "t2i_r10"), ("Med r", "t2i_medr")])],

@@ -105,7 +105,8 @@ def test_relevance_refuses_a_foreign_svd_model_file(tiny_cache, tmp_path):
     model = Path(f"{out}.svd.joblib")
     torch.save({"weights": torch.zeros(2)}, model)  # someone's file under the model's name
     assert_one_error_line(_relevance(tiny_cache, out), model,
-                          f"exists and is not a vse SVD relevance model (a file vse did not write); {REFUSED}")
+                          "exists and is not a vse SVD relevance model (a file vse did not write); "
+                          f"{REFUSED}")
     assert not out.exists()
     foreign = model.read_bytes()
     assert vse("relevance", "--features", tiny_cache, "--method", "cbow", "--out", out).exit_code == 0
@@ -120,8 +121,8 @@ def test_evaluate_runs_out_refuses_before_evaluating(run_dir, tmp_path):
     victim = tmp_path / "paper.tex"
     victim.write_text("\\section{Results}\n")
     result = vse("evaluate", "--runs", run_dir, "--out", victim, "--device", "cpu")
-    assert_one_error_line(result, victim, f"exists and is not a vse results table (a file vse did not write); "
-                                          f"{REFUSED}")
+    assert_one_error_line(result, victim, "exists and is not a vse results table (a file vse did not "
+                                          f"write); {REFUSED}")
     assert "evaluated" not in result.output and victim.read_text() == "\\section{Results}\n"
 
     out = tmp_path / "results.csv"
@@ -129,7 +130,8 @@ def test_evaluate_runs_out_refuses_before_evaluating(run_dir, tmp_path):
         result = vse("evaluate", "--runs", run_dir, "--out", out, "--device", "cpu")
         assert result.exit_code == 0, result.output
     assert output_format(out) == "vse-results"
-    assert vse("evaluate", "--runs", run_dir, "--out", victim, "--device", "cpu", "--overwrite").exit_code == 0
+    overwritten = vse("evaluate", "--runs", run_dir, "--out", victim, "--device", "cpu", "--overwrite")
+    assert overwritten.exit_code == 0, overwritten.output
     assert output_format(victim) == "vse-results"
 
 
@@ -204,7 +206,8 @@ def _same_count_other_captions(tiny_cache, path) -> Path:
         features, captions = cache.read(np.arange(cache.num_images)), cache.captions
         caption_image, ids = cache.caption_image, cache.image_ids
         splits = {name: cache.split(name) for name in cache.split_names}
-    return write_feature_cache(path, features, captions[5:] + captions[:5], caption_image, splits, image_ids=ids)
+    return write_feature_cache(path, features, captions[5:] + captions[:5], caption_image, splits,
+                               image_ids=ids)
 
 
 def test_caches_and_relevance_files_carry_the_caption_fingerprint(tiny_cache, tmp_path):
@@ -271,8 +274,8 @@ def test_cs_at_k_beyond_the_split_size_is_left_out_and_named(tiny_cache, run_dir
 
     relevance = tmp_path / "rel.h5"
     assert _relevance(tiny_cache, relevance).exit_code == 0
-    base = ["evaluate", "--checkpoint", run_dir / "best.pt", "--features", tiny_cache, "--relevance", relevance,
-            "--device", "cpu"]
+    base = ["evaluate", "--checkpoint", run_dir / "best.pt", "--features", tiny_cache,
+            "--relevance", relevance, "--device", "cpu"]
     default = vse(*base, "--json")  # --cs 100,1000 on the 8 test images: was `max() arg is an empty sequence`
     assert default.exit_code == 0, default.output
     assert default.stderr.splitlines() == [
@@ -324,3 +327,13 @@ def test_a_file_given_as_checkpoint_is_named_for_what_it_is(tiny_cache, tmp_path
         assert "other than tensors" not in result.stderr
     assert_one_error_line(train(tiny_cache, tmp_path / "run", "--init-from", tiny_cache), tiny_cache,
                           cases[tiny_cache])
+
+
+def test_a_broken_shard_is_recomputed_not_refused(f8k, tmp_path):
+    out = tmp_path / "f.h5"
+    assert extract(f8k, out).exit_code == 0
+    shard = Path(f"{out}.shards") / "shard-00000.h5"
+    shard.write_bytes(shard.read_bytes()[:64])  # an HDF5 file cut short: vse's own, broken
+    result = extract(f8k, out)
+    assert result.exit_code == 0, result.output
+    assert "1 computed here" in result.output and output_format(shard) == "vse-features-shard"
