@@ -40,11 +40,13 @@ def _parse_ks(ctx, param, value):
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="--runs: write results.csv here.")
 @click.option("--checkpoint-name", default="best.pt", show_default=True, help="--runs: which checkpoint of each run.")
 @judgment_options
+@click.option("--overwrite", is_flag=True, help="--out: replace a file that is not a vse results table.")
 def evaluate_command(embeddings, checkpoint, run_patterns, features, root, dataset_kind, split, protocol, order,
-                     relevance, cs_ks, device, as_json, out, checkpoint_name, judgments):
+                     relevance, cs_ks, device, as_json, out, checkpoint_name, judgments, overwrite):
     """Recall@K, median/mean rank and rsum (PROTOCOL.md), both directions."""
-    from pipeline.evaluation import (JSON_KEYS, embed_checkpoint, evaluate_npz,
-                                     evaluate_split_embeddings, format_table)
+    from pipeline.cache import FeatureCache
+    from pipeline.evaluation import (JSON_KEYS, cs_note, embed_checkpoint, evaluate_npz,
+                                     evaluate_split_embeddings, format_table, relevance_for_cache)
     from pipeline.runtime import resolve_device
 
     dev = resolve_device(device)
@@ -53,7 +55,7 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
                                "or --runs 'runs/*'")
     if run_patterns:
         _evaluate_runs(run_patterns, features, split, protocol, relevance, cs_ks, dev, out, checkpoint_name,
-                       judgments)
+                       judgments, overwrite)
         return
     if out:
         raise click.UsageError("--out goes with --runs")
@@ -78,8 +80,13 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
 
             emb = embed_rc_checkpoint(checkpoint, dataset_kind, root, split, dev)
         else:
-            emb = embed_checkpoint(checkpoint, features, split, dev)
+            with FeatureCache(features) as cache:  # a relevance file of other captions: refused first
+                relevance = relevance_for_cache(relevance, cache) if relevance else None
+                emb = embed_checkpoint(checkpoint, cache, split, dev)
         metrics = evaluate_split_embeddings(emb, protocol, dev, relevance, cs_ks if relevance else ())
+        note = cs_note(cs_ks, len(emb.images), split) if relevance else None
+        if note:
+            click.echo(note, err=True)
         title = f"{checkpoint} on {root or features} [{split}, {len(emb.images)} images, {protocol}]"
         if judgments:
             metrics.update(_judge_split(emb, judgments, features, root, dataset_kind, dev))
@@ -126,10 +133,15 @@ def _json_number(value):
 
 
 def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device, out, checkpoint_name,
-                   judgments=None):
+                   judgments=None, overwrite=False):
     from pipeline.batch_eval import evaluate_runs
+    from pipeline.evaluation import cs_note
+    from pipeline.fsutil import RESULTS_FORMAT, guard_output
     from pipeline.report import format_results, write_results
     from pipeline.runs import find_runs
+
+    if out:  # before hours of evaluation, not after
+        guard_output(out, RESULTS_FORMAT, "a vse results table", overwrite)
 
     run_dirs = find_runs(patterns)
     if not run_dirs:
@@ -140,6 +152,10 @@ def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device
                            judgments=judgments.load() if judgments else None)
     if not result.rows:
         raise click.ClickException(f"none of the {len(run_dirs)} runs could be evaluated")
+    if relevance:
+        for note in dict.fromkeys(cs_note(cs_ks, row["images"], split) for row in result.rows):
+            if note:
+                click.echo(note, err=True)
     if out:
         write_results(result.rows, out)
     click.echo(format_results(result.rows, "md", "human" if judgments else "recall"))

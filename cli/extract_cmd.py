@@ -43,8 +43,10 @@ def _split_list(ctx, param, value):
 @click.option("--skip-bad-images", is_flag=True,
               help="Store zeros for unreadable images (listed in the cache's bad_images) instead of stopping.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an existing --out that is not a vse feature cache (refused otherwise).")
 def extract_command(kind, root, splits, backbone, crops, out, batch_size, workers, device,
-                    shard_size, weights, skip_bad_images, quiet):
+                    shard_size, weights, skip_bad_images, quiet, overwrite):
     """Extract image features into a sharded HDF5 cache; rerun the same command to resume.
 
     Under torchrun each rank computes every world_size-th shard.
@@ -55,11 +57,13 @@ def extract_command(kind, root, splits, backbone, crops, out, batch_size, worker
 
     dataset = load_dataset(kind, root)
     if kind == "vsepp-precomp":
-        result = import_precomputed(dataset, out, splits, shard_size=shard_size, dataset_kind=kind)
+        result = import_precomputed(dataset, out, splits, shard_size=shard_size, dataset_kind=kind,
+                                    overwrite=overwrite)
     else:
         options = ExtractOptions(backbone=backbone, crops=int(crops), batch_size=batch_size,
                                  workers=workers, device=device, shard_size=shard_size,
-                                 weights=weights, skip_bad_images=skip_bad_images, progress=not quiet)
+                                 weights=weights, skip_bad_images=skip_bad_images, progress=not quiet,
+                                 overwrite=overwrite)
         result = extract_features(dataset, out, splits, options, dataset_kind=kind)
     if not distributed.is_main():
         return

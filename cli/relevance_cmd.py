@@ -32,8 +32,10 @@ from pipeline.relevance.svd import DEFAULT_SVD_ITERATIONS
 @click.option("--svd-iterations", default=DEFAULT_SVD_ITERATIONS, show_default=True,
               help="Power iterations of the randomized SVD (the LSEH code used 100: slower, "
                    "cosines agree to ~0.002).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an existing --out that is not a vse relevance file (refused otherwise).")
 def relevance(features, method, out, k, neighbours, fit_split, batch_size, device, dtype,
-              cbow_threshold, seed, svd_iterations):
+              cbow_threshold, seed, svd_iterations, overwrite):
     """Fit on the training captions, write unit relevance vectors for every caption."""
     from pipeline.relevance.stage import build_relevance
 
@@ -41,7 +43,7 @@ def relevance(features, method, out, k, neighbours, fit_split, batch_size, devic
     summary = build_relevance(features, method, out, k=k, neighbours=neighbours,
                               batch_size=batch_size, device=device, dtype=dtype,
                               cbow_threshold=cbow_threshold, fit_splits=fit_splits, seed=seed,
-                              svd_iterations=svd_iterations, progress=True)
+                              svd_iterations=svd_iterations, progress=True, overwrite=overwrite)
     click.echo(f"wrote {summary.out}: {summary.num_captions} captions x {summary.dim} "
                f"({summary.method}, {summary.num_fit_captions} {'+'.join(fit_splits)} captions)")
     if summary.method == "svd" and summary.params["k"] != summary.params["k_requested"]:

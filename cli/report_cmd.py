@@ -36,7 +36,8 @@ def report_command(results, fmt, layout, label, bold, epochs, seeds):
 @click.option("--results", type=click.Path(dir_okay=False), default=None,
               help="results.csv: test metrics for the negative-set and epochs figures.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Folder for PNG + PDF.")
-def plot_command(patterns, results, out_dir):
+@click.option("--overwrite", is_flag=True, help="Replace figure files in --out that vse did not write.")
+def plot_command(patterns, results, out_dir, overwrite):
     """Validation curves, R@1 against negative set size, epochs to best M-Recall."""
     from pipeline.plots import plot_runs
     from pipeline.report import read_results
@@ -48,7 +49,7 @@ def plot_command(patterns, results, out_dir):
     if patterns and not run_dirs:
         raise click.UsageError(f"no run folders match {' '.join(patterns)}")
     rows = read_results(results) if results else None
-    written = plot_runs(run_dirs, out_dir, rows)
+    written = plot_runs(run_dirs, out_dir, rows, overwrite)
     if not written:
         click.echo("nothing to plot: the runs have no validation records yet")
     for name, paths in written.items():
@@ -71,7 +72,9 @@ def plot_command(patterns, results, out_dir):
 @click.option("--device", default="auto", show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False), default="gallery.html", show_default=True)
 @judgment_options
-def gallery_command(checkpoint, features, images_root, split, n, k, embed, seed, device, out, judgments):
+@click.option("--overwrite", is_flag=True, help="Replace an existing --out that is not a vse gallery page.")
+def gallery_command(checkpoint, features, images_root, split, n, k, embed, seed, device, out, judgments,
+                    overwrite):
     """A static HTML page of query images with their top captions and query captions with
     their top images, ground truth marked (opens in a browser, no server)."""
     from pipeline.checkpoint import load_checkpoint
@@ -84,7 +87,7 @@ def gallery_command(checkpoint, features, images_root, split, n, k, embed, seed,
             raise click.UsageError("the checkpoint names no feature cache: give --features")
     summary = build_gallery(checkpoint, features, out, images_root=images_root, split=split, n=n, k=k,
                             embed=embed, seed=seed, device=resolve_device(device),
-                            judgments=judgments.load() if judgments else None)
+                            judgments=judgments.load() if judgments else None, overwrite=overwrite)
     if summary.missing_images:
         click.echo(f"warning: {len(summary.missing_images)} image(s) not found under "
                    f"{images_root or 'the cache dataset_root'} (shown by name), e.g. {summary.missing_images[0]}",

@@ -79,16 +79,11 @@ class RunEvaluator:
         return self._tokens[key]
 
     def relevance(self, cache: FeatureCache):
-        from .relevance import BatchRelevance
+        from .evaluation import relevance_for_cache
 
         key = cache.path.resolve()
         if key not in self._relevance:
-            relevance = BatchRelevance(self.relevance_path)
-            if len(relevance) != len(cache.captions):
-                raise VseError(f"relevance file has {len(relevance)} captions but the feature cache "
-                               f"{cache.path} has {len(cache.captions)}: made for another cache",
-                               self.relevance_path)
-            self._relevance[key] = relevance
+            self._relevance[key] = relevance_for_cache(self.relevance_path, cache)
         return self._relevance[key]
 
     def judge(self, cache: FeatureCache, emb) -> dict:

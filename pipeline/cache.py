@@ -27,7 +27,7 @@ import numpy as np
 
 from . import __version__
 from .errors import VseError
-from .fsutil import atomic_h5
+from .fsutil import atomic_h5, guard_output
 
 FORMAT = "vse-features"
 FORMAT_VERSION = 1
@@ -75,9 +75,53 @@ def caption_fingerprint(captions) -> str:
     return digest.hexdigest()
 
 
+def check_caption_fingerprint(expected: str, found_attrs, path, what: str, made_for) -> None:
+    """Refuse ``path`` (a ``what``, e.g. "relevance file", whose attributes are
+    ``found_attrs``) unless its ``caption_fingerprint`` is ``expected``, the fingerprint of
+    the captions of ``made_for`` (the file whose captions it must follow). A file without
+    the attribute was made by an older vse and is refused too: it cannot be checked, and a
+    file built for another caption list of the same length would be used silently."""
+    found = found_attrs.get("caption_fingerprint")
+    if isinstance(found, bytes):
+        found = found.decode("utf-8", "replace")
+    if found == expected:
+        return
+    if not found:
+        raise VseError(f"{what} has no caption fingerprint (made by an older vse), so it cannot be "
+                       f"checked against the captions of {made_for}; rebuild it from {made_for}", path)
+    source = found_attrs.get("features_file")
+    raise VseError(f"{what} was made for other captions{f' (from {source})' if source else ''} than "
+                   f"those of {made_for}; rebuild it from {made_for}", path)
+
+
 def shards_dir(out) -> Path:
     out = Path(out)
     return out.with_name(out.name + ".shards")
+
+
+def guard_cache_outputs(out, overwrite: bool = False) -> None:
+    """Refuse an existing ``out`` or shard file that is not part of a vse feature cache
+    (resuming reuses those), unless ``overwrite``; see ``fsutil.guard_output``."""
+    guard_output(out, FORMAT, "a vse feature cache", overwrite)
+    shards = shards_dir(out)
+    if shards.exists() and not shards.is_dir():
+        raise VseError("exists and is not a folder (the cache's shards go there): move it away", shards)
+    if shards.is_dir():
+        for shard in sorted(shards.glob("shard-*.h5")):
+            if not _broken_hdf5(shard):  # a broken shard is recomputed like a missing one
+                guard_output(shard, SHARD_FORMAT, "a vse feature shard", overwrite)
+
+
+def _broken_hdf5(path: Path) -> bool:
+    """An HDF5 signature that h5py cannot open: what a shard cut short looks like."""
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(8) != b"\x89HDF\r\n\x1a\n":
+                return False
+        h5py.File(path, "r").close()
+    except OSError:
+        return True
+    return False
 
 
 def shard_bounds(num_rows: int, shard_size: int) -> list[tuple[int, int]]:
@@ -89,10 +133,12 @@ def shard_bounds(num_rows: int, shard_size: int) -> list[tuple[int, int]]:
 class ShardedWriter:
     """Writes the shards of one cache (in any order, from any rank) and then the combined file."""
 
-    def __init__(self, out, num_rows: int, feature_dim: int, shard_size: int, config: dict):
+    def __init__(self, out, num_rows: int, feature_dim: int, shard_size: int, config: dict,
+                 overwrite: bool = False):
         if num_rows < 1:
             raise VseError("nothing to write: no images selected", out)
         self.out = Path(out)
+        guard_cache_outputs(self.out, overwrite)
         self.feature_dim = int(feature_dim)
         self.shard_size = int(shard_size)
         self.bounds = shard_bounds(num_rows, shard_size)
@@ -134,12 +180,15 @@ class ShardedWriter:
             f.attrs["complete"] = True  # last, once everything above is in the file
 
     def discard_stale_combined(self) -> None:
-        """Remove a combined file from another configuration: its shards are about to change."""
+        """Remove a combined file from another configuration: its shards are about to change.
+        Only a vse feature cache: anything else (allowed by ``overwrite``) stays until the new
+        cache replaces it, complete."""
         try:
             with h5py.File(self.out, "r") as f:
-                stale = f.attrs.get("config_fingerprint") != self.fingerprint
-        except OSError:  # absent or unreadable
-            stale = self.out.exists()
+                stale = (f.attrs.get("format") == FORMAT
+                         and f.attrs.get("config_fingerprint") != self.fingerprint)
+        except OSError:  # absent, unreadable or not HDF5
+            stale = False
         if stale:
             self.out.unlink(missing_ok=True)
 
@@ -166,7 +215,9 @@ class ShardedWriter:
             f.attrs.update({k: v for k, v in attrs.items() if v is not None})
             f.attrs.update(format=FORMAT, format_version=FORMAT_VERSION,
                            feature_dim=self.feature_dim, num_images=self.num_rows,
-                           num_captions=len(index.captions), shard_size=self.shard_size,
+                           num_captions=len(index.captions),
+                           caption_fingerprint=caption_fingerprint(index.captions),
+                           shard_size=self.shard_size,
                            num_shards=len(self.bounds), config_fingerprint=self.fingerprint,
                            config=json.dumps(self.config, sort_keys=True),
                            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -188,14 +239,14 @@ class ShardedWriter:
 
 
 def write_cache(path, features, image_ids, captions, caption_image, splits, attrs=None,
-                shard_size: int = DEFAULT_SHARD_SIZE, bad_images=()) -> Path:
+                shard_size: int = DEFAULT_SHARD_SIZE, bad_images=(), overwrite: bool = False) -> Path:
     """Write a complete cache from features already at hand (an array or anything that
     slices rows, e.g. a memory map): the VSE++ precomputed import, tests, synthetic data."""
     attrs = dict(attrs or {})
     num_rows, feature_dim = features.shape
     config = {"source": "write_cache", "num_rows": int(num_rows), "feature_dim": int(feature_dim),
               "attrs": {k: _plain(v) for k, v in sorted(attrs.items())}}
-    writer = ShardedWriter(path, num_rows, feature_dim, shard_size, config)
+    writer = ShardedWriter(path, num_rows, feature_dim, shard_size, config, overwrite)
     bad_images = np.asarray(bad_images, dtype=np.int64)
     for i, (start, stop) in enumerate(writer.bounds):
         inside = bad_images[(bad_images >= start) & (bad_images < stop)]
@@ -370,6 +421,14 @@ class FeatureCache:
     @property
     def feature_dim(self) -> int:
         return int(self.features.shape[1])
+
+    @property
+    def caption_fingerprint(self) -> str:
+        """``caption_fingerprint(self.captions)``: the stored attribute, or computed for a
+        cache written before vse stored it."""
+        if "caption_fingerprint" not in self.attrs:
+            self.attrs["caption_fingerprint"] = caption_fingerprint(self.captions)
+        return self.attrs["caption_fingerprint"]
 
     @property
     def num_images(self) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import re
 import warnings
+import zipfile
 from pathlib import Path
 
 import torch
@@ -40,6 +41,9 @@ def load_checkpoint(path, map_location="cpu") -> dict:
             warnings.simplefilter("ignore")
             state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError, … here
+        other = _other_kind_of_file(path)
+        if other:
+            raise VseError(other, path) from exc
         first = _load_error(exc)
         if type(exc).__name__ == "UnpicklingError":
             raise VseError("refusing to load checkpoint: it holds objects other than tensors"
@@ -51,6 +55,34 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     if missing:
         raise VseError(f"checkpoint lacks {', '.join(missing)}", path)
     return state
+
+
+def _other_kind_of_file(path: Path) -> str | None:
+    """What a file torch cannot load is when it is plainly not a checkpoint (another vse
+    file, an npz, no PyTorch file at all), so that the message says so instead of
+    suggesting a tampered or truncated checkpoint."""
+    from .cache import FORMAT as CACHE_FORMAT
+    from .fsutil import output_format
+    from .relevance.store import FORMAT as RELEVANCE_FORMAT
+
+    found = output_format(path)
+    if found == CACHE_FORMAT:
+        return "is a vse feature cache, not a checkpoint; give it as --features"
+    if found == RELEVANCE_FORMAT:
+        return "is a vse relevance file, not a checkpoint; give it as --relevance"
+    if found and found != CHECKPOINT_FORMAT:  # a checkpoint whose contents torch refused: said below
+        return f"is a vse file of format {found!r}, not a checkpoint"
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+        if names and all(name.endswith(".npy") for name in names):
+            return "is an npz of arrays, not a checkpoint (saved embeddings go to --embeddings)"
+        return None
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if not head.startswith((b"PK", b"\x80")):  # a torch zip (maybe cut short) or a legacy pickle
+        return "is not a PyTorch checkpoint file"
+    return None
 
 
 def _load_error(exc: Exception) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +23,8 @@ def load_embeddings_npz(path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None
     """``images`` (N×D), ``captions`` (M×D; 5N with captions 5k..5k+4 of image k, unless an
     explicit ``caption_image`` array is stored)."""
     path = Path(path)
+    if not path.is_file():
+        raise VseError("embeddings file not found", path)
     try:
         with np.load(path, allow_pickle=False) as npz:
             missing = [k for k in ("images", "captions") if k not in npz.files]
@@ -28,8 +32,9 @@ def load_embeddings_npz(path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None
                 raise VseError(f"npz lacks array(s) {', '.join(missing)} (has: {', '.join(npz.files) or 'none'})", path)
             images, captions = npz["images"], npz["captions"]
             caption_image = npz["caption_image"] if "caption_image" in npz.files else None
-    except (OSError, ValueError) as exc:
-        raise VseError(f"cannot read embeddings ({str(exc).splitlines()[0][:160]})", path) from exc
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+        raise VseError(f"cannot read embeddings: truncated or not an npz ({reason})", path) from exc
     if images.ndim != 2 or captions.ndim != 2 or images.shape[1] != captions.shape[1]:
         raise VseError(f"images {images.shape} and captions {captions.shape} must be 2-D with the same width", path)
     if caption_image is None and len(captions) != 5 * len(images):
@@ -59,6 +64,15 @@ def embed_checkpoint(checkpoint, features, split: str, device: torch.device,
             cache.close()
 
 
+def relevance_for_cache(path, cache: FeatureCache):
+    """The relevance file ``path`` as a ``BatchRelevance``, refused unless it was made for
+    the captions of ``cache`` (same count and caption fingerprint)."""
+    from .relevance import BatchRelevance
+
+    return BatchRelevance(path, num_captions=len(cache.captions),
+                          caption_fingerprint=cache.caption_fingerprint, captions_from=cache.path)
+
+
 def evaluate_split_embeddings(emb: SplitEmbeddings, protocol: str = "single", device=None,
                               relevance=None, cs_ks=()) -> dict:
     """Retrieval metrics, plus CS@K when a relevance source (file path or object) is given."""
@@ -70,6 +84,20 @@ def evaluate_split_embeddings(emb: SplitEmbeddings, protocol: str = "single", de
     return metrics
 
 
+def usable_cs_ks(ks, num_images: int) -> tuple[list[int], list[int]]:
+    """The K of CS@K that a split of ``num_images`` images allows (K <= N), and those left out."""
+    return [k for k in ks if k <= num_images], [k for k in ks if k > num_images]
+
+
+def cs_note(ks, num_images: int, split: str) -> str | None:
+    """The line telling which CS@K were left out for a split of ``num_images`` images."""
+    _, dropped = usable_cs_ks(ks, num_images)
+    if not dropped:
+        return None
+    return (f"note: {', '.join(f'CS@{k}' for k in dropped)} left out: the {split} split has only "
+            f"{num_images} images (CS@K needs K <= that)")
+
+
 def coherent_score_report(emb: SplitEmbeddings, relevance, ks, order: bool = False, device=None) -> dict:
     """CS@K on one caption per image (each image's first caption), as the ladder paper."""
     from .relevance import BatchRelevance
@@ -78,9 +106,11 @@ def coherent_score_report(emb: SplitEmbeddings, relevance, ks, order: bool = Fal
     first = np.flatnonzero(np.r_[True, emb.caption_image[1:] != emb.caption_image[:-1]])
     if len(first) != len(emb.images):
         raise VseError("CS@K needs at least one caption for every image of the split")
+    ks, _ = usable_cs_ks(ks, len(emb.images))
+    if not ks:
+        return {}
     ref_rows = torch.from_numpy(emb.caption_rows[first])
     rel = source(ref_rows).float().cpu().numpy()
-    ks = [k for k in ks if k <= len(emb.images)]
     return coherent_scores(emb.images, emb.captions[first], rel, ks, order=order, device=device)
 
 

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from . import distributed, runtime
 from .backbones import Backbone, load_backbone
-from .cache import DEFAULT_SHARD_SIZE, CacheIndex, ShardedWriter
+from .cache import DEFAULT_SHARD_SIZE, CacheIndex, ShardedWriter, guard_cache_outputs
 from .crops import CropPlan
 from .datasets import Dataset, open_image
 from .errors import VseError
@@ -41,6 +41,7 @@ class ExtractOptions:
     weights: str | None = None
     skip_bad_images: bool = False
     progress: bool = False
+    overwrite: bool = False  # replace an --out (or shard) that is not a vse feature cache
 
 
 @dataclass
@@ -96,6 +97,7 @@ def extract_features(dataset: Dataset, out, splits=None, options: ExtractOptions
                        "(use the vsepp-precomp import)", dataset.root)
     if options.batch_size < 1:
         raise VseError(f"--batch-size must be at least 1, not {options.batch_size}")
+    guard_cache_outputs(out, options.overwrite)  # before the backbone loads: fail fast
     device = runtime.resolve_device(options.device)
     distributed.init_from_env(device)
     backbone = load_backbone(options.backbone, options.weights)
@@ -112,7 +114,8 @@ def extract_features(dataset: Dataset, out, splits=None, options: ExtractOptions
     config = {**{k: v for k, v in attrs.items() if k != "weights_file"},
               "rows_sha256": _digest(index.image_ids), "batch_size": options.batch_size,
               "shard_size": options.shard_size, "device_type": device.type}
-    writer = ShardedWriter(out, len(rows), backbone.feature_dim, options.shard_size, config)
+    writer = ShardedWriter(out, len(rows), backbone.feature_dim, options.shard_size, config,
+                           options.overwrite)
     if distributed.is_main():
         writer.discard_stale_combined()
     todo = [i for i in _my_shards(writer) if not writer.is_complete(i)]
@@ -127,7 +130,7 @@ def extract_features(dataset: Dataset, out, splits=None, options: ExtractOptions
 
 
 def import_precomputed(dataset: Dataset, out, splits=None, shard_size: int = DEFAULT_SHARD_SIZE,
-                       dataset_kind: str | None = None) -> ExtractResult:
+                       dataset_kind: str | None = None, overwrite: bool = False) -> ExtractResult:
     """Copy precomputed features (VSE++ ``*_ims.npy``) into the cache format, no CNN."""
     if dataset.features is None:
         raise VseError("this dataset has no precomputed features", dataset.root)
@@ -137,7 +140,7 @@ def import_precomputed(dataset: Dataset, out, splits=None, shard_size: int = DEF
              "resize": 0, "mean": [], "std": [], "dataset": dataset_kind or dataset.name,
              "dataset_root": str(Path(dataset.root).resolve())}
     config = {**attrs, "rows_sha256": _digest(index.image_ids), "shard_size": shard_size}
-    writer = ShardedWriter(out, len(rows), feature_dim, shard_size, config)
+    writer = ShardedWriter(out, len(rows), feature_dim, shard_size, config, overwrite)
     if distributed.is_main():
         writer.discard_stale_combined()
     result = ExtractResult(writer.out, writer.num_rows, feature_dim, len(writer.bounds))

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import io
 import os
+import re
 from pathlib import Path
 
 from .errors import VseError
@@ -43,6 +44,11 @@ def atomic_path(path, suffix: str = ".tmp"):
     except BaseException:
         _unlink_quietly(tmp)
         raise
+
+
+def flush_to_disk(path) -> None:
+    """fsync ``path`` now (a full disk shows here, before anything depends on the file)."""
+    _fsync_file(Path(path))
 
 
 def remove_stale_temporaries(folder) -> list[Path]:
@@ -108,3 +114,107 @@ def _fsync_dir(path: Path) -> None:
 def _unlink_quietly(path: Path) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
+
+
+# ---------------------------------------------------------------------------- output guard
+
+_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+_SNIFF_BYTES = 1 << 16
+RESULTS_FORMAT = "vse-results"  # a results.csv (pipeline.report): its header starts "run," and has rsum
+
+
+def output_format(path) -> str | None:
+    """The format tag of a file vse writes, read without running anything: an HDF5 file's
+    ``format`` attribute, a pickle's (joblib) leading ``"format": TAG`` item, a PNG's
+    ``format`` text chunk, a PDF's ``/Creator``, an HTML page's ``<meta name="generator">``,
+    ``RESULTS_FORMAT`` for a CSV whose header starts with ``run`` and has ``rsum``. None for
+    anything else (a file vse did not write)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_SNIFF_BYTES)
+            if head.startswith(_PNG_MAGIC):
+                fh.seek(0)
+                return _png_format(fh.read())
+            if head.startswith(b"%PDF"):
+                fh.seek(max(0, path.stat().st_size - _SNIFF_BYTES))
+                return _pdf_format(fh.read())
+    except OSError:
+        return None
+    if head.startswith(_HDF5_MAGIC):
+        return _hdf5_format(path)
+    if head[:1] == b"\x80":  # pickle protocol 2+ (joblib)
+        return _pickle_format(head)
+    text = head.decode("utf-8", errors="replace")
+    match = re.search(r'<meta name="generator" content="([^"]*)"', text[:4096])
+    if match:
+        return match.group(1)
+    header = text.split("\n", 1)[0].rstrip("\r").split(",")
+    if header[0] == "run" and "rsum" in header:
+        return RESULTS_FORMAT
+    return None
+
+
+def guard_output(path, fmt: str, what: str, overwrite: bool = False) -> None:
+    """Refuse to replace an existing ``path`` that is not this command's own output (format
+    tag ``fmt``, e.g. ``vse-features``; ``what`` names it in the message), unless
+    ``overwrite``. Nothing is deleted here: the new output replaces the old file atomically
+    once it is complete."""
+    path = Path(path)
+    if path.is_dir():
+        raise VseError(f"is a folder, not {what}", path)
+    if overwrite or not path.exists():
+        return
+    found = output_format(path)
+    if found != fmt:
+        kind = f"format {found!r}" if found else "a file vse did not write"
+        raise VseError(f"exists and is not {what} ({kind}); --overwrite replaces it", path)
+
+
+def _hdf5_format(path: Path) -> str | None:
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            value = f.attrs.get("format")
+    except (OSError, KeyError):
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _pickle_format(head: bytes) -> str | None:
+    """The value after a leading ``"format"`` string in a pickle, found by parsing its
+    opcodes (pickletools never builds objects, so nothing runs)."""
+    import pickletools
+
+    strings = []
+    try:
+        for opcode, arg, _ in pickletools.genops(head):
+            if isinstance(arg, str) and "UNICODE" in opcode.name:
+                strings.append(arg)
+                if len(strings) == 2:
+                    break
+    except Exception:  # noqa: BLE001 - any malformed or cut pickle means: no tag
+        return None
+    return strings[1] if len(strings) == 2 and strings[0] == "format" else None
+
+
+def _png_format(data: bytes) -> str | None:
+    at = len(_PNG_MAGIC)
+    while at + 8 <= len(data):
+        length = int.from_bytes(data[at:at + 4], "big")
+        kind, body = data[at + 4:at + 8], data[at + 8:at + 8 + length]
+        if kind == b"tEXt":
+            key, _, value = body.partition(b"\0")
+            if key == b"format":
+                return value.decode("latin-1")
+        if kind == b"IEND":
+            break
+        at += 12 + length
+    return None
+
+
+def _pdf_format(tail: bytes) -> str | None:
+    match = re.search(rb"/Creator \(([^)]*)\)", tail)
+    return match.group(1).decode("latin-1") if match else None

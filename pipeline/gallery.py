@@ -24,9 +24,11 @@ import numpy as np
 import torch
 
 from .errors import VseError
-from .fsutil import atomic_path
+from .fsutil import atomic_path, guard_output
 from .inference import SplitEmbeddings
 from .metrics import caption_image_scores, image_caption_scores, similarity_ranks
+
+FORMAT = "vse-gallery"  # the page's <meta name="generator">, read by fsutil.output_format
 
 
 @dataclass
@@ -206,6 +208,7 @@ def render_gallery(data: GalleryData, image_ids, captions, caption_image, source
 
     style = STYLE + "\n".join(_mark_style(m) for m in marks)
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             f'<meta name="generator" content="{FORMAT}">',
              f"<title>{esc(title)}</title><style>{style}</style></head><body>",
              f"<h1>{esc(title)}</h1>",
              '<p class="meta">' + " · ".join(f"{esc(str(k))}: {esc(str(v))}" for k, v in meta.items())
@@ -256,7 +259,8 @@ class GallerySummary:
 
 def build_gallery(checkpoint, features, out, *, images_root=None, split: str = "test", n: int = 20,
                   k: int = 5, embed: bool = True, seed: int = 0, device=None,
-                  highlights: Sequence[Highlight] = (), judgments=None) -> GallerySummary:
+                  highlights: Sequence[Highlight] = (), judgments=None,
+                  overwrite: bool = False) -> GallerySummary:
     """Encode ``split`` with the checkpoint and write the gallery page to ``out``.
     ``images_root`` defaults to the root the cache was extracted from (attr dataset_root).
     ``embed`` (default) puts JPEG thumbnails in the page; ``embed=False`` links the image files
@@ -269,6 +273,7 @@ def build_gallery(checkpoint, features, out, *, images_root=None, split: str = "
         raise VseError(f"--n and --k must be at least 1 (got {n} and {k})")
     device = torch.device("cpu") if device is None else device
     out = Path(out)
+    guard_output(out, FORMAT, "a vse gallery page", overwrite)
     with FeatureCache(features) as cache:
         emb = embed_checkpoint(checkpoint, cache, split, device)
         root = images_root or cache.attrs.get("dataset_root")

@@ -18,7 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .fsutil import atomic_path
+from .fsutil import atomic_path, guard_output
+
+FORMAT = "vse-plot"
+_FORMAT_TAG = {".png": {"format": FORMAT}, ".pdf": {"Creator": FORMAT}}  # read by fsutil.output_format
+FIGURES = ("validation_curves", "negative_set_size", "epochs_to_best")
 from .runs import fractional_epochs
 
 
@@ -38,7 +42,7 @@ def save_figure(fig, out_stem) -> list[Path]:
     for suffix in (".png", ".pdf"):
         path = out_stem.with_name(out_stem.name + suffix)
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=suffix[1:], dpi=150)
+            fig.savefig(tmp, format=suffix[1:], dpi=150, metadata=_FORMAT_TAG[suffix])
         paths.append(path)
     return paths
 
@@ -124,7 +128,7 @@ def _colors(n: int):
     return [cmap(i % 10) for i in range(n)]
 
 
-def plot_runs(run_dirs, out_dir, results=None) -> dict[str, list[Path]]:
+def plot_runs(run_dirs, out_dir, results=None, overwrite: bool = False) -> dict[str, list[Path]]:
     """Every figure the runs (and optional results rows) allow, into ``out_dir``.
 
     Curves come from each run's metrics.jsonl. The other two figures use ``results``
@@ -135,17 +139,20 @@ def plot_runs(run_dirs, out_dir, results=None) -> dict[str, list[Path]]:
     from .runs import read_validation_log, run_names
 
     out_dir = Path(out_dir)
+    for name in FIGURES:
+        for suffix in _FORMAT_TAG:
+            guard_output(out_dir / f"{name}{suffix}", FORMAT, "a vse figure", overwrite)
     run_dirs = [Path(p) for p in run_dirs]
     written = {}
     curves = {name: records for name, records in
               zip(run_names(run_dirs) if run_dirs else [], map(read_validation_log, run_dirs)) if records}
     if curves:
-        written["validation_curves"] = validation_curves(curves, out_dir / "validation_curves")
+        written["validation_curves"] = validation_curves(curves, out_dir / FIGURES[0])
     rows = list(results) if results else validation_rows(run_dirs)
     metric = "test R@1" if results else "validation R@1"
     sizes = {negative_set(row) for row in rows if row.get("i2t_r1") is not None}
     if len(sizes - {None}) >= 2:
-        written["negative_set_size"] = negative_set_size(rows, out_dir / "negative_set_size", metric)
+        written["negative_set_size"] = negative_set_size(rows, out_dir / FIGURES[1], metric)
     if any(row.get("epochs_to_best") is not None for row in rows):
-        written["epochs_to_best"] = epochs_to_best(rows, out_dir / "epochs_to_best")
+        written["epochs_to_best"] = epochs_to_best(rows, out_dir / FIGURES[2])
     return written

@@ -249,7 +249,11 @@ class Trainer:
             raise VseError(f"loss {self.cfg.loss!r} needs --relevance FILE (made by `vse relevance`)")
         from .relevance import BatchRelevance
 
-        return BatchRelevance(self.cfg.relevance, num_captions=len(self.index.captions))
+        from .cache import caption_fingerprint
+
+        return BatchRelevance(self.cfg.relevance, num_captions=len(self.index.captions),
+                              caption_fingerprint=caption_fingerprint(self.index.captions),
+                              captions_from=self.source.location)
 
     def _restore(self, state: dict) -> None:
         self.model.load_state_dict(join_state(state["model"], state.get("backbone", {}).get("state")))

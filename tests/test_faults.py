@@ -457,19 +457,42 @@ def test_train_on_a_full_or_unwritable_disk(vse, tiny_cache, reference_run, tmp_
     assert all(torch.equal(v, again["model"][k]) for k, v in full["model"].items())
 
 
-@pytest.mark.parametrize("hook,victim,problem", [
+RELEVANCE_ON_A_FULL_DISK = [
     ("enospc:rel.h5", "rel.h5", "no space left on device while writing"),
+    ("enospc:rel.h5.svd.joblib", "rel.h5.svd.joblib", "no space left on device while writing"),
     ("fsize:10000", "rel.h5.svd.joblib", "cannot write (File too large)"),  # SVD model: 21 kB
     ("fsize:27000", "rel.h5", "cannot write (File too large)"),             # file: 34 kB
-])
+    ("eacces:rel.h5.svd.joblib", "rel.h5.svd.joblib", "cannot write (Permission denied)"),  # renamed last
+]
+
+
+@pytest.mark.parametrize("hook,victim,problem", RELEVANCE_ON_A_FULL_DISK)
 def test_relevance_on_a_full_disk(vse, tiny_cache, tmp_path, hook, victim, problem):
     out = tmp_path / "rel.h5"
     args = [*_relevance_args(tiny_cache, out), "--neighbours", 5]
     failed = vse(args, hook=hook)
     _one_error_line(failed, tmp_path / victim, problem)
     assert not out.exists()
+    assert not Path(f"{out}.svd.joblib").exists()  # no orphan model of a relevance file never written
     _no_temporary_files(tmp_path)
     assert vse(args).code == 0
+
+
+@pytest.mark.parametrize("hook,victim,problem", RELEVANCE_ON_A_FULL_DISK)
+def test_relevance_on_a_full_disk_keeps_the_previous_pair(vse, tiny_cache, tmp_path, hook, victim, problem):
+    """Rebuilding over an earlier relevance file: a failed write leaves the earlier file and
+    its SVD model as they were (never a new model next to the old vectors)."""
+    out, model = tmp_path / "rel.h5", tmp_path / "rel.h5.svd.joblib"
+    earlier = vse([*_relevance_args(tiny_cache, out), "--seed", 1])
+    assert earlier.code == 0, earlier.stderr
+    before = out.read_bytes(), model.read_bytes()
+    failed = vse([*_relevance_args(tiny_cache, out), "--neighbours", 5], hook=hook)
+    _one_error_line(failed, tmp_path / victim, problem)
+    if hook.startswith("eacces"):  # the model's rename failed after the file's: neither is left
+        assert not out.exists() and not model.exists()
+    else:
+        assert (out.read_bytes(), model.read_bytes()) == before
+    _no_temporary_files(tmp_path)
 
 
 @pytest.mark.parametrize("soft,hard", [(64, 64), (64, 4096)])

@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from ..cache import check_caption_fingerprint
 from ..errors import VseError
 from .store import read_relevance
 from .vectors import relevance_matrix
@@ -36,11 +37,14 @@ class BatchRelevance:
 
     ``cbow+bert`` files (or ``coarse_vectors`` + ``cbow_threshold`` given here) apply the
     coarse-to-fine rule: pairs whose CBoW cosine is below the threshold get 0.
-    ``num_captions`` (the feature cache's) guards against a file made for another cache.
+    ``num_captions`` and ``caption_fingerprint`` (``cache.caption_fingerprint`` of the
+    captions the rows must follow, those of ``captions_from``) refuse a file made for
+    another caption list.
     """
 
     def __init__(self, source, *, coarse_vectors=None, cbow_threshold: float | None = None,
-                 num_captions: int | None = None, max_device_bytes: int = DEFAULT_MAX_DEVICE_BYTES):
+                 num_captions: int | None = None, caption_fingerprint: str | None = None,
+                 captions_from=None, max_device_bytes: int = DEFAULT_MAX_DEVICE_BYTES):
         self.method = "custom"
         if isinstance(source, (str, os.PathLike)):
             stored = read_relevance(source)
@@ -48,6 +52,9 @@ class BatchRelevance:
                 raise VseError(f"relevance file has {stored.num_captions} captions but the feature "
                                f"cache has {num_captions}: made for another cache "
                                f"({stored.attrs.get('features_file')})", source)
+            if caption_fingerprint is not None:
+                check_caption_fingerprint(caption_fingerprint, stored.attrs, source, "relevance file",
+                                          captions_from)
             self.method = stored.method
             source, coarse_vectors, cbow_threshold = (stored.vectors, stored.coarse_vectors,
                                                       stored.cbow_threshold)

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import VseError
+from ..fsutil import atomic_path, flush_to_disk, guard_output, output_format
 from .bert import bert_identity, bert_vectors
 from .cbow import cbow_identity, cbow_vectors
 from .neighbours import top_neighbours
-from .store import DTYPES, write_relevance
-from .svd import DEFAULT_SVD_ITERATIONS, SvdModel, model_path_for
+from .store import DTYPES, FORMAT, write_relevance
+from .svd import DEFAULT_SVD_ITERATIONS, MODEL_FORMAT, SvdModel, model_path_for
 from .vectors import RelevanceVectors
 
 METHODS = ("svd", "bert", "cbow", "cbow+bert")
@@ -71,7 +73,7 @@ def build_relevance(features, method: str, out, *, k: int = 400, neighbours: int
                     batch_size: int = 256, device="auto", dtype: str = "float32",
                     cbow_threshold: float = DEFAULT_CBOW_THRESHOLD, fit_splits=("train",),
                     seed: int = 0, svd_iterations: int = DEFAULT_SVD_ITERATIONS,
-                    progress: bool = False) -> RelevanceSummary:
+                    progress: bool = False, overwrite: bool = False) -> RelevanceSummary:
     """Run the stage on a feature cache: vectors for all its captions, fitted on
     ``fit_splits``; optional top-``neighbours`` lists among the fitting captions."""
     from ..cache import FeatureCache
@@ -85,8 +87,11 @@ def build_relevance(features, method: str, out, *, k: int = 400, neighbours: int
         raise VseError(f"--neighbours must be 0 (none) or more, not {neighbours}")
     if out.resolve() == features.resolve():
         raise VseError("--out would overwrite the feature cache", out)
+    guard_output(out, FORMAT, "a vse relevance file", overwrite)
+    if method == "svd":
+        guard_output(model_path_for(out), MODEL_FORMAT, "a vse SVD relevance model", overwrite)
     with FeatureCache(features) as cache:
-        captions = cache.captions
+        captions, fingerprint = cache.captions, cache.caption_fingerprint
         if not captions:
             raise VseError("feature cache has no captions", features)
         fit_indices = np.concatenate([cache.split_captions(s) for s in fit_splits])
@@ -104,11 +109,27 @@ def build_relevance(features, method: str, out, *, k: int = 400, neighbours: int
     if neighbours:
         lists = top_neighbours(rv.vectors, fit_indices, neighbours, coarse_vectors=rv.coarse_vectors,
                                threshold=rv.cbow_threshold, device=device)
-    model_path = None
-    if model is not None:
-        model_path = model.save(model_path_for(out))
-    write_relevance(out, rv, features_file=features, fit_splits=fit_splits,
-                    num_fit_captions=len(fit_indices), dtype=dtype, neighbours=lists,
-                    svd_model=None if model_path is None else model_path.name)
+    model_path = None if model is None else model_path_for(out)
+    written = False
+    try:
+        with contextlib.ExitStack() as stack:
+            # The SVD model waits, complete and on disk, in a temporary file until the relevance
+            # file is in place: a failed write (full disk) leaves an older pair at OUT as it was.
+            if model is not None:
+                model_tmp = stack.enter_context(atomic_path(model_path))
+                model.dump(model_tmp)
+                flush_to_disk(model_tmp)
+            write_relevance(out, rv, features_file=features, caption_fingerprint=fingerprint,
+                            fit_splits=fit_splits, num_fit_captions=len(fit_indices), dtype=dtype,
+                            neighbours=lists, svd_model=None if model_path is None else model_path.name)
+            written = True
+    except BaseException:
+        if written:  # the model could not be renamed into place: neither file, never a mixed pair
+            out.unlink(missing_ok=True)
+            model_path.unlink(missing_ok=True)
+        raise
+    stale_model = model_path_for(out)
+    if model is None and output_format(stale_model) == MODEL_FORMAT:  # the replaced file's model
+        stale_model.unlink(missing_ok=True)
     return RelevanceSummary(out, method, rv.num_captions, len(fit_indices), rv.vectors.shape[1],
                             rv.params, rv.counts, model_path, neighbours)

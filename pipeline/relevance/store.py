@@ -6,6 +6,7 @@
       neighbours/indices (M, n) int64, neighbours/scores (M, n) float32   optional
       attrs: format="vse-relevance", format_version=1, method, params (JSON),
              identity (JSON: packages, versions, model name), features_file, num_captions,
+             caption_fingerprint (cache.caption_fingerprint of the captions, in row order),
              fit_splits (JSON), num_fit_captions, cbow_threshold (cbow+bert), svd_model
              (file name of the fitted SVD, svd only), counts (JSON), created, vse_version
 """
@@ -30,8 +31,9 @@ FORMAT_VERSION = 1
 DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
-def write_relevance(out, rv: RelevanceVectors, *, features_file, fit_splits, num_fit_captions: int,
-                    dtype: str = "float32", neighbours=None, svd_model: str | None = None) -> Path:
+def write_relevance(out, rv: RelevanceVectors, *, features_file, caption_fingerprint: str, fit_splits,
+                    num_fit_captions: int, dtype: str = "float32", neighbours=None,
+                    svd_model: str | None = None) -> Path:
     """Write ``rv`` (and optional ``(indices, scores)`` neighbours) to ``out`` atomically."""
     if dtype not in DTYPES:
         raise VseError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
@@ -39,7 +41,8 @@ def write_relevance(out, rv: RelevanceVectors, *, features_file, fit_splits, num
              "params": json.dumps(rv.params, sort_keys=True),
              "identity": json.dumps(rv.identity, sort_keys=True),
              "features_file": str(Path(features_file).resolve()),
-             "num_captions": rv.num_captions, "fit_splits": json.dumps(list(fit_splits)),
+             "num_captions": rv.num_captions, "caption_fingerprint": caption_fingerprint,
+             "fit_splits": json.dumps(list(fit_splits)),
              "num_fit_captions": int(num_fit_captions), "dtype": dtype,
              "counts": json.dumps(rv.counts, sort_keys=True),
              "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

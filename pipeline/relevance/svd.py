@@ -122,13 +122,17 @@ class SvdModel:
                 "nltk": nltk.__version__}
 
     def save(self, path) -> Path:
+        with atomic_path(path) as tmp:
+            self.dump(tmp)
+        return Path(path)
+
+    def dump(self, path) -> None:
+        """Write the model to ``path`` as it is (``save`` writes atomically)."""
         import joblib
         payload = {"format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION,
                    "tfidf": self.tfidf, "svd": self.svd, "params": self.params(),
                    "identity": self.identity()}
-        with atomic_path(path) as tmp:
-            joblib.dump(payload, tmp)
-        return Path(path)
+        joblib.dump(payload, path)
 
     @classmethod
     def load(cls, path) -> "SvdModel":
