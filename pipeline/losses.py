@@ -5,7 +5,8 @@ The definitions are those of ``shared/docs/PROTOCOL.md``.  Every loss is called 
 (row i of both is a positive pair) and returns a scalar:
 
 - ``S[i, j] = s(image_i, caption_j)``: the inner product (cosine, since the model
-  L2-normalises) or, for ``order``, ``-||max(0, c - i)||^2`` on the given embeddings.
+  L2-normalises) or, for ``order``, ``-||max(0, c - i)||^2`` on the given embeddings
+  (``metrics.order_scores``).
 - ``image_ids`` (B,) names each pair's image.  Pairs (i, j) with the same image are not
   negatives (unless ``mask_same_image=False``): several captions of one image may share a
   batch, and pushing them apart would punish correct matches.
@@ -26,6 +27,8 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
+
+from .metrics import image_caption_scores
 
 LOSS_NAMES = ("sh", "mh", "order", "lseh", "ladder", "csn", "cmn", "mvn")
 
@@ -62,6 +65,7 @@ class Batch(NamedTuple):
 class VseLoss(nn.Module):
     """Common input checks and batch preparation; subclasses define ``value(batch)``."""
 
+    similarity = "cosine"      # the score S of the embeddings (metrics.SIMILARITIES)
     uses_relevance = False
 
     def __init__(self, mask_same_image: bool = True):
@@ -73,8 +77,9 @@ class VseLoss(nn.Module):
         """Told by the trainer at the start of each (0-based) epoch."""
         self.epoch = int(epoch)
 
-    def similarity(self, img: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
-        return img @ cap.T
+    def score_matrix(self, img: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
+        """S[i, j] = s(image_i, caption_j) for the declared ``similarity``."""
+        return image_caption_scores(img, cap, self.similarity)
 
     def value(self, batch: Batch) -> torch.Tensor:
         raise NotImplementedError
@@ -106,7 +111,7 @@ class VseLoss(nn.Module):
         negatives = ~same_image if self.mask_same_image else ~positives
         with torch.autocast(device_type=device.type, enabled=False):
             img, cap = img_emb.to(dtype), cap_emb.to(dtype)
-            return self.value(Batch(img, cap, self.similarity(img, cap), same_image,
+            return self.value(Batch(img, cap, self.score_matrix(img, cap), same_image,
                                     negatives, relevance))
 
 
@@ -157,22 +162,29 @@ class MaxHingeLoss(VseLoss):
 
 
 class OrderLoss(VseLoss):
-    """``order``: hinges on the order-embedding score ``-||max(0, c - i)||^2``.
+    """``order``: hinges on the order-embedding score ``-||max(0, c - i)||^2``
+    (``metrics.order_scores``, the one definition evaluation uses too).
 
     ``reduction="sum"`` is Order0 (sum of hinges), ``"max"`` Order++ (hardest negative).
-    The embeddings are used as given (the model makes them non-negative).
+    ``squared=False`` uses VSE++ code's ``-||max(0, c - i)||`` instead (its published Order++
+    numbers come from that form); the run then declares the similarity ``"order-norm"`` and
+    is evaluated with the same form.  The embeddings are used as given (the model makes
+    them non-negative).
     """
 
-    def __init__(self, margin: float = 0.05, reduction: str = "sum",
+    similarity = "order"
+
+    def __init__(self, margin: float = 0.05, reduction: str = "sum", squared: bool = True,
                  mask_same_image: bool = True):
         super().__init__(mask_same_image)
         if reduction not in ("sum", "max"):
             raise ValueError(f"reduction must be 'sum' or 'max', got {reduction!r}")
+        if not isinstance(squared, bool):
+            raise ValueError(f"squared must be true or false, got {squared!r}")
         self.margin = _finite(margin, "margin")
         self.reduction = reduction
-
-    def similarity(self, img, cap):
-        return -(cap[None, :, :] - img[:, None, :]).clamp(min=0).square().sum(dim=-1)
+        self.squared = squared
+        self.similarity = "order" if squared else "order-norm"
 
     def value(self, batch: Batch) -> torch.Tensor:
         to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, self.margin)
@@ -183,19 +195,33 @@ class OrderLoss(VseLoss):
 
 class SemanticHardNegativeLoss(VseLoss):
     """``lseh``: VSE++'s hardest-negative hinge with the per-pair margin
-    ``margin + lambda_ * relevance[i, j]`` (relevance zeroed on same-image pairs)."""
+    ``margin + lambda_ * relevance[i, j]`` (relevance zeroed on same-image pairs).
+
+    With ``mask_same_image=False`` same-image pairs are negatives with margin ``margin``;
+    ``zero_margin_same_image=True`` (only with ``mask_same_image=False``) gives them margin 0
+    — the whole per-pair margin zeroed, as the LSEH reference code does.
+    """
 
     uses_relevance = True
 
     def __init__(self, margin: float = 0.185, lambda_: float = 0.025,
-                 mask_same_image: bool = True):
+                 zero_margin_same_image: bool = False, mask_same_image: bool = True):
         super().__init__(mask_same_image)
         self.margin = _finite(margin, "margin")
         self.lambda_ = _finite(lambda_, "lambda_")
+        if not isinstance(zero_margin_same_image, bool):
+            raise ValueError(f"zero_margin_same_image must be true or false, "
+                             f"got {zero_margin_same_image!r}")
+        if zero_margin_same_image and self.mask_same_image:
+            raise ValueError("zero_margin_same_image needs mask_same_image=false (with the mask, "
+                             "same-image pairs are no negatives at all)")
+        self.zero_margin_same_image = zero_margin_same_image
 
     def value(self, batch: Batch) -> torch.Tensor:
         semantic = batch.relevance.masked_fill(batch.same_image, 0.0)
         margins = self.margin + self.lambda_ * semantic
+        if self.zero_margin_same_image:
+            margins = margins.masked_fill(batch.same_image, 0.0)
         to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, margins)
         return to_captions.amax(dim=1).sum() + to_images.amax(dim=0).sum()
 
@@ -208,13 +234,20 @@ class LadderLoss(VseLoss):
     (relevance >= theta) and "less relevant" and adds ``betas[l-1]`` times
     ``[margins[l-1] - min_more S + max_less S]_+``, both directions; queries with an empty
     side are skipped.  Defaults by ``levels`` (2 or 3) are the paper's.
+    ``positive_in_more_relevant=True`` counts the positive pair in every "more relevant" set,
+    as the reference code does (its relevance diagonal is 1 >= theta): a query with no more
+    relevant negative still gets ``[margins[l-1] - S_qq + max_less S]_+``.
     """
 
     uses_relevance = True
 
     def __init__(self, levels: int = 2, thetas=None, margins=None, betas=None,
-                 mask_same_image: bool = True):
+                 positive_in_more_relevant: bool = False, mask_same_image: bool = True):
         super().__init__(mask_same_image)
+        if not isinstance(positive_in_more_relevant, bool):
+            raise ValueError(f"positive_in_more_relevant must be true or false, "
+                             f"got {positive_in_more_relevant!r}")
+        self.positive_in_more_relevant = positive_in_more_relevant
         if not _is_int_at_least(levels, 2):
             raise ValueError(f"levels must be an integer >= 2, got {levels!r}")
         defaults = LADDER_DEFAULTS.get(int(levels))
@@ -233,8 +266,11 @@ class LadderLoss(VseLoss):
     def value(self, batch: Batch) -> torch.Tensor:
         to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, self.margins[0])
         total = self.betas[0] * (to_captions.amax(dim=1).sum() + to_images.amax(dim=0).sum())
+        positives = torch.eye(len(batch.scores), dtype=torch.bool, device=batch.scores.device)
         for theta, margin, beta in zip(self.thetas, self.margins[1:], self.betas[1:]):
             more = batch.negatives & (batch.relevance >= theta)
+            if self.positive_in_more_relevant:
+                more = more | positives
             less = batch.negatives & (batch.relevance < theta)
             total = total + beta * (_ladder_hinges(batch.scores, more, less, margin, dim=1)
                                     + _ladder_hinges(batch.scores, more, less, margin, dim=0))
@@ -284,8 +320,8 @@ class MultiViewNTXentLoss(VseLoss):
 
     Each item's positive is its pair's other modality; its negatives are the other 2B - 2
     items of both modalities (minus same-image items when masked).  The value is the mean
-    over the B pairs of the image-anchor plus the caption-anchor term, the same scale as
-    ``csn`` (which sums its two directions).
+    over the 2B anchors, as ConVSE's reference code (``SimCLR_loss``): half the scale of
+    ``csn``, which sums its two directions' means.
     """
 
     def __init__(self, tau: float = 0.1, mask_same_image: bool = True):
@@ -303,7 +339,7 @@ class MultiViewNTXentLoss(VseLoss):
         excluded = (~batch.negatives).repeat(2, 2) & ~positive  # self and same-image items
         logits = logits.masked_fill(excluded, -math.inf)
         terms = -torch.log_softmax(logits, dim=1)[positive]
-        return terms.sum() / size
+        return terms.mean()
 
 
 # ---------------------------------------------------------------------------- helpers

@@ -107,10 +107,6 @@ class TrainConfig:
             if self.finetune:
                 raise VseError("--finetune needs --rc: a feature cache has no CNN to train")
 
-    @property
-    def similarity(self) -> str:
-        return "order" if self.loss == "order" else "cosine"
-
     def loss_kwargs(self) -> dict:
         kwargs = dict(self.loss_options)
         if self.margin is not None:
@@ -154,10 +150,14 @@ class Trainer:
             raise VseError(f"validation split {config.val_split!r} has no images", self.source.location)
 
         seed_everything(config.seed)
-        self.model_config = ModelConfig(
+        try:
+            self.loss = build_loss(config.loss, **config.loss_kwargs())
+        except ValueError as exc:
+            raise VseError(str(exc)) from exc
+        self.model_config = ModelConfig(  # the loss declares the similarity its scores use
             vocab_size=len(self.vocab), feature_dim=self.source.feature_dim, embed_dim=config.embed_dim,
             word_dim=50 if config.glove else config.word_dim, img_norm=config.img_norm,
-            similarity=config.similarity, projection=config.projection)
+            similarity=self.loss.similarity, projection=config.projection)
         self.model = VSEModel(self.model_config, self.source.backbone).to(self.device)
         if self.distributed and config.finetune and not config.freeze_bn and self.device.type == "cuda":
             # BatchNorm statistics of the global batch, as one process with N×B would compute
@@ -166,10 +166,6 @@ class Trainer:
             self._init_from(init_state)
         elif config.glove:
             self._load_glove()
-        try:
-            self.loss = build_loss(config.loss, **config.loss_kwargs())
-        except ValueError as exc:
-            raise VseError(str(exc)) from exc
         self.relevance = self._relevance()
         self.trainable = [q for q in self.model.parameters() if q.requires_grad]
         self.optimizer = torch.optim.Adam(self._param_groups(), lr=config.lr)
@@ -368,7 +364,7 @@ class Trainer:
                            max_images=self.cfg.val_images, batch_size=self.source.encode_batch_size,
                            amp=self.cfg.amp)
         return evaluate_embeddings(emb.images, emb.captions, emb.caption_image,
-                                   order=self.cfg.similarity == "order")
+                                   order=self.model_config.similarity)
 
     def validate_and_save(self) -> None:
         p = self.progress
