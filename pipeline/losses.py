@@ -1,6 +1,6 @@
 """Training losses of VSE0/VSE++, order embeddings, LSEH, the ladder loss and ConVSE.
 
-The definitions are those of ``shared/docs/PROTOCOL.md``.  Every loss is called as
+The definitions are those of ``docs/PROTOCOL.md``.  Every loss is called as
 ``loss(img_emb, cap_emb, image_ids=None, relevance=None)`` on a batch of B pairs
 (row i of both is a positive pair) and returns a scalar:
 
@@ -13,6 +13,14 @@ The definitions are those of ``shared/docs/PROTOCOL.md``.  Every loss is called 
 - ``relevance`` (B, B) is the caption–caption relevance of the batch (``lseh``, ``ladder``).
 - Hinge family (sh, mh, order, lseh, ladder): the sum over the batch, as VSE++.
   Contrastive family (csn, cmn, mvn): the mean over the batch, temperature ``tau``.
+
+``LOSSES`` (name → class) is the one registry of the built-in losses: the CLI's choices,
+config validation, the docs and the tests derive from it.  What a loss is lives on its
+class: ``name``, ``similarity`` (a name of ``metrics.SIMILARITIES``: how the model's
+embeddings are scored, in training and evaluation), ``uses_relevance`` (the trainer then
+needs a relevance file) and ``collapse_value(global_batch)`` (the value when all embeddings
+are equal, for the trainer's warning; None: no warning).  A user's own loss (any
+``nn.Module`` with this call; ``pipeline.loss_plugins``) may declare the same attributes.
 
 The similarity and the loss are computed in float32 (float64 for float64 inputs) with
 autocast disabled: a B × B table is cheap, and hinges of bf16 scores are too coarse.
@@ -30,8 +38,6 @@ from torch import nn
 
 from .metrics import image_caption_scores
 
-LOSS_NAMES = ("sh", "mh", "order", "lseh", "ladder", "csn", "cmn", "mvn")
-
 LADDER_DEFAULTS = {  # levels → (thetas, margins, betas), from the CVSE++ paper
     2: ([0.63], [0.2, 0.01], [1.0, 0.25]),
     3: ([0.63, 0.56], [0.2, 0.01, 0.01], [1.0, 0.25, 0.125]),
@@ -39,10 +45,11 @@ LADDER_DEFAULTS = {  # levels → (thetas, margins, betas), from the CVSE++ pape
 
 
 def build_loss(name: str, **options) -> nn.Module:
-    """The loss ``name`` (one of ``LOSS_NAMES``) with its options; ValueError for unknowns."""
-    if name not in _LOSS_CLASSES:
+    """The built-in loss ``name`` (one of ``LOSS_NAMES``) with its options; ValueError for
+    unknowns."""
+    if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r} (known: {', '.join(LOSS_NAMES)})")
-    cls = _LOSS_CLASSES[name]
+    cls = LOSSES[name]
     allowed = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
     unknown = sorted(set(options) - set(allowed))
     if unknown:
@@ -65,6 +72,7 @@ class Batch(NamedTuple):
 class VseLoss(nn.Module):
     """Common input checks and batch preparation; subclasses define ``value(batch)``."""
 
+    name = ""                  # the registry name of a built-in loss
     similarity = "cosine"      # the score S of the embeddings (metrics.SIMILARITIES)
     uses_relevance = False
 
@@ -76,6 +84,10 @@ class VseLoss(nn.Module):
     def set_epoch(self, epoch: int) -> None:
         """Told by the trainer at the start of each (0-based) epoch."""
         self.epoch = int(epoch)
+
+    def collapse_value(self, global_batch: int) -> float | None:
+        """The loss when every embedding is equal (a collapsed model), or None: no warning."""
+        return None
 
     def score_matrix(self, img: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
         """S[i, j] = s(image_i, caption_j) for the declared ``similarity``."""
@@ -121,6 +133,8 @@ class VseLoss(nn.Module):
 class SumHingeLoss(VseLoss):
     """``sh`` (VSE0): the sum of hinges over all negatives, both directions."""
 
+    name = "sh"
+
     def __init__(self, margin: float = 0.2, mask_same_image: bool = True):
         super().__init__(mask_same_image)
         self.margin = _finite(margin, "margin")
@@ -138,6 +152,8 @@ class MaxHingeLoss(VseLoss):
     ``warmup_epochs=E`` uses the sum of hinges for epochs 0 … E-1 (see ``set_epoch``).
     """
 
+    name = "mh"
+
     def __init__(self, margin: float = 0.2, negative_set_size: int | None = None,
                  warmup_epochs: int = 0, mask_same_image: bool = True):
         super().__init__(mask_same_image)
@@ -149,6 +165,10 @@ class MaxHingeLoss(VseLoss):
             raise ValueError(f"warmup_epochs must be an integer >= 0, got {warmup_epochs!r}")
         self.negative_set_size = negative_set_size
         self.warmup_epochs = int(warmup_epochs)
+
+    def collapse_value(self, global_batch: int) -> float | None:
+        """Every hinge is the margin: 2 · B · margin (after any warm-up)."""
+        return 2 * global_batch * self.margin or None
 
     def value(self, batch: Batch) -> torch.Tensor:
         to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, self.margin)
@@ -171,6 +191,8 @@ class OrderLoss(VseLoss):
     is evaluated with the same form.  The embeddings are used as given (the model makes
     them non-negative).
     """
+
+    name = "order"
 
     similarity = "order"
 
@@ -202,6 +224,8 @@ class SemanticHardNegativeLoss(VseLoss):
     — the whole per-pair margin zeroed, as the LSEH reference code does.
     """
 
+    name = "lseh"
+
     uses_relevance = True
 
     def __init__(self, margin: float = 0.185, lambda_: float = 0.025,
@@ -216,6 +240,10 @@ class SemanticHardNegativeLoss(VseLoss):
             raise ValueError("zero_margin_same_image needs mask_same_image=false (with the mask, "
                              "same-image pairs are no negatives at all)")
         self.zero_margin_same_image = zero_margin_same_image
+
+    def collapse_value(self, global_batch: int) -> float | None:
+        """About 2 · B · margin (each hardest hinge is margin + lambda_ · relevance)."""
+        return 2 * global_batch * self.margin or None
 
     def value(self, batch: Batch) -> torch.Tensor:
         semantic = batch.relevance.masked_fill(batch.same_image, 0.0)
@@ -238,6 +266,8 @@ class LadderLoss(VseLoss):
     as the reference code does (its relevance diagonal is 1 >= theta): a query with no more
     relevant negative still gets ``[margins[l-1] - S_qq + max_less S]_+``.
     """
+
+    name = "ladder"
 
     uses_relevance = True
 
@@ -284,6 +314,8 @@ class CrossModalInfoNCELoss(VseLoss):
     """``csn`` (ConVSE): -log softmax of the positive over each row of S / tau plus the
     same over each column (cross-modal negatives only), each averaged over the batch."""
 
+    name = "csn"
+
     def __init__(self, tau: float = 0.1, mask_same_image: bool = True):
         super().__init__(mask_same_image)
         self.tau = _positive(tau, "tau")
@@ -299,6 +331,8 @@ class CrossModalInfoNCELoss(VseLoss):
 class HardestNegativeContrastiveLoss(VseLoss):
     """``cmn`` (ConVSE++): ``[(S_ic* + a - S_ii) / tau]_+ + [(S_i*i + a - S_ii) / tau]_+``
     with the hardest negative caption c* and image i*, averaged over the batch."""
+
+    name = "cmn"
 
     def __init__(self, margin: float = 0.2, tau: float = 0.1, mask_same_image: bool = True):
         super().__init__(mask_same_image)
@@ -323,6 +357,8 @@ class MultiViewNTXentLoss(VseLoss):
     over the 2B anchors, as ConVSE's reference code (``SimCLR_loss``): half the scale of
     ``csn``, which sums its two directions' means.
     """
+
+    name = "mvn"
 
     def __init__(self, tau: float = 0.1, mask_same_image: bool = True):
         super().__init__(mask_same_image)
@@ -396,13 +432,7 @@ def _is_int_at_least(value, low: int) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low
 
 
-_LOSS_CLASSES = {
-    "sh": SumHingeLoss,
-    "mh": MaxHingeLoss,
-    "order": OrderLoss,
-    "lseh": SemanticHardNegativeLoss,
-    "ladder": LadderLoss,
-    "csn": CrossModalInfoNCELoss,
-    "cmn": HardestNegativeContrastiveLoss,
-    "mvn": MultiViewNTXentLoss,
-}
+LOSSES: dict[str, type[VseLoss]] = {cls.name: cls for cls in (
+    SumHingeLoss, MaxHingeLoss, OrderLoss, SemanticHardNegativeLoss, LadderLoss,
+    CrossModalInfoNCELoss, HardestNegativeContrastiveLoss, MultiViewNTXentLoss)}
+LOSS_NAMES = tuple(LOSSES)

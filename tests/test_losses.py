@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from pipeline.losses import LOSS_NAMES, build_loss
+from pipeline.losses import LOSS_NAMES, LOSSES, build_loss
 
 # A 3 × 3 score table used by several golden values: S = img @ cap.T with img = I.
 S3 = [[0.9, 0.8, 0.5],
@@ -124,25 +124,32 @@ def slow_mvn(img, cap, ids, mask, tau):
     return total / (2 * size)
 
 
+# Each built-in loss's slow reference at its default options: (img, cap, scores, ids, rel, mask).
+SLOW_REFERENCES = {
+    "sh": lambda i, c, s, ids, r, m: slow_hinge(s, ids, m, 0.2, "sum"),
+    "mh": lambda i, c, s, ids, r, m: slow_hinge(s, ids, m, 0.2, "max"),
+    "order": lambda i, c, s, ids, r, m: slow_hinge(s, ids, m, 0.05, "sum"),
+    "lseh": lambda i, c, s, ids, r, m: slow_lseh(s, ids, m, r, 0.185, 0.025),
+    "ladder": lambda i, c, s, ids, r, m: slow_ladder(s, ids, m, r, [0.63], [0.2, 0.01], [1.0, 0.25]),
+    "csn": lambda i, c, s, ids, r, m: slow_csn(s, ids, m, 0.1),
+    "cmn": lambda i, c, s, ids, r, m: slow_cmn(s, ids, m, 0.2, 0.1),
+    "mvn": lambda i, c, s, ids, r, m: slow_mvn(i, c, ids, m, 0.1),
+}
+
+
 def slow_loss(name, img, cap, ids, relevance, mask):
+    if name not in SLOW_REFERENCES:  # never a silent fallback to another loss's formula
+        raise AssertionError(f"loss {name!r} has no slow reference in tests/test_losses.py")
     img, cap, relevance = img.tolist(), cap.tolist(), relevance.tolist()
     ids = None if ids is None else ids.tolist()
-    scores = slow_scores(img, cap, order=name == "order")
-    if name == "sh":
-        return slow_hinge(scores, ids, mask, 0.2, "sum")
-    if name == "mh":
-        return slow_hinge(scores, ids, mask, 0.2, "max")
-    if name == "order":
-        return slow_hinge(scores, ids, mask, 0.05, "sum")
-    if name == "lseh":
-        return slow_lseh(scores, ids, mask, relevance, 0.185, 0.025)
-    if name == "ladder":
-        return slow_ladder(scores, ids, mask, relevance, [0.63], [0.2, 0.01], [1.0, 0.25])
-    if name == "csn":
-        return slow_csn(scores, ids, mask, 0.1)
-    if name == "cmn":
-        return slow_cmn(scores, ids, mask, 0.2, 0.1)
-    return slow_mvn(img, cap, ids, mask, 0.1)
+    scores = slow_scores(img, cap, order=LOSSES[name].similarity == "order")
+    return SLOW_REFERENCES[name](img, cap, scores, ids, relevance, mask)
+
+
+def test_every_registered_loss_has_a_slow_reference():
+    assert set(SLOW_REFERENCES) == set(LOSS_NAMES)
+    with pytest.raises(AssertionError, match="has no slow reference"):
+        slow_loss("triplet", *random_batch(0), True)
 
 
 def random_batch(seed, size=7, dim=5, order=False):
@@ -167,7 +174,7 @@ def random_batch(seed, size=7, dim=5, order=False):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("mask", [True, False])
 def test_loss_matches_slow_loop(name, seed, mask):
-    img, cap, ids, rel = random_batch(seed, order=name == "order")
+    img, cap, ids, rel = random_batch(seed, order=LOSSES[name].similarity == "order")
     loss = build_loss(name, mask_same_image=mask)
     got = loss(img, cap, ids, rel)
     assert got.shape == () and got.dtype == torch.float64
@@ -177,7 +184,7 @@ def test_loss_matches_slow_loop(name, seed, mask):
 
 @pytest.mark.parametrize("name", LOSS_NAMES)
 def test_without_image_ids_only_the_diagonal_is_positive(name):
-    img, cap, _, rel = random_batch(3, order=name == "order")
+    img, cap, _, rel = random_batch(3, order=LOSSES[name].similarity == "order")
     got = build_loss(name)(img, cap, None, rel)
     assert got.item() == pytest.approx(slow_loss(name, img, cap, None, rel, True), rel=1e-9)
 
@@ -367,7 +374,7 @@ def test_bad_shapes_raise():
 
 @pytest.mark.parametrize("name", LOSS_NAMES)
 def test_gradcheck(name):
-    img, cap, ids, rel = random_batch(8, size=5, dim=3, order=name == "order")
+    img, cap, ids, rel = random_batch(8, size=5, dim=3, order=LOSSES[name].similarity == "order")
     img.requires_grad_(True)
     cap.requires_grad_(True)
     loss = build_loss(name)
