@@ -463,8 +463,10 @@ def test_order_unsquared_golden_and_reference():
     assert order_scores(img, cap).tolist() == [[0.0, -4.0], [-0.25, -2.0]]
     unsquared = build_loss("order", squared=False)
     assert unsquared.similarity == "order-norm" and build_loss("order").similarity == "order"
-    assert unsquared.score_matrix(img, cap).tolist() == [[0.0, -2.0], [-0.5, -math.sqrt(2)]]
-    assert torch.equal(unsquared.score_matrix(img, cap), reference_order_sim(img, cap))
+    got = unsquared.score_matrix(img, cap)  # sqrt(2): a stated tolerance, any norm routine
+    torch.testing.assert_close(got, torch.tensor([[0.0, -2.0], [-0.5, -math.sqrt(2)]],
+                                                 dtype=torch.float64), rtol=1e-15, atol=0)
+    torch.testing.assert_close(got, reference_order_sim(img, cap), rtol=1e-15, atol=0)
     # Only query image 1 vs caption 0 violates: 0.05 + sqrt(2) - 0.5 (squared: 1.8).
     assert unsquared(img, cap).item() == pytest.approx(math.sqrt(2) - 0.45)
     for seed in (0, 1):  # Order++ as VSE++ trains it
