@@ -14,6 +14,7 @@ from click.core import ParameterSource
 
 from cli.dataset_root import root_option
 from pipeline.errors import VseError
+from pipeline.losses import LOSS_NAMES
 
 # Loss-specific flags → the option names of pipeline.losses.build_loss.
 LOSS_FLAGS = {
@@ -77,7 +78,8 @@ def _read_config_file(path: str) -> dict:
               help="YAML/JSON file of options; flags given on the command line win.")
 @click.option("--resume", is_flag=True, help="Continue from RUN_DIR/last.pt at the same epoch and iteration.")
 @click.option("--loss", default="mh", show_default=True,
-              type=click.Choice(["sh", "mh", "order", "lseh", "ladder", "csn", "cmn", "mvn"]))
+              help=f"{', '.join(LOSS_NAMES)}, or your own: FILE.py:Class or package.module:Class "
+                   "(any torch.nn.Module called as loss(img, cap, image_ids=None, relevance=None)).")
 @click.option("--margin", type=float, default=None, help="Hinge margin (default: the loss's own, PROTOCOL.md).")
 @click.option("--negative-set-size", type=int, default=None, help="mh: hardest negative among k random negatives.")
 @click.option("--warmup-epochs", type=int, default=None, help="mh: sum of hinges for the first E epochs.")

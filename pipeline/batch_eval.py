@@ -100,7 +100,7 @@ class RunEvaluator:
                 check_caption_keys(identity, token_file, matched.keys)
             self._matched[key] = matched
         return human_metrics(emb.images, emb.captions, emb.caption_image, self._matched[key],
-                             order=emb.similarity == "order", device=self.device)
+                             order=emb.similarity, device=self.device)
 
     def embed(self, run_dir, checkpoint: str = "best.pt"):
         """(split embeddings, loaded model, checkpoint path, feature cache path) of one run."""

@@ -31,7 +31,7 @@ def compare_runs(run_a, run_b, *, device: torch.device, split: str = "test", fea
         for run in (run_a, run_b):
             emb, loaded, _, _ = evaluator.embed(run, checkpoint)
             ranks.append(similarity_ranks(emb.images, emb.captions, emb.caption_image,
-                                          order=emb.similarity == "order", device=device))
+                                          order=emb.similarity, device=device))
             ids.append((np.asarray(emb.caption_rows), np.asarray(emb.caption_image)))
     if len(ids[0][0]) != len(ids[1][0]) or not all(np.array_equal(x, y) for x, y in zip(*ids)):
         raise VseError(f"the runs' {split!r} splits hold different captions (trained on different "

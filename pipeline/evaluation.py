@@ -76,7 +76,7 @@ def relevance_for_cache(path, cache: FeatureCache):
 def evaluate_split_embeddings(emb: SplitEmbeddings, protocol: str = "single", device=None,
                               relevance=None, cs_ks=()) -> dict:
     """Retrieval metrics, plus CS@K when a relevance source (file path or object) is given."""
-    order = emb.similarity == "order"
+    order = emb.similarity  # a name of metrics.SIMILARITIES
     metrics = evaluate_embeddings(emb.images, emb.captions, emb.caption_image, protocol,
                                   order=order, device=device)
     if relevance is not None and cs_ks:

@@ -56,7 +56,7 @@ class GalleryData:
 def retrieve(emb: SplitEmbeddings, n: int, k: int = 5, seed: int = 0, device=None) -> GalleryData:
     """Top-``k`` results of ``n`` random query images and ``n`` random query captions."""
     device = torch.device("cpu") if device is None else device
-    order = emb.similarity == "order"
+    order = emb.similarity  # a name of metrics.SIMILARITIES
     rng = np.random.default_rng(seed)
     num_images, num_captions = len(emb.images), len(emb.captions)
     image_q = np.sort(rng.choice(num_images, min(n, num_images), replace=False))

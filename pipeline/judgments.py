@@ -394,7 +394,7 @@ def plausible_ranks(scores: torch.Tensor, match: torch.Tensor) -> tuple[torch.Te
     return rank, hits.gather(1, (relevant - 1).clamp(min=0)[:, None])[:, 0] / relevant.clamp(min=1)
 
 
-def human_metrics(images, captions, caption_image, matched: MatchedJudgments, *, order: bool = False,
+def human_metrics(images, captions, caption_image, matched: MatchedJudgments, *, order: bool | str = False,
                   device=None, recall_ks=RECALL_KS, ndcg_ks=NDCG_KS, block: int = 1024) -> dict:
     """Agreement of a model's scores with the judged pairs (docs/PROTOCOL.md, "Human
     judgments"): keys ``human_{i2t,t2i}_{tau,ndcg@K,r@K,rprec}``, ``human_spearman`` and
@@ -526,7 +526,7 @@ def judge_split(emb, index, judgments: Judgments, device=None,
     if token_file is not None:
         check_caption_keys(identity, token_file, matched.keys)
     metrics = human_metrics(emb.images, emb.captions, emb.caption_image, matched,
-                            order=emb.similarity == "order", device=device)
+                            order=emb.similarity, device=device)
     return metrics, matched
 
 

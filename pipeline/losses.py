@@ -1,17 +1,26 @@
 """Training losses of VSE0/VSE++, order embeddings, LSEH, the ladder loss and ConVSE.
 
-The definitions are those of ``shared/docs/PROTOCOL.md``.  Every loss is called as
+The definitions are those of ``docs/PROTOCOL.md``.  Every loss is called as
 ``loss(img_emb, cap_emb, image_ids=None, relevance=None)`` on a batch of B pairs
 (row i of both is a positive pair) and returns a scalar:
 
 - ``S[i, j] = s(image_i, caption_j)``: the inner product (cosine, since the model
-  L2-normalises) or, for ``order``, ``-||max(0, c - i)||^2`` on the given embeddings.
+  L2-normalises) or, for ``order``, ``-||max(0, c - i)||^2`` on the given embeddings
+  (``metrics.order_scores``).
 - ``image_ids`` (B,) names each pair's image.  Pairs (i, j) with the same image are not
   negatives (unless ``mask_same_image=False``): several captions of one image may share a
   batch, and pushing them apart would punish correct matches.
 - ``relevance`` (B, B) is the caption–caption relevance of the batch (``lseh``, ``ladder``).
 - Hinge family (sh, mh, order, lseh, ladder): the sum over the batch, as VSE++.
   Contrastive family (csn, cmn, mvn): the mean over the batch, temperature ``tau``.
+
+``LOSSES`` (name → class) is the one registry of the built-in losses: the CLI's choices,
+config validation, the docs and the tests derive from it.  What a loss is lives on its
+class: ``name``, ``similarity`` (a name of ``metrics.SIMILARITIES``: how the model's
+embeddings are scored, in training and evaluation), ``uses_relevance`` (the trainer then
+needs a relevance file) and ``collapse_value(global_batch)`` (the value when all embeddings
+are equal, for the trainer's warning; None: no warning).  A user's own loss (any
+``nn.Module`` with this call; ``pipeline.loss_plugins``) may declare the same attributes.
 
 The similarity and the loss are computed in float32 (float64 for float64 inputs) with
 autocast disabled: a B × B table is cheap, and hinges of bf16 scores are too coarse.
@@ -27,7 +36,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-LOSS_NAMES = ("sh", "mh", "order", "lseh", "ladder", "csn", "cmn", "mvn")
+from .metrics import image_caption_scores
 
 LADDER_DEFAULTS = {  # levels → (thetas, margins, betas), from the CVSE++ paper
     2: ([0.63], [0.2, 0.01], [1.0, 0.25]),
@@ -36,10 +45,11 @@ LADDER_DEFAULTS = {  # levels → (thetas, margins, betas), from the CVSE++ pape
 
 
 def build_loss(name: str, **options) -> nn.Module:
-    """The loss ``name`` (one of ``LOSS_NAMES``) with its options; ValueError for unknowns."""
-    if name not in _LOSS_CLASSES:
+    """The built-in loss ``name`` (one of ``LOSS_NAMES``) with its options; ValueError for
+    unknowns."""
+    if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r} (known: {', '.join(LOSS_NAMES)})")
-    cls = _LOSS_CLASSES[name]
+    cls = LOSSES[name]
     allowed = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
     unknown = sorted(set(options) - set(allowed))
     if unknown:
@@ -62,6 +72,8 @@ class Batch(NamedTuple):
 class VseLoss(nn.Module):
     """Common input checks and batch preparation; subclasses define ``value(batch)``."""
 
+    name = ""                  # the registry name of a built-in loss
+    similarity = "cosine"      # the score S of the embeddings (metrics.SIMILARITIES)
     uses_relevance = False
 
     def __init__(self, mask_same_image: bool = True):
@@ -73,8 +85,13 @@ class VseLoss(nn.Module):
         """Told by the trainer at the start of each (0-based) epoch."""
         self.epoch = int(epoch)
 
-    def similarity(self, img: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
-        return img @ cap.T
+    def collapse_value(self, global_batch: int) -> float | None:
+        """The loss when every embedding is equal (a collapsed model), or None: no warning."""
+        return None
+
+    def score_matrix(self, img: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
+        """S[i, j] = s(image_i, caption_j) for the declared ``similarity``."""
+        return image_caption_scores(img, cap, self.similarity)
 
     def value(self, batch: Batch) -> torch.Tensor:
         raise NotImplementedError
@@ -106,7 +123,7 @@ class VseLoss(nn.Module):
         negatives = ~same_image if self.mask_same_image else ~positives
         with torch.autocast(device_type=device.type, enabled=False):
             img, cap = img_emb.to(dtype), cap_emb.to(dtype)
-            return self.value(Batch(img, cap, self.similarity(img, cap), same_image,
+            return self.value(Batch(img, cap, self.score_matrix(img, cap), same_image,
                                     negatives, relevance))
 
 
@@ -115,6 +132,8 @@ class VseLoss(nn.Module):
 
 class SumHingeLoss(VseLoss):
     """``sh`` (VSE0): the sum of hinges over all negatives, both directions."""
+
+    name = "sh"
 
     def __init__(self, margin: float = 0.2, mask_same_image: bool = True):
         super().__init__(mask_same_image)
@@ -133,6 +152,8 @@ class MaxHingeLoss(VseLoss):
     ``warmup_epochs=E`` uses the sum of hinges for epochs 0 … E-1 (see ``set_epoch``).
     """
 
+    name = "mh"
+
     def __init__(self, margin: float = 0.2, negative_set_size: int | None = None,
                  warmup_epochs: int = 0, mask_same_image: bool = True):
         super().__init__(mask_same_image)
@@ -144,6 +165,10 @@ class MaxHingeLoss(VseLoss):
             raise ValueError(f"warmup_epochs must be an integer >= 0, got {warmup_epochs!r}")
         self.negative_set_size = negative_set_size
         self.warmup_epochs = int(warmup_epochs)
+
+    def collapse_value(self, global_batch: int) -> float | None:
+        """Every hinge is the margin: 2 · B · margin (after any warm-up)."""
+        return 2 * global_batch * self.margin or None
 
     def value(self, batch: Batch) -> torch.Tensor:
         to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, self.margin)
@@ -157,22 +182,31 @@ class MaxHingeLoss(VseLoss):
 
 
 class OrderLoss(VseLoss):
-    """``order``: hinges on the order-embedding score ``-||max(0, c - i)||^2``.
+    """``order``: hinges on the order-embedding score ``-||max(0, c - i)||^2``
+    (``metrics.order_scores``, the one definition evaluation uses too).
 
     ``reduction="sum"`` is Order0 (sum of hinges), ``"max"`` Order++ (hardest negative).
-    The embeddings are used as given (the model makes them non-negative).
+    ``squared=False`` uses VSE++ code's ``-||max(0, c - i)||`` instead (its published Order++
+    numbers come from that form); the run then declares the similarity ``"order-norm"`` and
+    is evaluated with the same form.  The embeddings are used as given (the model makes
+    them non-negative).
     """
 
-    def __init__(self, margin: float = 0.05, reduction: str = "sum",
+    name = "order"
+
+    similarity = "order"
+
+    def __init__(self, margin: float = 0.05, reduction: str = "sum", squared: bool = True,
                  mask_same_image: bool = True):
         super().__init__(mask_same_image)
         if reduction not in ("sum", "max"):
             raise ValueError(f"reduction must be 'sum' or 'max', got {reduction!r}")
+        if not isinstance(squared, bool):
+            raise ValueError(f"squared must be true or false, got {squared!r}")
         self.margin = _finite(margin, "margin")
         self.reduction = reduction
-
-    def similarity(self, img, cap):
-        return -(cap[None, :, :] - img[:, None, :]).clamp(min=0).square().sum(dim=-1)
+        self.squared = squared
+        self.similarity = "order" if squared else "order-norm"
 
     def value(self, batch: Batch) -> torch.Tensor:
         to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, self.margin)
@@ -183,19 +217,39 @@ class OrderLoss(VseLoss):
 
 class SemanticHardNegativeLoss(VseLoss):
     """``lseh``: VSE++'s hardest-negative hinge with the per-pair margin
-    ``margin + lambda_ * relevance[i, j]`` (relevance zeroed on same-image pairs)."""
+    ``margin + lambda_ * relevance[i, j]`` (relevance zeroed on same-image pairs).
+
+    With ``mask_same_image=False`` same-image pairs are negatives with margin ``margin``;
+    ``zero_margin_same_image=True`` (only with ``mask_same_image=False``) gives them margin 0
+    — the whole per-pair margin zeroed, as the LSEH reference code does.
+    """
+
+    name = "lseh"
 
     uses_relevance = True
 
     def __init__(self, margin: float = 0.185, lambda_: float = 0.025,
-                 mask_same_image: bool = True):
+                 zero_margin_same_image: bool = False, mask_same_image: bool = True):
         super().__init__(mask_same_image)
         self.margin = _finite(margin, "margin")
         self.lambda_ = _finite(lambda_, "lambda_")
+        if not isinstance(zero_margin_same_image, bool):
+            raise ValueError(f"zero_margin_same_image must be true or false, "
+                             f"got {zero_margin_same_image!r}")
+        if zero_margin_same_image and self.mask_same_image:
+            raise ValueError("zero_margin_same_image needs mask_same_image=false (with the mask, "
+                             "same-image pairs are no negatives at all)")
+        self.zero_margin_same_image = zero_margin_same_image
+
+    def collapse_value(self, global_batch: int) -> float | None:
+        """About 2 · B · margin (each hardest hinge is margin + lambda_ · relevance)."""
+        return 2 * global_batch * self.margin or None
 
     def value(self, batch: Batch) -> torch.Tensor:
         semantic = batch.relevance.masked_fill(batch.same_image, 0.0)
         margins = self.margin + self.lambda_ * semantic
+        if self.zero_margin_same_image:
+            margins = margins.masked_fill(batch.same_image, 0.0)
         to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, margins)
         return to_captions.amax(dim=1).sum() + to_images.amax(dim=0).sum()
 
@@ -208,13 +262,22 @@ class LadderLoss(VseLoss):
     (relevance >= theta) and "less relevant" and adds ``betas[l-1]`` times
     ``[margins[l-1] - min_more S + max_less S]_+``, both directions; queries with an empty
     side are skipped.  Defaults by ``levels`` (2 or 3) are the paper's.
+    ``positive_in_more_relevant=True`` counts the positive pair in every "more relevant" set,
+    as the reference code does (its relevance diagonal is 1 >= theta): a query with no more
+    relevant negative still gets ``[margins[l-1] - S_qq + max_less S]_+``.
     """
+
+    name = "ladder"
 
     uses_relevance = True
 
     def __init__(self, levels: int = 2, thetas=None, margins=None, betas=None,
-                 mask_same_image: bool = True):
+                 positive_in_more_relevant: bool = False, mask_same_image: bool = True):
         super().__init__(mask_same_image)
+        if not isinstance(positive_in_more_relevant, bool):
+            raise ValueError(f"positive_in_more_relevant must be true or false, "
+                             f"got {positive_in_more_relevant!r}")
+        self.positive_in_more_relevant = positive_in_more_relevant
         if not _is_int_at_least(levels, 2):
             raise ValueError(f"levels must be an integer >= 2, got {levels!r}")
         defaults = LADDER_DEFAULTS.get(int(levels))
@@ -233,8 +296,11 @@ class LadderLoss(VseLoss):
     def value(self, batch: Batch) -> torch.Tensor:
         to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, self.margins[0])
         total = self.betas[0] * (to_captions.amax(dim=1).sum() + to_images.amax(dim=0).sum())
+        positives = torch.eye(len(batch.scores), dtype=torch.bool, device=batch.scores.device)
         for theta, margin, beta in zip(self.thetas, self.margins[1:], self.betas[1:]):
             more = batch.negatives & (batch.relevance >= theta)
+            if self.positive_in_more_relevant:
+                more = more | positives
             less = batch.negatives & (batch.relevance < theta)
             total = total + beta * (_ladder_hinges(batch.scores, more, less, margin, dim=1)
                                     + _ladder_hinges(batch.scores, more, less, margin, dim=0))
@@ -247,6 +313,8 @@ class LadderLoss(VseLoss):
 class CrossModalInfoNCELoss(VseLoss):
     """``csn`` (ConVSE): -log softmax of the positive over each row of S / tau plus the
     same over each column (cross-modal negatives only), each averaged over the batch."""
+
+    name = "csn"
 
     def __init__(self, tau: float = 0.1, mask_same_image: bool = True):
         super().__init__(mask_same_image)
@@ -263,6 +331,8 @@ class CrossModalInfoNCELoss(VseLoss):
 class HardestNegativeContrastiveLoss(VseLoss):
     """``cmn`` (ConVSE++): ``[(S_ic* + a - S_ii) / tau]_+ + [(S_i*i + a - S_ii) / tau]_+``
     with the hardest negative caption c* and image i*, averaged over the batch."""
+
+    name = "cmn"
 
     def __init__(self, margin: float = 0.2, tau: float = 0.1, mask_same_image: bool = True):
         super().__init__(mask_same_image)
@@ -284,9 +354,11 @@ class MultiViewNTXentLoss(VseLoss):
 
     Each item's positive is its pair's other modality; its negatives are the other 2B - 2
     items of both modalities (minus same-image items when masked).  The value is the mean
-    over the B pairs of the image-anchor plus the caption-anchor term, the same scale as
-    ``csn`` (which sums its two directions).
+    over the 2B anchors, as ConVSE's reference code (``SimCLR_loss``): half the scale of
+    ``csn``, which sums its two directions' means.
     """
+
+    name = "mvn"
 
     def __init__(self, tau: float = 0.1, mask_same_image: bool = True):
         super().__init__(mask_same_image)
@@ -303,7 +375,7 @@ class MultiViewNTXentLoss(VseLoss):
         excluded = (~batch.negatives).repeat(2, 2) & ~positive  # self and same-image items
         logits = logits.masked_fill(excluded, -math.inf)
         terms = -torch.log_softmax(logits, dim=1)[positive]
-        return terms.sum() / size
+        return terms.mean()
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -360,13 +432,7 @@ def _is_int_at_least(value, low: int) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low
 
 
-_LOSS_CLASSES = {
-    "sh": SumHingeLoss,
-    "mh": MaxHingeLoss,
-    "order": OrderLoss,
-    "lseh": SemanticHardNegativeLoss,
-    "ladder": LadderLoss,
-    "csn": CrossModalInfoNCELoss,
-    "cmn": HardestNegativeContrastiveLoss,
-    "mvn": MultiViewNTXentLoss,
-}
+LOSSES: dict[str, type[VseLoss]] = {cls.name: cls for cls in (
+    SumHingeLoss, MaxHingeLoss, OrderLoss, SemanticHardNegativeLoss, LadderLoss,
+    CrossModalInfoNCELoss, HardestNegativeContrastiveLoss, MultiViewNTXentLoss)}
+LOSS_NAMES = tuple(LOSSES)

@@ -9,8 +9,9 @@ the caller picks (GPU when asked).
 Conventions:
 
 - ``images`` (N, D) and ``captions`` (M, D) are embeddings; the score of a pair is their
-  inner product (cosine for L2-normalised embeddings) or, with ``order=True``, the
-  order-embedding score ``s(i, c) = -||max(0, c - i)||^2``.
+  inner product (cosine for L2-normalised embeddings) or, with ``order=True`` (or the
+  similarity name ``"order"``), the order-embedding score ``s(i, c) = -||max(0, c - i)||^2``;
+  ``order="order-norm"`` is VSE++ code's unsquared ``-||max(0, c - i)||`` (``order_scores``).
 - ``caption_image`` (M,) maps each caption to its image; by default M = 5N and captions
   5k..5k+4 belong to image k.
 - Ranks are 0-based and ties count against the query: a constant model ranks last.
@@ -38,12 +39,19 @@ PROTOCOLS = ("single", "5fold", "5k")
 COCO_FOLDS = 5
 COCO_FOLD_SIZE = 1000
 COCO_5K_IMAGES = 5000
+# Similarity names (a model's ``similarity``, a loss's declared similarity): the inner product,
+# and the order-embedding score squared (the paper) or not (VSE++'s code).
+SIMILARITIES = ("cosine", "order", "order-norm")
+# Largest (rows, step, D) difference block of ``order_scores`` (elements).
+ORDER_BLOCK_ELEMENTS = 1 << 22
+# CS@K: which of the candidates tied in score at the K-th place are kept (lower / higher index).
+TIE_BREAKS = ("low", "high")
 
 
 # ---------------------------------------------------------------------------- ranks
 
 
-def similarity_ranks(images, captions, caption_image=None, *, order: bool = False,
+def similarity_ranks(images, captions, caption_image=None, *, order: bool | str = False,
                      device=None, block: int = DEFAULT_BLOCK) -> tuple[np.ndarray, np.ndarray]:
     """0-based ranks ``(i2t, t2i)`` of the ground truth, ties counted against the query.
 
@@ -105,22 +113,43 @@ def _t2i_ranks(images, captions, caption_image, order, block):
     return ranks
 
 
-def image_caption_scores(images, captions, order: bool) -> torch.Tensor:
-    """(len(images), len(captions)) scores: inner products or order-embedding scores."""
-    if not order:
-        return images @ captions.T
-    scores = torch.empty(len(images), len(captions), dtype=images.dtype, device=images.device)
-    # The (images, step, D) difference tensor is about the size of the output block.
-    step = max(1, len(captions) // images.shape[1])
+def order_scores(images, captions, squared: bool = True) -> torch.Tensor:
+    """THE order-embedding score, (len(images), len(captions)), for losses and metrics alike:
+    ``s(i, c) = -||max(0, c - i)||^2`` (``squared``, the paper's form) or ``-||max(0, c - i)||``
+    (VSE++'s code, ``order_sim``).  Differentiable; the (images, step, D) difference tensor is
+    built in blocks of at most ``ORDER_BLOCK_ELEMENTS`` elements."""
+    step = max(1, ORDER_BLOCK_ELEMENTS // max(1, len(images) * images.shape[1]))
+    scores = images.new_empty(len(images), len(captions))
     for start in range(0, len(captions), step):
-        violation = captions[None, start:start + step] - images[:, None]
-        scores[:, start:start + step] = -violation.clamp_(min=0).square_().sum(dim=-1)
+        violation = (captions[None, start:start + step] - images[:, None]).clamp(min=0)
+        scores[:, start:start + step] = -(violation.square().sum(dim=-1) if squared
+                                          else torch.linalg.vector_norm(violation, dim=-1))
     return scores
 
 
-def caption_image_scores(captions, images, order: bool) -> torch.Tensor:
+def similarity_name(order) -> str:
+    """A name of ``SIMILARITIES`` from an ``order`` argument: a bool (True: "order") or a name."""
+    if isinstance(order, (bool, np.bool_)) or order is None:
+        return "order" if order else "cosine"
+    if order not in SIMILARITIES:
+        raise VseError(f"unknown similarity {order!r} (expected {', '.join(SIMILARITIES)})")
+    return order
+
+
+def image_caption_scores(images, captions, order) -> torch.Tensor:
+    """(len(images), len(captions)) scores: inner products or order-embedding scores
+    (``order``: a bool or a name of ``SIMILARITIES``)."""
+    name = similarity_name(order)
+    if name == "cosine":
+        return images @ captions.T
+    return order_scores(images, captions, squared=name == "order")
+
+
+def caption_image_scores(captions, images, order) -> torch.Tensor:
     """(len(captions), len(images)) scores, contiguous by caption."""
-    return image_caption_scores(images, captions, True).T if order else captions @ images.T
+    if similarity_name(order) == "cosine":
+        return captions @ images.T
+    return image_caption_scores(images, captions, order).T
 
 
 # ---------------------------------------------------------------------------- metrics
@@ -144,7 +173,7 @@ def retrieval_metrics(i2t_ranks, t2i_ranks) -> dict[str, float]:
 
 
 def evaluate_embeddings(images, captions, caption_image=None, protocol: str = "single", *,
-                        fold_size: int = COCO_FOLD_SIZE, order: bool = False, device=None,
+                        fold_size: int = COCO_FOLD_SIZE, order: bool | str = False, device=None,
                         block: int = DEFAULT_BLOCK) -> dict:
     """Retrieval metrics under one protocol.
 
@@ -187,13 +216,15 @@ def evaluate_embeddings(images, captions, caption_image=None, protocol: str = "s
 # ---------------------------------------------------------------------------- coherent score
 
 
-def coherent_score(scores, relevance, k: int) -> float:
+def coherent_score(scores, relevance, k: int, *, tie_break: str = "low") -> float:
     """CS@k: mean over queries (rows) of Kendall's tau-b between the model scores and the
     relevance of the query's k highest-scoring candidates.
 
-    Candidates tied in score at the k-th place are taken in index order (a stable sort).
-    A query whose tau-b is undefined (all k scores tied, or all k relevances tied — scipy
-    returns nan there) is left out of the mean; if every query is, the result is nan.
+    Candidates tied in score at the k-th place are taken in index order (a stable sort,
+    ``tie_break="low"``); ``"high"`` takes the higher indices first, as the ladder-loss
+    reference code (``np.argsort(s)[::-1][:k]``) does.  A query whose tau-b is undefined (all
+    k scores tied, or all k relevances tied — scipy returns nan there) is left out of the
+    mean (the reference's mean becomes nan); if every query is, the result is nan.
     """
     scores = _finite_matrix(scores, "scores")
     relevance = _finite_matrix(relevance, "relevance", like=scores)
@@ -201,17 +232,18 @@ def coherent_score(scores, relevance, k: int) -> float:
         raise VseError(f"relevance shape {tuple(relevance.shape)} does not match scores "
                        f"shape {tuple(scores.shape)}")
     _check_k(k, scores.shape[1])
-    taus = _top_k_kendall_tau_b(scores, relevance, [k])[0]
+    taus = _top_k_kendall_tau_b(scores, relevance, [k], tie_break)[0]
     return _mean_defined(taus)
 
 
-def coherent_scores(img_emb, cap_emb, relevance_ref, ks=(100, 1000), *, order: bool = False,
-                    device=None, block: int = DEFAULT_BLOCK) -> dict[str, float]:
+def coherent_scores(img_emb, cap_emb, relevance_ref, ks=(100, 1000), *, order: bool | str = False,
+                    device=None, block: int = DEFAULT_BLOCK, tie_break: str = "low") -> dict[str, float]:
     """CS@k in both directions on one caption per image (the ladder-loss evaluation).
 
     ``cap_emb[q]`` is image q's reference caption (caption 5q in the 5-caption layout) and
     ``relevance_ref[q, p]`` = rel(t_q, t_p) between reference captions.  Image→text uses
     R(q, p) = relevance_ref[q, p]; text→image the transpose.  Keys ``i2t_cs@k``, ``t2i_cs@k``.
+    ``tie_break`` as in ``coherent_score``.
     """
     device = _pick_device(img_emb, device)
     images = _embeddings(img_emb, "image", device)
@@ -239,14 +271,14 @@ def coherent_scores(img_emb, cap_emb, relevance_ref, ks=(100, 1000), *, order: b
             else:
                 scores = caption_image_scores(captions[start:stop], images, order)
                 rel = relevance[:, start:stop].T
-            for per_k, block_taus in zip(taus, _top_k_kendall_tau_b(scores, rel, ks)):
+            for per_k, block_taus in zip(taus, _top_k_kendall_tau_b(scores, rel, ks, tie_break)):
                 per_k.append(block_taus)
         for k, per_k in zip(ks, taus):
             result[f"{direction}_cs@{k}"] = _mean_defined(torch.cat(per_k))
     return result
 
 
-def _top_k_kendall_tau_b(scores, relevance, ks) -> list[torch.Tensor]:
+def _top_k_kendall_tau_b(scores, relevance, ks, tie_break: str = "low") -> list[torch.Tensor]:
     """Per row, tau-b over the top-k candidates, for each k in ``ks`` (nan where undefined).
 
     Knight's O(k log k) form, as scipy computes it: with the k pairs sorted by (x, y)
@@ -255,7 +287,13 @@ def _top_k_kendall_tau_b(scores, relevance, ks) -> list[torch.Tensor]:
     tau-b = (n0 - n1 - n2 + n3 - 2 D) / sqrt((n0 - n1) (n0 - n2)).
     All counts are exact integers; memory is O(rows · k).
     """
-    ranked = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :max(ks)]
+    if tie_break not in TIE_BREAKS:
+        raise VseError(f"tie_break must be one of {', '.join(TIE_BREAKS)}, got {tie_break!r}")
+    if tie_break == "low":
+        ranked = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :max(ks)]
+    else:  # a stable sort of the reversed row: among tied scores the higher index comes first
+        flipped = torch.sort(scores.flip(1), dim=1, descending=True, stable=True).indices
+        ranked = scores.shape[1] - 1 - flipped[:, :max(ks)]
     x_all = scores.gather(1, ranked)  # non-increasing along each row
     y_all = relevance.gather(1, ranked)
     result = []

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
-SIMILARITIES = ("cosine", "order")
+from .metrics import SIMILARITIES  # the one list of similarity names
 
 
 @dataclass
@@ -26,7 +26,7 @@ class ModelConfig:
     word_dim: int = 300
     num_layers: int = 1
     img_norm: bool = True          # False = the VSE0 variant with unnormalised images
-    similarity: str = "cosine"     # "order" = order embeddings (abs values, order similarity)
+    similarity: str = "cosine"     # "order"/"order-norm" = order embeddings (abs values, order score)
     projection: str = "linear"     # "mlp" = ConVSE two-layer heads (feature → 2048 → embed)
     mlp_hidden: int = 2048
 
@@ -110,8 +110,8 @@ class ImageEncoder(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.proj = _projection(cfg.feature_dim, cfg.embed_dim, cfg.projection, cfg.mlp_hidden)
-        self.normalize = cfg.img_norm or cfg.similarity == "order"
-        self.use_abs = cfg.similarity == "order"
+        self.normalize = cfg.img_norm or cfg.similarity != "cosine"
+        self.use_abs = cfg.similarity != "cosine"
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         features = self.backbone(images) if self.backbone is not None else images
@@ -131,7 +131,7 @@ class TextEncoder(nn.Module):
         self.rnn = nn.GRU(cfg.word_dim, cfg.embed_dim, cfg.num_layers, batch_first=True)
         self.head = (_projection(cfg.embed_dim, cfg.embed_dim, "mlp", cfg.mlp_hidden)
                      if cfg.projection == "mlp" else None)
-        self.use_abs = cfg.similarity == "order"
+        self.use_abs = cfg.similarity != "cosine"
 
     def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         packed = pack_padded_sequence(self.embed(tokens), lengths.cpu(), batch_first=True,

@@ -27,14 +27,12 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .errors import VseError
 from .fsutil import atomic_path, remove_stale_temporaries, write_atomic
 from .inference import encode_split
-from .losses import build_loss
+from .loss_plugins import check_loss_name, loss_traits, make_loss
 from .metrics import evaluate_embeddings
 from .models import ModelConfig, VSEModel, join_state
 from .runtime import (autocast, default_workers, needs_grad_scaler, pin_memory, resolve_device,
                       rng_state, seed_everything, set_rng_state)
 from .text import TokenizedCaptions, Vocabulary
-
-CONTRASTIVE = ("csn", "cmn", "mvn")
 
 
 @dataclass
@@ -52,7 +50,7 @@ class TrainConfig:
     backbone_lr_factor: float = 1.0      # RC --finetune: CNN lr = lr × this
     freeze_bn: bool = True               # RC --finetune: keep BatchNorm statistics fixed
     crop: str = "random"                 # RC training crop: "random" | "random-resized"
-    loss: str = "mh"
+    loss: str = "mh"                     # a built-in name (losses.LOSSES) or FILE.py:Class
     margin: float | None = None          # None = the loss's own default (PROTOCOL.md)
     loss_options: dict = field(default_factory=dict)
     relevance: str | None = None         # relevance file for lseh / ladder
@@ -94,6 +92,7 @@ class TrainConfig:
 
     def check(self) -> None:
         """Options that only make sense together (VseError otherwise)."""
+        check_loss_name(self.loss)
         if self.rc:
             if not self.root:
                 raise VseError("--rc needs --root, the dataset folder")
@@ -106,10 +105,6 @@ class TrainConfig:
                 raise VseError("--features is required (or --rc with --dataset and --root)")
             if self.finetune:
                 raise VseError("--finetune needs --rc: a feature cache has no CNN to train")
-
-    @property
-    def similarity(self) -> str:
-        return "order" if self.loss == "order" else "cosine"
 
     def loss_kwargs(self) -> dict:
         kwargs = dict(self.loss_options)
@@ -154,10 +149,12 @@ class Trainer:
             raise VseError(f"validation split {config.val_split!r} has no images", self.source.location)
 
         seed_everything(config.seed)
-        self.model_config = ModelConfig(
+        self.loss = make_loss(config.loss, config.loss_kwargs()).to(self.device)
+        self.loss_traits = loss_traits(self.loss, config.loss)
+        self.model_config = ModelConfig(  # the loss declares the similarity its scores use
             vocab_size=len(self.vocab), feature_dim=self.source.feature_dim, embed_dim=config.embed_dim,
             word_dim=50 if config.glove else config.word_dim, img_norm=config.img_norm,
-            similarity=config.similarity, projection=config.projection)
+            similarity=self.loss_traits.similarity, projection=config.projection)
         self.model = VSEModel(self.model_config, self.source.backbone).to(self.device)
         if self.distributed and config.finetune and not config.freeze_bn and self.device.type == "cuda":
             # BatchNorm statistics of the global batch, as one process with N×B would compute
@@ -166,18 +163,16 @@ class Trainer:
             self._init_from(init_state)
         elif config.glove:
             self._load_glove()
-        try:
-            self.loss = build_loss(config.loss, **config.loss_kwargs())
-        except ValueError as exc:
-            raise VseError(str(exc)) from exc
         self.relevance = self._relevance()
-        self.trainable = [q for q in self.model.parameters() if q.requires_grad]
+        # a loss's own parameters (e.g. a learnable temperature) train with the head
+        self.loss_parameters = [q for q in self.loss.parameters() if q.requires_grad]
+        self.trainable = [q for q in self.model.parameters() if q.requires_grad] + self.loss_parameters
         self.optimizer = torch.optim.Adam(self._param_groups(), lr=config.lr)
         self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=max(1, config.lr_decay_epoch),
                                                          gamma=config.lr_decay)
         self.scaler = torch.amp.GradScaler("cuda", enabled=needs_grad_scaler(self.device, config.amp))
         self.progress = Progress()
-        self.monitor = CollapseMonitor(config.loss, self.loss, config.batch_size * self.world, self.echo)
+        self.monitor = CollapseMonitor(self.loss_traits, config.batch_size * self.world, self.echo)
         # buffers change only in BatchNorm layers that train their statistics
         self.ddp_model = (DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                                                   forward_sync_buffers=config.finetune and not config.freeze_bn)
@@ -243,7 +238,7 @@ class Trainer:
         self.echo(f"GloVe initialised {n} of {len(self.vocab)} words")
 
     def _relevance(self):
-        if not getattr(self.loss, "uses_relevance", False):
+        if not self.loss_traits.uses_relevance:
             return None
         if not self.cfg.relevance:
             raise VseError(f"loss {self.cfg.loss!r} needs --relevance FILE (made by `vse relevance`)")
@@ -257,6 +252,8 @@ class Trainer:
 
     def _restore(self, state: dict) -> None:
         self.model.load_state_dict(join_state(state["model"], state.get("backbone", {}).get("state")))
+        if state.get("loss"):
+            self.loss.load_state_dict(state["loss"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
@@ -359,6 +356,10 @@ class Trainer:
         # DDP averages gradients over ranks; every rank computed the loss of the whole global
         # batch, so scaling by the world size gives the gradient of that one loss.
         self.scaler.scale(loss * self.world).backward()
+        if self.world > 1:  # the loss's own parameters: every rank holds world × the full gradient
+            for q in self.loss_parameters:
+                if q.grad is not None:
+                    q.grad.div_(self.world)
         if self.cfg.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.trainable, self.cfg.grad_clip)
@@ -372,7 +373,7 @@ class Trainer:
                            max_images=self.cfg.val_images, batch_size=self.source.encode_batch_size,
                            amp=self.cfg.amp)
         return evaluate_embeddings(emb.images, emb.captions, emb.caption_image,
-                                   order=self.cfg.similarity == "order")
+                                   order=self.model_config.similarity)
 
     def validate_and_save(self) -> None:
         p = self.progress
@@ -407,6 +408,7 @@ class Trainer:
             "model": self.model.head_state_dict(),
             **({"backbone": self.source.checkpoint_entry(backbone)} if backbone is not None else {}),
             "model_config": self.model_config.to_dict(),
+            **({"loss": self.loss.state_dict()} if self.loss.state_dict() else {}),
             "vocab": self.vocab.words,
             "train_config": self.cfg.to_dict(),
             "feature_source": self.source.feature_source,
@@ -430,11 +432,11 @@ def open_pair_source(cfg: TrainConfig) -> PairSource:
 
 
 class CollapseMonitor:
-    """Warns when max-of-hinges sits at its collapse value 2·B·margin (all embeddings equal)."""
+    """Warns when the loss sits at its collapse value (all embeddings equal), as the loss
+    declares it (``collapse_value``; max-of-hinges: 2·B·margin)."""
 
-    def __init__(self, loss_name: str, loss, global_batch: int, echo, patience: int = 200):
-        margin = getattr(loss, "margin", None)
-        self.value = 2 * global_batch * margin if loss_name in ("mh", "lseh") and margin else None
+    def __init__(self, traits, global_batch: int, echo, patience: int = 200):
+        self.value = traits.collapse_value(global_batch) if traits.collapse_value else None
         self.patience, self.count, self.warned, self.echo = patience, 0, False, echo
 
     def update(self, loss: float) -> None:

@@ -28,6 +28,7 @@ def one_step(config: dict) -> dict:
     trainer = Trainer(TrainConfig(**config), echo=lambda *a: None)
     loss = trainer.step(trainer.epoch_batches(0)[0])
     named = [(n, p) for n, p in trainer.model.named_parameters() if p.requires_grad]
+    named += [(f"loss.{n}", p) for n, p in trainer.loss.named_parameters() if p.requires_grad]
     return {"loss": loss, "grads": {n: p.grad.detach().clone() for n, p in named},
             "weights": {n: p.detach().clone() for n, p in named}}
 

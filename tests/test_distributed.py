@@ -32,6 +32,8 @@ CACHED_LOSSES = {
     "csn": {"loss": "csn"},
     "cmn": {"loss": "cmn"},
     "mvn": {"loss": "mvn"},
+    # a plug-in with a parameter of its own (a learnable temperature)
+    "plugin": {"loss": str(ROOT / "examples" / "infonce_learnable_tau.py") + ":LearnableTemperatureInfoNCE"},
 }
 
 
@@ -76,6 +78,7 @@ def _single_process_step(config: dict) -> dict:
     trainer = Trainer(TrainConfig(**{**config, "batch_size": WORLD * PER_RANK}), echo=lambda *a: None)
     loss = trainer.step(trainer.epoch_batches(0)[0])
     named = [(n, p) for n, p in trainer.model.named_parameters() if p.requires_grad]
+    named += [(f"loss.{n}", p) for n, p in trainer.loss.named_parameters() if p.requires_grad]
     return {"loss": loss, "grads": {n: p.grad for n, p in named}, "weights": {n: p.detach() for n, p in named}}
 
 
@@ -117,3 +120,9 @@ def test_vse_train_under_torchrun_trains_rc_mode(launched):
     assert state["iteration"] == 5  # 40 training pairs / (2 × 4)
     assert state["backbone"]["finetune"] is True
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_every_built_in_loss_is_stepped_under_torchrun():
+    from pipeline.losses import LOSS_NAMES
+
+    assert set(LOSS_NAMES) <= {case["loss"] for case in CACHED_LOSSES.values()}

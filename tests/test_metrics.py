@@ -319,3 +319,50 @@ def test_coherent_score_input_checks():
         coherent_scores(np.ones((3, 2)), np.ones((15, 2)), np.ones((3, 3)), ks=(2,))
     with pytest.raises(VseError, match="relevance must be 3 × 3"):
         coherent_scores(np.ones((3, 2)), np.ones((3, 2)), np.ones((15, 15)), ks=(2,))
+
+
+# ---------------------------------------------------------------------------- CS@K, the authors' code
+
+
+def reference_cs(scores, relevance, k):
+    """The ladder-loss code (cdluminate/ladderloss, doTau): ``np.argsort(s)[::-1][:K]`` and a
+    plain mean.  Its default sort is stable on rows this short (and ascending reversed puts
+    the higher index first among ties); written with kind="stable" to make that explicit."""
+    taus = [kendalltau(s[idx], r[idx]).statistic
+            for s, r in zip(scores, relevance)
+            for idx in [np.argsort(s, kind="stable")[::-1][:k]]]
+    return float(np.mean(taus))
+
+
+def test_coherent_score_tie_at_place_k_both_ways():
+    # Candidates 1 and 2 tie for place 2.  Ours keeps the lower index (1): scores 1 > .5 with
+    # relevance .5 < 1, discordant → -1.  The reference keeps 2: relevance .5 > 0 → +1.
+    scores = np.array([[1.0, 0.5, 0.5, 0.0]])
+    relevance = np.array([[0.5, 1.0, 0.0, 0.25]])
+    assert coherent_score(scores, relevance, 2) == -1.0
+    assert coherent_score(scores, relevance, 2, tie_break="high") == 1.0
+    assert reference_cs(scores, relevance, 2) == 1.0
+    images, captions = np.eye(4), scores.repeat(4, axis=0).T  # i2t row 0 is the row above
+    got = coherent_scores(images, captions, relevance.repeat(4, axis=0), ks=(2,), tie_break="high")
+    assert got["i2t_cs@2"] == pytest.approx(reference_cs(images @ captions.T,
+                                                         relevance.repeat(4, axis=0), 2))
+    with pytest.raises(VseError, match="tie_break must be one of low, high"):
+        coherent_score(scores, relevance, 2, tie_break="first")
+
+
+def test_coherent_score_undefined_tau_left_out_where_the_reference_gives_nan():
+    # Query 1's relevances all tie: its tau is undefined.
+    scores = np.array([[1.0, 0.5, 0.0], [1.0, 0.5, 0.0]])
+    relevance = np.array([[1.0, 0.5, 0.0], [0.5, 0.5, 0.5]])
+    assert coherent_score(scores, relevance, 3) == 1.0
+    assert math.isnan(reference_cs(scores, relevance, 3))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_coherent_score_equals_the_reference_without_ties(seed):
+    rng = np.random.default_rng(seed)
+    scores, relevance = rng.standard_normal((20, 50)), rng.random((20, 50))
+    for k in (5, 50):
+        for tie_break in ("low", "high"):
+            assert coherent_score(scores, relevance, k, tie_break=tie_break) == pytest.approx(
+                reference_cs(scores, relevance, k), abs=1e-12)

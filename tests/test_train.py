@@ -93,11 +93,12 @@ def test_nan_features_stop_training_with_a_clear_error(tmp_path):
 
 
 def test_collapse_warning_points_to_warmup(tiny_cache, tmp_path):
+    from pipeline.loss_plugins import loss_traits
     from pipeline.losses import build_loss
     from pipeline.train import CollapseMonitor
 
     said = []
-    monitor = CollapseMonitor("mh", build_loss("mh"), 16, said.append, patience=3)
+    monitor = CollapseMonitor(loss_traits(build_loss("mh")), 16, said.append, patience=3)
     with pytest.warns(UserWarning, match="warmup-epochs"):
         for _ in range(3):
             monitor.update(2 * 16 * 0.2)
