@@ -37,6 +37,7 @@ from pathlib import Path
 
 from .errors import VseError
 from .fsutil import atomic_path
+from .runlock import RunLock
 
 DONE_MARKER = "sweep-done.json"
 LOSS_OPTION_PREFIX = "loss_options."
@@ -226,15 +227,16 @@ def train_run(config: dict, resume: bool, threads: int | None = None, echo=print
     if threads:
         torch.set_num_threads(threads)
     run_dir = Path(config["run_dir"])
-    if not resume:
-        # A fresh start must not append to the validation log of an attempt that never
-        # reached a checkpoint (killed between writing metrics.jsonl and last.pt).
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-    cfg = TrainConfig.from_dict(config)
-    summary = Trainer(cfg, resume=resume, echo=echo).fit()
-    summary = {**summary, "epoch": cfg.epochs, "finished": time.time()}
-    with atomic_path(run_dir / DONE_MARKER) as tmp:
-        Path(tmp).write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    with RunLock(run_dir):  # another sweep training this run keeps it (and its log)
+        if not resume:
+            # A fresh start must not append to the validation log of an attempt that never
+            # reached a checkpoint (killed between writing metrics.jsonl and last.pt).
+            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        cfg = TrainConfig.from_dict(config)
+        summary = Trainer(cfg, resume=resume, echo=echo).fit()
+        summary = {**summary, "epoch": cfg.epochs, "finished": time.time()}
+        with atomic_path(run_dir / DONE_MARKER) as tmp:
+            Path(tmp).write_text(json.dumps(summary, indent=2), encoding="utf-8")
     return summary
 
 

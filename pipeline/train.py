@@ -30,6 +30,7 @@ from .inference import encode_split
 from .losses import build_loss
 from .metrics import evaluate_embeddings
 from .models import ModelConfig, VSEModel, join_state
+from .runlock import RunLock
 from .runtime import (autocast, default_workers, needs_grad_scaler, pin_memory, resolve_device,
                       rng_state, seed_everything, set_rng_state)
 from .text import TokenizedCaptions, Vocabulary
@@ -135,6 +136,7 @@ class Trainer:
         self.cfg = config
         self.echo = echo if dist.is_main() else (lambda *a, **k: None)
         self.run_dir = Path(config.run_dir)
+        self.lock = RunLock(self.run_dir)  # taken before last.pt is read, or at fit()
         self.device = resolve_device(config.device)
         self.distributed = dist.init_from_env(self.device)
         self.world = dist.world_size()
@@ -190,6 +192,7 @@ class Trainer:
         last = self.run_dir / "last.pt"
         if not last.exists():
             raise VseError("--resume given but the run has no last.pt", self.run_dir)
+        self.lock.acquire()  # no other process may write the run while it is read and continued
         state = load_checkpoint(last)
         saved = TrainConfig.from_dict(state["train_config"])
         for key in ("features", "rc", "dataset", "backbone", "finetune", "crop", "loss", "batch_size",
@@ -294,6 +297,11 @@ class Trainer:
             persistent_workers=False)
 
     def fit(self) -> dict:
+        """Train to the end, holding the run folder's lock (pipeline.runlock) throughout."""
+        with self.lock:
+            return self._fit()
+
+    def _fit(self) -> dict:
         cfg, p = self.cfg, self.progress
         if dist.is_main():
             try:
