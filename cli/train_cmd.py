@@ -117,10 +117,14 @@ def train_command(ctx, config_file, resume, loss_option, **options):
     from pipeline.train import TrainConfig, Trainer
 
     values = _read_config_file(config_file) if config_file else {}
+    given = set(values)  # what the user set; with --resume the rest is the run's own
     for name, value in options.items():
         explicit = ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
+        given |= {name} if explicit else set()
         if explicit or name not in values and name not in LOSS_FLAGS:
             values[name] = value
+    given = {"loss_options" if name in LOSS_FLAGS else name for name in given} | (
+        {"loss_options"} if loss_option else set())
     loss_options = dict(values.pop("loss_options", {}) or {})
     for flag, option in LOSS_FLAGS.items():
         value = values.pop(flag, None)
@@ -131,7 +135,7 @@ def train_command(ctx, config_file, resume, loss_option, **options):
     if not values.get("run_dir"):
         raise click.UsageError("--run-dir is required (flag or config file)")
     config = TrainConfig.from_dict(values)
-    summary = Trainer(config, resume=resume, echo=click.echo).fit()
+    summary = Trainer(config, resume=resume, echo=click.echo, given=given).fit()
     if distributed.is_main():  # under torchrun the other ranks say nothing
             click.echo(f"done: best validation rsum {summary['best_rsum']:.2f} at epoch {summary['best_epoch']} "
                    f"→ {Path(config.run_dir) / 'best.pt'}")

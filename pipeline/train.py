@@ -37,6 +37,11 @@ from .text import TokenizedCaptions, Vocabulary
 
 CONTRASTIVE = ("csn", "cmn", "mvn")
 
+# The options a resumed run may change (README, `vse train`): they decide how long, how often
+# to validate and log, and where and how fast data is read, never which updates are made.
+# Every other option must equal the run's; --resume without them takes the run's own.
+RESUME_MAY_CHANGE = ("run_dir", "epochs", "val_every", "log_every", "workers", "preload", "device")
+
 
 @dataclass
 class TrainConfig:
@@ -131,16 +136,22 @@ class Progress:
 class Trainer:
     """Owns the model, optimizer and data of one run. ``fit()`` trains to the end."""
 
-    def __init__(self, config: TrainConfig, resume: bool = False, echo=print):
-        config.check()
-        self.cfg = config
-        self.echo = echo if dist.is_main() else (lambda *a, **k: None)
+    def __init__(self, config: TrainConfig, resume: bool = False, echo=print, given=None):
+        """``given``: the names of the options the user set (the CLI's flags and config file);
+        with ``resume`` the others are the run's own. None: every option of ``config``."""
         self.run_dir = Path(config.run_dir)
         self.lock = RunLock(self.run_dir)  # taken before last.pt is read, or at fit()
+        self.echo = echo if dist.is_main() else (lambda *a, **k: None)
+        resume_state = None
+        if resume:
+            resume_state, config = self._resume_state(config, given)
+        config.check()
+        self.cfg = config
         self.device = resolve_device(config.device)
         self.distributed = dist.init_from_env(self.device)
         self.world = dist.world_size()
-        resume_state = self._resume_state() if resume else None
+        if resume_state is not None:
+            self._check_world_size(resume_state)
 
         self.source = open_pair_source(config)
         self.index = self.source.index
@@ -188,19 +199,43 @@ class Trainer:
             self._restore(resume_state)
 
     # ----------------------------------------------------------------- set-up helpers
-    def _resume_state(self):
+    def _resume_state(self, config: TrainConfig, given) -> tuple[dict, TrainConfig]:
+        """last.pt and the effective config: the run's own, with the options in ``given`` as
+        the user set them; VseError if one outside RESUME_MAY_CHANGE differs from the run's."""
         last = self.run_dir / "last.pt"
         if not last.exists():
             raise VseError("--resume given but the run has no last.pt", self.run_dir)
         self.lock.acquire()  # no other process may write the run while it is read and continued
         state = load_checkpoint(last)
-        saved = TrainConfig.from_dict(state["train_config"])
-        for key in ("features", "rc", "dataset", "backbone", "finetune", "crop", "loss", "batch_size",
-                    "seed", "embed_dim", "train_split"):
-            if getattr(saved, key) != getattr(self.cfg, key):
-                raise VseError(f"--resume with a different {key} ({getattr(self.cfg, key)!r}) than the run "
-                               f"was started with ({getattr(saved, key)!r})", last)
-        return state
+        try:
+            saved = TrainConfig.from_dict(state["train_config"])
+        except VseError as exc:
+            raise VseError(f"its train_config: {exc}", last) from None
+        if given is not None:
+            values = saved.to_dict()
+            for name in given:
+                new = getattr(config, name)
+                values[name] = {**values[name], **new} if isinstance(new, dict) else new  # loss_options
+            config = TrainConfig.from_dict({**values, "run_dir": config.run_dir})
+        changed = [f.name for f in fields(TrainConfig) if getattr(config, f.name) != getattr(saved, f.name)]
+        refused = [name for name in changed if name not in RESUME_MAY_CHANGE]
+        if refused:
+            differences = ", ".join(f"{name} {getattr(config, name)!r} (the run's: {getattr(saved, name)!r})"
+                                    for name in refused)
+            raise VseError(f"--resume may not change {differences}; only {', '.join(RESUME_MAY_CHANGE)} "
+                           f"may change (start a new --run-dir to train with other options)", last)
+        kept = [f"{name} {getattr(config, name)!r} (was {getattr(saved, name)!r})"
+                for name in changed if name != "run_dir"]
+        if kept:
+            self.echo(f"resuming with {', '.join(kept)}")
+        return state, config
+
+    def _check_world_size(self, state: dict) -> None:
+        """The global batch (and so each pair's place in it) depends on the number of processes."""
+        saved = int(state.get("world_size", 1))  # checkpoints before world_size: one process
+        if saved != self.world:
+            raise VseError(f"--resume with {self.world} process(es), but the run was trained with {saved}: "
+                           f"the global batch and the order of pairs depend on it", self.run_dir / "last.pt")
 
     def _vocabulary(self, state) -> Vocabulary:
         if state is not None:
@@ -413,6 +448,7 @@ class Trainer:
             "model_config": self.model_config.to_dict(),
             "vocab": self.vocab.words,
             "train_config": self.cfg.to_dict(),
+            "world_size": self.world,
             "feature_source": self.source.feature_source,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
