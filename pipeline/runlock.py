@@ -22,6 +22,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Self
 
 from .errors import VseError
 
@@ -43,7 +44,7 @@ class RunLock:
         self.path = self.run_dir / LOCK_NAME
         self.key: str | None = None
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> Self:
         if self.key is not None or not _locks_here():
             return self
         try:
@@ -75,7 +76,7 @@ class RunLock:
                 os.close(fd)
         self.key = None
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> Self:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

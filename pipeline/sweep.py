@@ -189,8 +189,9 @@ def _text(value) -> str:
 def run_status(run: SweepRun) -> tuple[str, str]:
     """(new | unfinished | done, detail) from what the run folder holds."""
     from .checkpoint import load_checkpoint
+    from .train import TrainConfig
 
-    epochs = int(run.config.get("epochs", 30))
+    epochs = int(run.config.get("epochs", TrainConfig.default("epochs")))
     marker = run.run_dir / DONE_MARKER
     if marker.is_file():
         try:

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import time
+import types
+import typing
 import warnings
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -87,13 +90,40 @@ class TrainConfig:
     init_from: str | None = None
     log_every: int = 10
 
+    def __post_init__(self):
+        for name, value in self.checked(vars(self)).items():
+            setattr(self, name, value)
+
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":
+        """Options not in ``values`` take the defaults above (the only place that holds them)."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise VseError(f"unknown training option(s): {', '.join(unknown)}")
         return cls(**values)
+
+    @classmethod
+    def default(cls, name: str):
+        """The default of option ``name`` (what `vse train --help` shows)."""
+        field_ = next(f for f in fields(cls) if f.name == name)
+        return field_.default_factory() if field_.default is MISSING else field_.default
+
+    @classmethod
+    def checked(cls, values: dict) -> dict:
+        """``values`` (some options, by name) with the types of the annotations above and the
+        ranges of OPTION_RANGES checked: VseError naming the first wrong one. Numbers given for
+        float options become floats (also text such as '1e-3', which YAML 1.1 reads as text)."""
+        hints = typing.get_type_hints(cls)
+        out = {}
+        for name, value in values.items():
+            value = out[name] = _check_type(name, value, hints[name])
+            if name in OPTION_RANGES and value is not None:
+                bound, inclusive = OPTION_RANGES[name]
+                if value < bound or value == bound and not inclusive:
+                    raise VseError(f"{name} must be {'at least' if inclusive else 'more than'} {bound}, "
+                                   f"got {value!r}")
+        return out
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -122,6 +152,49 @@ class TrainConfig:
         if self.margin is not None:
             kwargs["margin"] = self.margin
         return kwargs
+
+
+# Lowest value of each numeric option: (bound, whether the bound itself is allowed).
+OPTION_RANGES = {
+    "epochs": (1, True), "batch_size": (1, True), "lr": (0, False), "lr_decay_epoch": (1, True),
+    "lr_decay": (0, False), "grad_clip": (0, True), "embed_dim": (1, True), "word_dim": (1, True),
+    "min_word_count": (1, True), "max_caption_tokens": (1, True), "val_images": (1, True),
+    "val_every": (0, True), "seed": (0, True), "workers": (0, True), "log_every": (1, True),
+    "backbone_lr_factor": (0, True), "margin": (0, True),
+}
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "text",
+          dict: "a mapping of option names to values"}
+
+
+def _check_type(name: str, value, hint):
+    """``value`` as option ``name`` of annotation ``hint`` (VseError if it is not one)."""
+    allowed = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if value is None and type(None) in allowed:
+        return None
+    kind = next(t for t in allowed if t is not type(None))
+    if kind is float and isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        value = int(value) if ok else value
+    elif kind is float:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        value = float(value) if ok else value
+        if ok and not math.isfinite(value):
+            raise VseError(f"{name} must be a finite number, got {value!r}")
+    elif kind is dict:
+        ok = isinstance(value, dict) and all(isinstance(key, str) for key in value)
+    else:
+        ok = isinstance(value, kind)
+    if not ok:
+        optional = " (or null)" if type(None) in allowed else ""
+        raise VseError(f"{name} must be {_KINDS[kind]}{optional}, got {value!r}")
+    return value
 
 
 @dataclass

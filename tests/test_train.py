@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import re
@@ -79,9 +80,9 @@ def test_resume_refuses_a_different_setting(tiny_cache, tmp_path):
     with pytest.raises(VseError, match=r"may not change batch_size 8 \(the run's: 16\)"):
         Trainer(_config(tiny_cache, tmp_path / "r", loss="sh", epochs=2, batch_size=8), resume=True)
     # every option counts, not a list of some: the lr, the margin, mixed precision (amp) …
-    for change, shown in ((dict(lr=0.05), "lr 0.05 (the run's: 0.005)"),
-                          (dict(margin=0.3), "margin 0.3 (the run's: None)"),
-                          (dict(amp=False), "amp False (the run's: True)")):
+    for change, shown in (({"lr": 0.05}, "lr 0.05 (the run's: 0.005)"),
+                          ({"margin": 0.3}, "margin 0.3 (the run's: None)"),
+                          ({"amp": False}, "amp False (the run's: True)")):
         with pytest.raises(VseError, match=re.escape(shown)):
             Trainer(_config(tiny_cache, tmp_path / "r", loss="sh", epochs=2, **change), resume=True)
     with pytest.raises(VseError, match="no last.pt"):
@@ -237,3 +238,16 @@ def test_a_bad_validation_split_stops_before_training_and_stale_temporaries_go(t
     Trainer(_config(tiny_cache, run, loss="sh", epochs=1), echo=lambda *a: None).fit()
     assert not killed.exists() and live.exists()
     assert (run / "last.pt").exists()
+
+
+def test_train_options_have_no_defaults_of_their_own_and_help_shows_trainconfigs():
+    from cli.train_cmd import TrainOption, train_command
+
+    options = [p for p in train_command.params if isinstance(p, TrainOption)]
+    assert {p.name for p in options} <= {f.name for f in dataclasses.fields(TrainConfig)}
+    assert len(options) >= 30 and all(p.default is None for p in options)
+    help_text = " ".join(CliRunner().invoke(cli, ["train", "--help"]).output.split())
+    for name, flag in (("epochs", "--epochs INTEGER"), ("lr", "--lr FLOAT"),
+                       ("batch_size", "--batch-size INTEGER")):
+        assert f"{flag} [default: {TrainConfig.default(name)}]" in help_text
+    assert "[default: amp]" in help_text and "[default: freeze-bn]" in help_text
