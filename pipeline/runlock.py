@@ -14,6 +14,7 @@ mounts) training goes on unlocked after a warning.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -82,8 +83,9 @@ class RunLock:
     def __exit__(self, *exc) -> None:
         self.release()
 
-    def __del__(self):
-        self.release()
+    def __del__(self):  # a trainer dropped without fit() (failed set-up) lets go of the folder
+        with contextlib.suppress(Exception):  # at interpreter shutdown module globals may be gone
+            self.release()
 
 
 def _lock(path: Path):
