@@ -251,3 +251,19 @@ def test_train_options_have_no_defaults_of_their_own_and_help_shows_trainconfigs
                        ("batch_size", "--batch-size INTEGER")):
         assert f"{flag} [default: {TrainConfig.default(name)}]" in help_text
     assert "[default: amp]" in help_text and "[default: freeze-bn]" in help_text
+
+
+def test_what_resume_may_change_leaves_the_updates_alone(tiny_cache, tmp_path):
+    """RESUME_MAY_CHANGE's promise: more epochs and another --val-every (and the folder's
+    path) give the weights of one run with the final settings."""
+    opts = {"loss": "mh", "loss_options": {"negative_set_size": 5}, "lr_decay_epoch": 1}
+    Trainer(_config(tiny_cache, tmp_path / "full", epochs=2, **opts), echo=lambda *a: None).fit()
+    Trainer(_config(tiny_cache, tmp_path / "first", epochs=1, val_every=3, **opts), echo=lambda *a: None).fit()
+    os.rename(tmp_path / "first", tmp_path / "moved")
+    Trainer(_config(tiny_cache, tmp_path / "moved", epochs=2, val_every=5, **opts), resume=True,
+            echo=lambda *a: None).fit()
+    full, moved = load_checkpoint(tmp_path / "full" / "last.pt"), load_checkpoint(tmp_path / "moved" / "last.pt")
+    assert moved["iteration"] == full["iteration"] == 16
+    for key, value in full["model"].items():
+        assert torch.equal(value, moved["model"][key]), key
+    assert json.loads((tmp_path / "moved" / "config.json").read_text())["run_dir"] == str(tmp_path / "moved")
