@@ -258,11 +258,13 @@ def test_what_resume_may_change_leaves_the_updates_alone(tiny_cache, tmp_path):
     path) give the weights of one run with the final settings."""
     opts = {"loss": "mh", "loss_options": {"negative_set_size": 5}, "lr_decay_epoch": 1}
     Trainer(_config(tiny_cache, tmp_path / "full", epochs=2, **opts), echo=lambda *a: None).fit()
-    Trainer(_config(tiny_cache, tmp_path / "first", epochs=1, val_every=3, **opts), echo=lambda *a: None).fit()
+    first = _config(tiny_cache, tmp_path / "first", epochs=1, val_every=3, **opts)
+    Trainer(first, echo=lambda *a: None).fit()
     os.rename(tmp_path / "first", tmp_path / "moved")
     Trainer(_config(tiny_cache, tmp_path / "moved", epochs=2, val_every=5, **opts), resume=True,
             echo=lambda *a: None).fit()
-    full, moved = load_checkpoint(tmp_path / "full" / "last.pt"), load_checkpoint(tmp_path / "moved" / "last.pt")
+    full = load_checkpoint(tmp_path / "full" / "last.pt")
+    moved = load_checkpoint(tmp_path / "moved" / "last.pt")
     assert moved["iteration"] == full["iteration"] == 16
     for key, value in full["model"].items():
         assert torch.equal(value, moved["model"][key]), key
