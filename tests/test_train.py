@@ -102,7 +102,8 @@ def test_cli_resume_takes_the_runs_options_and_refuses_changes(tiny_cache, tmp_p
     config_before = (run / "config.json").read_text()
     for flags, shown in ((["--lr", 0.05], "lr 0.05 (the run's: 0.005)"),
                          (["--margin", 0.3], "margin 0.3 (the run's: None)"),
-                         (["--negative-set-size", 8], "loss_options {'warmup_epochs': 1, 'negative_set_size': 8}"),
+                         (["--negative-set-size", 8],
+                          "loss_options {'warmup_epochs': 1, 'negative_set_size': 8}"),
                          (["--no-amp"], "amp False (the run's: True)")):
         refused = _train_cli("--run-dir", run, "--features", tiny_cache, "--resume", "--epochs", 2, *flags)
         assert refused.exit_code == 1, refused.output
