@@ -10,6 +10,17 @@ from pipeline.cache import DEFAULT_SHARD_SIZE, FeatureCache
 from pipeline.errors import VseError
 
 
+def _at_least(low: int):
+    """A callback refusing a number below ``low`` in one line (exit 1)."""
+
+    def check(ctx, param, value):
+        if value is not None and value < low:
+            raise VseError(f"{param.opts[0]} must be at least {low}, got {value}")
+        return value
+
+    return check
+
+
 def _split_list(ctx, param, value):
     if value is None:
         return None
@@ -31,12 +42,13 @@ def _split_list(ctx, param, value):
 @click.option("--crops", type=click.Choice(["1", "10"]), default="1", show_default=True,
               help="1: centre crop; 10: corners + centre and their flips, features averaged.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Cache file (.h5); shards go to OUT.shards/.")
-@click.option("--batch-size", type=int, default=32, show_default=True,
+@click.option("--batch-size", type=int, callback=_at_least(1), default=32, show_default=True,
               help="Images per forward pass (× crops); changing it recomputes the shards (their "
                    "features depend on the batch in the last float bits).")
-@click.option("--workers", type=int, default=None, help="Image-loading processes [default: cores - 1, at most 8].")
+@click.option("--workers", type=int, callback=_at_least(0), default=None,
+              help="Image-loading processes [default: cores - 1, at most 8].")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option("--shard-size", type=int, default=DEFAULT_SHARD_SIZE, show_default=True,
+@click.option("--shard-size", type=int, callback=_at_least(1), default=DEFAULT_SHARD_SIZE, show_default=True,
               help="Rows per shard (the unit of resuming and of work per rank).")
 @click.option("--weights", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Backbone weights file (default: the package's / the torch hub cache's).")

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from .errors import VseError
 from .fsutil import atomic_path
+from .runlock import RunLock
 
 DONE_MARKER = "sweep-done.json"
 LOSS_OPTION_PREFIX = "loss_options."
@@ -200,8 +201,9 @@ def _text(value) -> str:
 def run_status(run: SweepRun) -> tuple[str, str]:
     """(new | unfinished | done, detail) from what the run folder holds."""
     from .checkpoint import load_checkpoint
+    from .train import TrainConfig
 
-    epochs = int(run.config.get("epochs", 30))
+    epochs = int(run.config.get("epochs", TrainConfig.default("epochs")))
     marker = run.run_dir / DONE_MARKER
     if marker.is_file():
         try:
@@ -238,15 +240,16 @@ def train_run(config: dict, resume: bool, threads: int | None = None, echo=print
     if threads:
         torch.set_num_threads(threads)
     run_dir = Path(config["run_dir"])
-    if not resume:
-        # A fresh start must not append to the validation log of an attempt that never
-        # reached a checkpoint (killed between writing metrics.jsonl and last.pt).
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-    cfg = TrainConfig.from_dict(config)
-    summary = Trainer(cfg, resume=resume, echo=echo).fit()
-    summary = {**summary, "epoch": cfg.epochs, "finished": time.time()}
-    with atomic_path(run_dir / DONE_MARKER) as tmp:
-        Path(tmp).write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    with RunLock(run_dir):  # another sweep training this run keeps it (and its log)
+        if not resume:
+            # A fresh start must not append to the validation log of an attempt that never
+            # reached a checkpoint (killed between writing metrics.jsonl and last.pt).
+            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        cfg = TrainConfig.from_dict(config)
+        summary = Trainer(cfg, resume=resume, echo=echo).fit()
+        summary = {**summary, "epoch": cfg.epochs, "finished": time.time()}
+        with atomic_path(run_dir / DONE_MARKER) as tmp:
+            Path(tmp).write_text(json.dumps(summary, indent=2), encoding="utf-8")
     return summary
 
 

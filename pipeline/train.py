@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import time
+import types
+import typing
 import warnings
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -30,9 +33,15 @@ from .inference import encode_split
 from .loss_plugins import check_loss_name, loss_traits, make_loss
 from .metrics import evaluate_embeddings
 from .models import ModelConfig, VSEModel, join_state
+from .runlock import RunLock
 from .runtime import (autocast, default_workers, needs_grad_scaler, pin_memory, resolve_device,
                       rng_state, seed_everything, set_rng_state)
 from .text import TokenizedCaptions, Vocabulary
+
+# The options a resumed run may change (README, `vse train`): they decide how long, how often
+# to validate and log, and where and how fast data is read, never which updates are made.
+# Every other option must equal the run's; --resume without them takes the run's own.
+RESUME_MAY_CHANGE = ("run_dir", "epochs", "val_every", "log_every", "workers", "preload", "device")
 
 
 @dataclass
@@ -79,13 +88,40 @@ class TrainConfig:
     init_from: str | None = None
     log_every: int = 10
 
+    def __post_init__(self):
+        for name, value in self.checked(vars(self)).items():
+            setattr(self, name, value)
+
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":
+        """Options not in ``values`` take the defaults above (the only place that holds them)."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise VseError(f"unknown training option(s): {', '.join(unknown)}")
         return cls(**values)
+
+    @classmethod
+    def default(cls, name: str):
+        """The default of option ``name`` (what `vse train --help` shows)."""
+        field_ = next(f for f in fields(cls) if f.name == name)
+        return field_.default_factory() if field_.default is MISSING else field_.default
+
+    @classmethod
+    def checked(cls, values: dict) -> dict:
+        """``values`` (some options, by name) with the types of the annotations above and the
+        ranges of OPTION_RANGES checked: VseError naming the first wrong one. Numbers given for
+        float options become floats (also text such as '1e-3', which YAML 1.1 reads as text)."""
+        hints = typing.get_type_hints(cls)
+        out = {}
+        for name, value in values.items():
+            value = out[name] = _check_type(name, value, hints[name])
+            if name in OPTION_RANGES and value is not None:
+                bound, inclusive = OPTION_RANGES[name]
+                if value < bound or value == bound and not inclusive:
+                    raise VseError(f"{name} must be {'at least' if inclusive else 'more than'} {bound}, "
+                                   f"got {value!r}")
+        return out
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -113,6 +149,49 @@ class TrainConfig:
         return kwargs
 
 
+# Lowest value of each numeric option: (bound, whether the bound itself is allowed).
+OPTION_RANGES = {
+    "epochs": (1, True), "batch_size": (1, True), "lr": (0, False), "lr_decay_epoch": (1, True),
+    "lr_decay": (0, False), "grad_clip": (0, True), "embed_dim": (1, True), "word_dim": (1, True),
+    "min_word_count": (1, True), "max_caption_tokens": (1, True), "val_images": (1, True),
+    "val_every": (0, True), "seed": (0, True), "workers": (0, True), "log_every": (1, True),
+    "backbone_lr_factor": (0, True), "margin": (0, True),
+}
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "text",
+          dict: "a mapping of option names to values"}
+
+
+def _check_type(name: str, value, hint):
+    """``value`` as option ``name`` of annotation ``hint`` (VseError if it is not one)."""
+    allowed = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if value is None and type(None) in allowed:
+        return None
+    kind = next(t for t in allowed if t is not type(None))
+    if kind is float and isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        value = int(value) if ok else value
+    elif kind is float:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        value = float(value) if ok else value
+        if ok and not math.isfinite(value):
+            raise VseError(f"{name} must be a finite number, got {value!r}")
+    elif kind is dict:
+        ok = isinstance(value, dict) and all(isinstance(key, str) for key in value)
+    else:
+        ok = isinstance(value, kind)
+    if not ok:
+        optional = " (or null)" if type(None) in allowed else ""
+        raise VseError(f"{name} must be {_KINDS[kind]}{optional}, got {value!r}")
+    return value
+
+
 @dataclass
 class Progress:
     epoch: int = 0            # current epoch (0-based)
@@ -125,15 +204,22 @@ class Progress:
 class Trainer:
     """Owns the model, optimizer and data of one run. ``fit()`` trains to the end."""
 
-    def __init__(self, config: TrainConfig, resume: bool = False, echo=print):
+    def __init__(self, config: TrainConfig, resume: bool = False, echo=print, given=None):
+        """``given``: the names of the options the user set (the CLI's flags and config file);
+        with ``resume`` the others are the run's own. None: every option of ``config``."""
+        self.run_dir = Path(config.run_dir)
+        self.lock = RunLock(self.run_dir)  # taken before last.pt is read, or at fit()
+        self.echo = echo if dist.is_main() else (lambda *a, **k: None)
+        resume_state = None
+        if resume:
+            resume_state, config = self._resume_state(config, given)
         config.check()
         self.cfg = config
-        self.echo = echo if dist.is_main() else (lambda *a, **k: None)
-        self.run_dir = Path(config.run_dir)
         self.device = resolve_device(config.device)
         self.distributed = dist.init_from_env(self.device)
         self.world = dist.world_size()
-        resume_state = self._resume_state() if resume else None
+        if resume_state is not None:
+            self._check_world_size(resume_state)
 
         self.source = open_pair_source(config)
         self.index = self.source.index
@@ -181,18 +267,43 @@ class Trainer:
             self._restore(resume_state)
 
     # ----------------------------------------------------------------- set-up helpers
-    def _resume_state(self):
+    def _resume_state(self, config: TrainConfig, given) -> tuple[dict, TrainConfig]:
+        """last.pt and the effective config: the run's own, with the options in ``given`` as
+        the user set them; VseError if one outside RESUME_MAY_CHANGE differs from the run's."""
         last = self.run_dir / "last.pt"
         if not last.exists():
             raise VseError("--resume given but the run has no last.pt", self.run_dir)
+        self.lock.acquire()  # no other process may write the run while it is read and continued
         state = load_checkpoint(last)
-        saved = TrainConfig.from_dict(state["train_config"])
-        for key in ("features", "rc", "dataset", "backbone", "finetune", "crop", "loss", "batch_size",
-                    "seed", "embed_dim", "train_split"):
-            if getattr(saved, key) != getattr(self.cfg, key):
-                raise VseError(f"--resume with a different {key} ({getattr(self.cfg, key)!r}) than the run "
-                               f"was started with ({getattr(saved, key)!r})", last)
-        return state
+        try:
+            saved = TrainConfig.from_dict(state["train_config"])
+        except VseError as exc:
+            raise VseError(f"its train_config: {exc}", last) from None
+        if given is not None:
+            values = saved.to_dict()
+            for name in given:
+                new = getattr(config, name)
+                values[name] = {**values[name], **new} if isinstance(new, dict) else new  # loss_options
+            config = TrainConfig.from_dict({**values, "run_dir": config.run_dir})
+        changed = [f.name for f in fields(TrainConfig) if getattr(config, f.name) != getattr(saved, f.name)]
+        refused = [name for name in changed if name not in RESUME_MAY_CHANGE]
+        if refused:
+            differences = ", ".join(f"{name} {getattr(config, name)!r} (the run's: {getattr(saved, name)!r})"
+                                    for name in refused)
+            raise VseError(f"--resume may not change {differences}; only {', '.join(RESUME_MAY_CHANGE)} "
+                           f"may change (start a new --run-dir to train with other options)", last)
+        kept = [f"{name} {getattr(config, name)!r} (was {getattr(saved, name)!r})"
+                for name in changed if name != "run_dir"]
+        if kept:
+            self.echo(f"resuming with {', '.join(kept)}")
+        return state, config
+
+    def _check_world_size(self, state: dict) -> None:
+        """The global batch (and so each pair's place in it) depends on the number of processes."""
+        saved = int(state.get("world_size", 1))  # checkpoints before world_size: one process
+        if saved != self.world:
+            raise VseError(f"--resume with {self.world} process(es), but the run was trained with {saved}: "
+                           f"the global batch and the order of pairs depend on it", self.run_dir / "last.pt")
 
     def _vocabulary(self, state) -> Vocabulary:
         if state is not None:
@@ -295,6 +406,11 @@ class Trainer:
             persistent_workers=False)
 
     def fit(self) -> dict:
+        """Train to the end, holding the run folder's lock (pipeline.runlock) throughout."""
+        with self.lock:
+            return self._fit()
+
+    def _fit(self) -> dict:
         cfg, p = self.cfg, self.progress
         if dist.is_main():
             try:
@@ -411,6 +527,7 @@ class Trainer:
             **({"loss": self.loss.state_dict()} if self.loss.state_dict() else {}),
             "vocab": self.vocab.words,
             "train_config": self.cfg.to_dict(),
+            "world_size": self.world,
             "feature_source": self.source.feature_source,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),

@@ -416,3 +416,70 @@ def test_untrusted_checkpoints_never_run_code(tmp_path, tiny_cache, trained):
         shutil.copy(checkpoint, run_dir / "last.pt")
         assert_one_error_line(train(tiny_cache, run_dir, "--resume"), run_dir / "last.pt", problem)
     assert not (tmp_path / "pwned").exists()
+
+
+# ---------------------------------------------------------------------------- options out of range
+
+
+def assert_one_option_error(result, problem: str) -> None:
+    """Exit 1 and exactly ``error: <problem>`` (an option has no file to name)."""
+    assert isinstance(result.exception, SystemExit), result.exc_info
+    assert result.exit_code == 1, result.output
+    assert result.stderr.splitlines() == [f"error: {problem}"], result.stderr
+
+
+@pytest.mark.parametrize("flags,problem", [
+    (["--epochs", -1], "epochs must be at least 1, got -1"),
+    (["--epochs", 0], "epochs must be at least 1, got 0"),
+    (["--batch-size", -4], "batch_size must be at least 1, got -4"),
+    (["--batch-size", 0], "batch_size must be at least 1, got 0"),
+    (["--embed-dim", 0], "embed_dim must be at least 1, got 0"),
+    (["--val-images", 0], "val_images must be at least 1, got 0"),
+    (["--lr", -1], "lr must be more than 0, got -1.0"),
+    (["--lr", "nan"], "lr must be a finite number, got nan"),
+    (["--val-every", -1], "val_every must be at least 0, got -1"),
+    (["--margin", -0.1], "margin must be at least 0, got -0.1"),
+])
+def test_train_options_out_of_range_are_one_line_before_anything_is_written(tiny_cache, tmp_path, flags,
+                                                                            problem):
+    run = tmp_path / "run"
+    assert_one_option_error(train(tiny_cache, run, *flags), problem)
+    assert not run.exists()  # no run folder, no "done → best.pt"
+
+
+def test_extract_options_out_of_range(tmp_path):
+    for flags, problem in ((["--workers", -1], "--workers must be at least 0, got -1"),
+                           (["--batch-size", 0], "--batch-size must be at least 1, got 0"),
+                           (["--shard-size", 0], "--shard-size must be at least 1, got 0")):
+        assert_one_option_error(extract(DEMO, tmp_path / "f.h5", *flags), problem)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("text,problem", [
+    (b'epochs: "ten"\n', "epochs must be an integer, got 'ten'"),
+    (b"epochs: 2.5\n", "epochs must be an integer, got 2.5"),
+    (b"lr: fast\n", "lr must be a number, got 'fast'"),
+    (b"amp: 1\n", "amp must be true or false, got 1"),
+    (b"batch_size: -4\n", "batch_size must be at least 1, got -4"),
+    (b"loss_options: [1, 2]\n", "loss_options must be a mapping of option names to values, got [1, 2]"),
+    (b"val_split: 7\n", "val_split must be text, got 7"),
+    (b"epohcs: 3\n", "unknown training option(s): epohcs"),
+    (b"1: 3\n", "config must be a mapping of option names to values"),
+    (b"loss: mh\n# caf\xe9\n", "not UTF-8 text (byte 0xe9 at offset 14)"),
+])
+def test_config_files_with_wrong_types_or_bytes_name_the_file(tiny_cache, tmp_path, text, problem):
+    config = tmp_path / "exp.yaml"
+    config.write_bytes(text)
+    run = tmp_path / "run"
+    assert_one_error_line(train(tiny_cache, run, "--config", config), config, problem)
+    assert not run.exists()
+
+
+def test_a_config_file_lr_written_1e_3_is_a_number(tiny_cache, tmp_path):
+    """YAML 1.1 (PyYAML) reads 1e-3 as text; a float option takes it as the number it spells."""
+    config = tmp_path / "exp.yaml"
+    config.write_text("lr: 1e-3\nbatch_size: 16\n")
+    result = train(tiny_cache, tmp_path / "run", "--config", config)
+    assert result.exit_code == 0, result.output
+    saved = (tmp_path / "run" / "config.json").read_text()
+    assert '"lr": 0.001' in saved and '"batch_size": 8' in saved  # the flag beats the file

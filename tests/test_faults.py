@@ -340,8 +340,10 @@ def test_killed_training_resumes_to_the_uninterrupted_weights(vse, tiny_cache, r
     killed = vse(_train_args(tiny_cache, run_dir), hook=hook)
     assert killed.code == KILLED, killed.stderr
     assert _checkpoint(run_dir / "last.pt")["iteration"] == resumes_at
+    assert (run_dir / ".lock").exists()  # the killed trainer's lock file: stale, taken over
     resumed = vse([*_train_args(tiny_cache, run_dir), "--resume"])
     assert resumed.code == 0, resumed.stderr
+    assert not (run_dir / ".lock").exists()
     assert f"resumed at epoch 2, batch {resumes_at - 8}, iteration {resumes_at}" in resumed.stdout
 
     full, cut = _checkpoint(reference_run / "last.pt"), _checkpoint(run_dir / "last.pt")
@@ -540,7 +542,7 @@ def test_read_only_output_folders(vse, twelve_images, tiny_cache, tmp_path):
         relevance = vse(_relevance_args(tiny_cache, folder / "rel.h5"))
         _one_error_line(relevance, folder / "rel.h5.svd.joblib", "cannot write (Permission denied)")
         train = vse(_train_args(tiny_cache, run_dir))
-        _one_error_line(train, run_dir / "config.json", "cannot write (Permission denied)")
+        _one_error_line(train, run_dir, "cannot create the lock file .lock (Permission denied)")
         assert sorted(p.name for p in folder.iterdir()) == ["run"] and not any(run_dir.iterdir())
     finally:
         folder.chmod(0o700)

@@ -1,5 +1,7 @@
+import dataclasses
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -75,10 +77,63 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tiny_cache, tmp_p
 
 def test_resume_refuses_a_different_setting(tiny_cache, tmp_path):
     Trainer(_config(tiny_cache, tmp_path / "r", loss="sh", epochs=1), echo=lambda *a: None).fit()
-    with pytest.raises(VseError, match="different batch_size"):
+    with pytest.raises(VseError, match=r"may not change batch_size 8 \(the run's: 16\)"):
         Trainer(_config(tiny_cache, tmp_path / "r", loss="sh", epochs=2, batch_size=8), resume=True)
+    # every option counts, not a list of some: the lr, the margin, mixed precision (amp) …
+    for change, shown in (({"lr": 0.05}, "lr 0.05 (the run's: 0.005)"),
+                          ({"margin": 0.3}, "margin 0.3 (the run's: None)"),
+                          ({"amp": False}, "amp False (the run's: True)")):
+        with pytest.raises(VseError, match=re.escape(shown)):
+            Trainer(_config(tiny_cache, tmp_path / "r", loss="sh", epochs=2, **change), resume=True)
     with pytest.raises(VseError, match="no last.pt"):
         Trainer(_config(tiny_cache, tmp_path / "none", loss="sh"), resume=True)
+
+
+def _train_cli(*args):
+    return CliRunner().invoke(cli, ["train", *[str(a) for a in args]])
+
+
+def test_cli_resume_takes_the_runs_options_and_refuses_changes(tiny_cache, tmp_path):
+    run = tmp_path / "run"
+    first = _train_cli("--features", tiny_cache, "--run-dir", run, "--loss", "mh", "--warmup-epochs", 1,
+                       "--epochs", 1, "--embed-dim", 16, "--word-dim", 8, "--batch-size", 16, "--lr", 0.005,
+                       "--min-word-count", 1, "--val-every", 0, "--workers", 0, "--device", "cpu")
+    assert first.exit_code == 0, first.output
+    config_before = (run / "config.json").read_text()
+    for flags, shown in ((["--lr", 0.05], "lr 0.05 (the run's: 0.005)"),
+                         (["--margin", 0.3], "margin 0.3 (the run's: None)"),
+                         (["--negative-set-size", 8],
+                          "loss_options {'warmup_epochs': 1, 'negative_set_size': 8}"),
+                         (["--no-amp"], "amp False (the run's: True)")):
+        refused = _train_cli("--run-dir", run, "--features", tiny_cache, "--resume", "--epochs", 2, *flags)
+        assert refused.exit_code == 1, refused.output
+        assert refused.output.splitlines() == [refused.output.strip()]
+        assert refused.output.startswith(f"error: {run / 'last.pt'}: --resume may not change {shown}")
+        assert "only run_dir, epochs, val_every" in refused.output
+        assert (run / "config.json").read_text() == config_before  # nothing recorded that was not used
+    # only what changes is given; every other option is the run's own (not the defaults)
+    resumed = _train_cli("--run-dir", run, "--resume", "--epochs", 2, "--warmup-epochs", 1, "--val-every", 5)
+    assert resumed.exit_code == 0, resumed.output
+    assert "resuming with epochs 2 (was 1), val_every 5 (was 0)" in resumed.output
+    saved = json.loads((run / "config.json").read_text())
+    assert saved == {**json.loads(config_before), "epochs": 2, "val_every": 5}
+    assert load_checkpoint(run / "last.pt")["train_config"] == saved
+
+
+def test_resume_refuses_another_number_of_processes(tiny_cache, tmp_path):
+    from pipeline.checkpoint import save_checkpoint
+
+    run = tmp_path / "run"
+    Trainer(_config(tiny_cache, run, loss="sh", epochs=1), echo=lambda *a: None).fit()
+    state = load_checkpoint(run / "last.pt")
+    assert state["world_size"] == 1
+    save_checkpoint({**state, "world_size": 2}, run / "last.pt")  # as if trained by torchrun × 2
+    with pytest.raises(VseError, match=r"--resume with 1 process\(es\), but the run was trained with 2"):
+        Trainer(_config(tiny_cache, run, loss="sh", epochs=2), resume=True)
+    del state["world_size"]  # a checkpoint from before world_size was recorded: one process
+    save_checkpoint(state, run / "last.pt")
+    Trainer(_config(tiny_cache, run, loss="sh", epochs=2), resume=True, echo=lambda *a: None).fit()
+    assert load_checkpoint(run / "last.pt")["epoch"] == 2
 
 
 def test_nan_features_stop_training_with_a_clear_error(tmp_path):
@@ -185,3 +240,34 @@ def test_a_bad_validation_split_stops_before_training_and_stale_temporaries_go(t
     Trainer(_config(tiny_cache, run, loss="sh", epochs=1), echo=lambda *a: None).fit()
     assert not killed.exists() and live.exists()
     assert (run / "last.pt").exists()
+
+
+def test_train_options_have_no_defaults_of_their_own_and_help_shows_trainconfigs():
+    from cli.train_cmd import TrainOption, train_command
+
+    options = [p for p in train_command.params if isinstance(p, TrainOption)]
+    assert {p.name for p in options} <= {f.name for f in dataclasses.fields(TrainConfig)}
+    assert len(options) >= 30 and all(p.default is None for p in options)
+    help_text = " ".join(CliRunner().invoke(cli, ["train", "--help"]).output.split())
+    for name, flag in (("epochs", "--epochs INTEGER"), ("lr", "--lr FLOAT"),
+                       ("batch_size", "--batch-size INTEGER")):
+        assert f"{flag} [default: {TrainConfig.default(name)}]" in help_text
+    assert "[default: amp]" in help_text and "[default: freeze-bn]" in help_text
+
+
+def test_what_resume_may_change_leaves_the_updates_alone(tiny_cache, tmp_path):
+    """RESUME_MAY_CHANGE's promise: more epochs and another --val-every (and the folder's
+    path) give the weights of one run with the final settings."""
+    opts = {"loss": "mh", "loss_options": {"negative_set_size": 5}, "lr_decay_epoch": 1}
+    Trainer(_config(tiny_cache, tmp_path / "full", epochs=2, **opts), echo=lambda *a: None).fit()
+    first = _config(tiny_cache, tmp_path / "first", epochs=1, val_every=3, **opts)
+    Trainer(first, echo=lambda *a: None).fit()
+    os.rename(tmp_path / "first", tmp_path / "moved")
+    Trainer(_config(tiny_cache, tmp_path / "moved", epochs=2, val_every=5, **opts), resume=True,
+            echo=lambda *a: None).fit()
+    full = load_checkpoint(tmp_path / "full" / "last.pt")
+    moved = load_checkpoint(tmp_path / "moved" / "last.pt")
+    assert moved["iteration"] == full["iteration"] == 16
+    for key, value in full["model"].items():
+        assert torch.equal(value, moved["model"][key]), key
+    assert json.loads((tmp_path / "moved" / "config.json").read_text())["run_dir"] == str(tmp_path / "moved")
