@@ -419,7 +419,8 @@ def test_one_host_sync_per_step_on_a_real_gpu(tiny_cache, tmp_path):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     syncs = [w for w in caught if "synchronizing" in str(w.message)]
-    assert len(syncs) == 1, [str(w.message) for w in syncs]
+    # the loss read; GradScaler (fp16, compute capability < 8) reads its overflow flag too
+    assert len(syncs) == 1 + trainer.scaler.is_enabled(), [str(w.message) for w in syncs]
 
 
 # ---------------------------------------------------------------------------- kernels
