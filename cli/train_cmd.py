@@ -146,7 +146,11 @@ def _read_config_file(path: str) -> dict:
         help="Loader processes (default: 0 with --features, all cores but one with --rc).")
 @option("--preload", is_flag=True, help="Load the whole feature array into RAM.")
 @option("--device")
-@option("--amp/--no-amp", help="Mixed precision on GPU.")
+@option("--amp/--no-amp",
+        help="Mixed precision on GPU (bf16 on compute capability 8.0+, else fp16 with loss scaling).")
+@option("--deterministic", is_flag=True,
+        help="GPU: reproducible kernels (cuDNN deterministic, no autotuning) so --resume is exact; "
+             "slower. CPU runs are deterministic anyway.")
 @option("--init-from", type=click.Path(dir_okay=False),
         help="Start from another run's checkpoint (e.g. VSE++ best.pt for ConVSE).")
 @click.pass_context

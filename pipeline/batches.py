@@ -39,7 +39,10 @@ class Batch:
         return Batch(*(t.pin_memory() for t in self.astuple()))
 
     def to(self, device, non_blocking: bool = True) -> "Batch":
-        return Batch(*(t.to(device, non_blocking=non_blocking) for t in self.astuple()))
+        """Everything on ``device`` but ``lengths``, which pack_padded_sequence reads on the
+        CPU: moved there and back they would cost a host sync every step."""
+        return Batch(*(t if t is self.lengths else t.to(device, non_blocking=non_blocking)
+                       for t in self.astuple()))
 
     def astuple(self):
         return (self.images, self.tokens, self.lengths, self.image_ids, self.caption_ids)

@@ -49,16 +49,16 @@ def evaluate_npz(path, protocol: str = "single", device: torch.device | None = N
 
 
 def embed_checkpoint(checkpoint, features, split: str, device: torch.device,
-                     max_images: int | None = None) -> SplitEmbeddings:
+                     max_images: int | None = None, amp: bool = False) -> SplitEmbeddings:
     """Embeddings of ``split``; ``features`` is a cache path (opened and closed here) or an
-    open ``FeatureCache``."""
+    open ``FeatureCache``.  Full fp32 unless ``amp`` (``inference.encode_split``)."""
     loaded = load_model(checkpoint, device)
     cache = features if isinstance(features, FeatureCache) else FeatureCache(features)
     try:
         check_features_match(cache, loaded.model.config, loaded.state.get("feature_source", {}), checkpoint)
         tokens = TokenizedCaptions.encode(loaded.vocab, cache.captions,
                                           loaded.train_config.get("max_caption_tokens", 100))
-        return encode_split(loaded.model, cache, tokens, split, device, max_images=max_images)
+        return encode_split(loaded.model, cache, tokens, split, device, max_images=max_images, amp=amp)
     finally:
         if cache is not features:
             cache.close()

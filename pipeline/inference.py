@@ -11,7 +11,7 @@ from .cache import FeatureCache
 from .checkpoint import load_checkpoint
 from .errors import VseError
 from .models import ModelConfig, VSEModel
-from .runtime import autocast
+from .runtime import precision
 from .text import TokenizedCaptions, Vocabulary
 
 
@@ -41,7 +41,10 @@ def split_rows(cache: FeatureCache, split: str, max_images: int | None = None):
 @torch.no_grad()
 def encode_split(model: VSEModel, cache: FeatureCache, tokens: TokenizedCaptions, split: str,
                  device: torch.device, max_images: int | None = None, batch_size: int = 512,
-                 amp: bool = True) -> SplitEmbeddings:
+                 amp: bool = False) -> SplitEmbeddings:
+    """Embeddings of ``split``'s images (the first ``max_images``) and their captions; in full
+    fp32 unless ``amp`` (mixed precision on a GPU), so a checkpoint scores the same on any device
+    up to float rounding."""
     was_training = model.training
     model.eval()
     try:
@@ -54,11 +57,11 @@ def encode_split(model: VSEModel, cache: FeatureCache, tokens: TokenizedCaptions
                 raise VseError(f"the features of row {image_rows[a:a + batch_size][~finite][0]} "
                                f"(split {split!r}) hold NaN or Inf; `vse info` lists every such row",
                                cache.path)
-            with autocast(device, amp):
+            with precision(device, amp):
                 image_chunks.append(model.image_encoder(torch.from_numpy(feats).to(device)).float().cpu())
         for a in range(0, len(caption_rows), batch_size):
             tok, lengths = tokens.batch(caption_rows[a:a + batch_size])
-            with autocast(device, amp):
+            with precision(device, amp):
                 caption_chunks.append(model.text_encoder(tok.to(device), lengths).float().cpu())
     finally:
         model.train(was_training)

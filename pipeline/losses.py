@@ -374,7 +374,9 @@ class MultiViewNTXentLoss(VseLoss):
         positive[size:, :size] = pair
         excluded = (~batch.negatives).repeat(2, 2) & ~positive  # self and same-image items
         logits = logits.masked_fill(excluded, -math.inf)
-        terms = -torch.log_softmax(logits, dim=1)[positive]
+        partner = (torch.arange(2 * size, device=items.device) + size) % (2 * size)  # each row's positive
+        # a gather by index, not a boolean mask: no host sync (the same values, in the same order)
+        terms = -torch.log_softmax(logits, dim=1).gather(1, partner[:, None])
         return terms.mean()
 
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 from .metrics import SIMILARITIES  # the one list of similarity names
 
@@ -134,9 +134,11 @@ class TextEncoder(nn.Module):
         self.use_abs = cfg.similarity != "cosine"
 
     def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        packed = pack_padded_sequence(self.embed(tokens), lengths.cpu(), batch_first=True,
-                                      enforce_sorted=False)
-        _, hidden = self.rnn(packed)
+        """``lengths`` belong on the CPU, where the packing reads them (lengths on a GPU cost a
+        host sync).  The GRU runs in fp32 even under autocast, which would cast a cuDNN RNN to
+        fp16 — under bf16 autocast too — and its gradients could underflow."""
+        with torch.autocast(device_type=tokens.device.type, enabled=False):
+            _, hidden = self.rnn(_pack(self.embed(tokens).float(), lengths.cpu()))
         emb = hidden[-1]  # (B, embed): the state after each caption's last real token
         if self.head is not None:
             emb = self.head(emb)
@@ -148,6 +150,16 @@ class TextEncoder(nn.Module):
         with torch.no_grad():
             self.embed.weight[mask] = vectors[mask].to(self.embed.weight)
         return int(mask.sum())
+
+
+def _pack(padded: torch.Tensor, lengths: torch.Tensor) -> PackedSequence:
+    """``pack_padded_sequence(padded, lengths, batch_first=True, enforce_sorted=False)``, the
+    same packed sequence, without its blocking copy of the sort order to the GPU (a host sync
+    every step): the order goes there asynchronously."""
+    lengths, order = torch.sort(lengths.to(torch.int64), descending=True)
+    order = order.to(padded.device, non_blocking=True)
+    packed = pack_padded_sequence(padded.index_select(0, order), lengths, batch_first=True)
+    return PackedSequence(packed.data, packed.batch_sizes, order)
 
 
 CNN_PREFIX = "image_encoder.backbone.cnn."

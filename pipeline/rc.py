@@ -180,7 +180,8 @@ def freeze_unused_parameters(backbone: PixelBackbone, side: int) -> list[str]:
 
 
 def embed_rc_checkpoint(checkpoint, dataset_kind: str, root, split: str, device: torch.device,
-                        max_images: int | None = None, batch_size: int = 128) -> SplitEmbeddings:
+                        max_images: int | None = None, batch_size: int = 128,
+                        amp: bool = False) -> SplitEmbeddings:
     """Embeddings of a split of a dataset's images by an RC checkpoint (its own CNN weights,
     centre crops): how a fine-tuned model is evaluated, since no feature cache matches it."""
     state = load_checkpoint(checkpoint)
@@ -200,4 +201,4 @@ def embed_rc_checkpoint(checkpoint, dataset_kind: str, root, split: str, device:
     tokens = TokenizedCaptions.encode(Vocabulary(state["vocab"]), source.index.captions,
                                       config.get("max_caption_tokens", 100))
     return encode_split(model, source.index, tokens, split, device, max_images=max_images,
-                        batch_size=batch_size)
+                        batch_size=batch_size, amp=amp)

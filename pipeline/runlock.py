@@ -34,7 +34,9 @@ _held: dict[str, list] = {}  # real path of the lock file → [fd, depth]
 
 def _locks_here() -> bool:
     """Rank 0 of a torchrun job, or a single process."""
-    return int(os.environ.get("RANK", "0") or 0) == 0
+    from .distributed import env_is_main
+
+    return env_is_main()
 
 
 class RunLock:

@@ -34,8 +34,9 @@ from .loss_plugins import check_loss_name, loss_traits, make_loss
 from .metrics import evaluate_embeddings
 from .models import ModelConfig, VSEModel, join_state
 from .runlock import RunLock
-from .runtime import (autocast, default_workers, needs_grad_scaler, pin_memory, resolve_device,
-                      rng_state, seed_everything, set_rng_state)
+from .runtime import (autocast, configure_kernels, default_workers, describe, device_rng_state,
+                      needs_grad_scaler, pin_memory, resolve_device, rng_state, seed_everything,
+                      set_rng_state)
 from .text import TokenizedCaptions, Vocabulary
 
 # The options a resumed run may change (README, `vse train`): they decide how long, how often
@@ -85,6 +86,7 @@ class TrainConfig:
     preload: bool = False                # load the whole feature array into RAM
     device: str = "auto"
     amp: bool = True
+    deterministic: bool = False          # GPU: reproducible (slower) kernels, for exact --resume
     init_from: str | None = None
     log_every: int = 10
 
@@ -209,7 +211,8 @@ class Trainer:
         with ``resume`` the others are the run's own. None: every option of ``config``."""
         self.run_dir = Path(config.run_dir)
         self.lock = RunLock(self.run_dir)  # taken before last.pt is read, or at fit()
-        self.echo = echo if dist.is_main() else (lambda *a, **k: None)
+        # before the process group exists, the rank comes from torchrun's environment
+        self.echo = echo if dist.env_is_main() else (lambda *a, **k: None)
         resume_state = None
         if resume:
             resume_state, config = self._resume_state(config, given)
@@ -217,9 +220,13 @@ class Trainer:
         self.cfg = config
         self.device = resolve_device(config.device)
         self.distributed = dist.init_from_env(self.device)
+        self.echo = echo if dist.is_main() else (lambda *a, **k: None)  # the rank is known now
         self.world = dist.world_size()
         if resume_state is not None:
             self._check_world_size(resume_state)
+        kernels = configure_kernels(self.device, config.deterministic, fixed_shapes=config.rc)
+        self.setup_line = (f"device {describe(self.device, config.amp)}" + (f", {kernels}" if kernels else "")
+                           + (f"; {self.world} processes ({dist.backend()})" if self.distributed else ""))
 
         self.source = open_pair_source(config)
         self.index = self.source.index
@@ -256,11 +263,14 @@ class Trainer:
         self.optimizer = torch.optim.Adam(self._param_groups(), lr=config.lr)
         self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=max(1, config.lr_decay_epoch),
                                                          gamma=config.lr_decay)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=needs_grad_scaler(self.device, config.amp))
+        self.scaler = torch.amp.GradScaler(self.device.type,
+                                           enabled=needs_grad_scaler(self.device, config.amp))
         self.progress = Progress()
         self.monitor = CollapseMonitor(self.loss_traits, config.batch_size * self.world, self.echo)
-        # buffers change only in BatchNorm layers that train their statistics
-        self.ddp_model = (DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+        # No device_ids: DDP would move every input to the GPU, the caption lengths too, which
+        # pack_padded_sequence then copies back (a host sync); the batch is on its device already.
+        # Buffers change only in BatchNorm layers that train their statistics.
+        self.ddp_model = (DistributedDataParallel(self.model, device_ids=None,
                                                   forward_sync_buffers=config.finetune and not config.freeze_bn)
                           if self.distributed else self.model)
         if resume_state is not None:
@@ -367,13 +377,25 @@ class Trainer:
             self.loss.load_state_dict(state["loss"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
+        self._restore_scaler(state.get("scaler") or {})
         self.progress = Progress(**state["progress"])
-        set_rng_state(state["rng"])
+        set_rng_state(state["rng"], self.device, dist.rank())
         if dist.is_main():
             self._drop_metrics_after(self.progress.iteration)
         self.echo(f"resumed at epoch {self.progress.epoch + 1}, batch {self.progress.batch}, "
                   f"iteration {self.progress.iteration} (best rsum {self.progress.best_rsum:.2f})")
+
+    def _restore_scaler(self, saved: dict) -> None:
+        """The fp16 loss scale.  A run saved without loss scaling (CPU, bf16, --no-amp) saves
+        ``{}``: resumed on an fp16 GPU its scale starts afresh; a saved scale is ignored by a
+        run that does not scale (both continue, not bit for bit)."""
+        if self.scaler.is_enabled() and saved:
+            self.scaler.load_state_dict(saved)
+        elif self.scaler.is_enabled():
+            self.echo("note: the run was saved without fp16 loss scaling (CPU, bf16 or --no-amp); "
+                      "the loss scale starts afresh")
+        elif saved:
+            self.echo("note: the run was saved with fp16 loss scaling, which this run does not use")
 
     def _drop_metrics_after(self, iteration: int) -> None:
         """A run killed between appending a validation record and saving last.pt would log
@@ -408,6 +430,7 @@ class Trainer:
     def fit(self) -> dict:
         """Train to the end, holding the run folder's lock (pipeline.runlock) throughout."""
         with self.lock:
+            self.echo(self.setup_line)  # once the folder is ours: a refused second run says one line
             return self._fit()
 
     def _fit(self) -> dict:
@@ -456,7 +479,10 @@ class Trainer:
         return seen
 
     def step(self, batch: Batch) -> float:
-        batch = batch.to(self.device)
+        """One optimizer step; returns the loss.  One host sync: reading the loss after the
+        optimizer step, which also tells whether it was finite — a non-finite loss stops the
+        run right there, before anything (validation, checkpoint) sees the weights it made."""
+        batch = batch.to(self.device)  # the lengths stay on the CPU
         with autocast(self.device, self.cfg.amp):
             img, cap = self.ddp_model(batch.images, batch.tokens, batch.lengths)
         img, cap = dist.gather_with_grad(img.float()), dist.gather_with_grad(cap.float())
@@ -464,10 +490,6 @@ class Trainer:
         caption_ids = _gather_ids(batch.caption_ids)
         relevance = self.relevance(caption_ids) if self.relevance is not None else None
         loss = self.loss(img, cap, image_ids=image_ids, relevance=relevance)
-        if not torch.isfinite(loss):
-            raise VseError(f"loss became {loss.item()} at epoch {self.progress.epoch + 1}, iteration "
-                           f"{self.progress.iteration + 1}; lower --lr, or check the features for NaNs "
-                           f"(`vse info` checks a cache)", self.source.location)
         self.optimizer.zero_grad(set_to_none=True)
         # DDP averages gradients over ranks; every rank computed the loss of the whole global
         # batch, so scaling by the world size gives the gradient of that one loss.
@@ -481,19 +503,25 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(self.trainable, self.cfg.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        return loss.item()
+        value = loss.item()
+        if not math.isfinite(value):
+            raise VseError(f"loss became {value} at epoch {self.progress.epoch + 1}, iteration "
+                           f"{self.progress.iteration + 1}; lower --lr, or check the features for NaNs "
+                           f"(`vse info` checks a cache)", self.source.location)
+        return value
 
     # ----------------------------------------------------------------- validation, checkpoints
     def validate(self) -> dict:
+        # in fp32 as `vse evaluate`: metrics.jsonl and an evaluation of best.pt agree
         emb = encode_split(self.model, self.index, self.tokens, self.cfg.val_split, self.device,
-                           max_images=self.cfg.val_images, batch_size=self.source.encode_batch_size,
-                           amp=self.cfg.amp)
+                           max_images=self.cfg.val_images, batch_size=self.source.encode_batch_size)
         return evaluate_embeddings(emb.images, emb.captions, emb.caption_image,
                                    order=self.model_config.similarity)
 
     def validate_and_save(self) -> None:
         p = self.progress
         metrics = self.validate() if dist.is_main() else None
+        rng = self.rng_state()  # every rank: it gathers each rank's CUDA generator
         if dist.is_main():
             epoch = p.epoch + (p.batch > 0)  # 1-based epoch this validation belongs to
             improved = metrics["rsum"] > p.best_rsum
@@ -505,7 +533,7 @@ class Trainer:
             self.echo(f"[epoch {record['epoch']} it {p.iteration}] rsum {metrics['rsum']:.2f}  "
                       f"i2t R@1 {metrics['i2t_r1']:.1f}  t2i R@1 {metrics['t2i_r1']:.1f}"
                       + ("  (best)" if improved else ""))
-            state = self.state_dict()
+            state = self.state_dict(rng)
             if improved:
                 save_checkpoint({**state, "metrics": metrics}, self.run_dir / "best.pt")
             save_checkpoint(state, self.run_dir / "last.pt")
@@ -518,7 +546,14 @@ class Trainer:
         old = path.read_bytes() if path.exists() else b""
         write_atomic(path, old + (json.dumps(record) + "\n").encode("utf-8"))
 
-    def state_dict(self) -> dict:
+    def rng_state(self) -> dict:
+        """The RNG states of a checkpoint, each rank's CUDA generator included (a collective
+        under torchrun on GPUs: every rank calls it)."""
+        own = device_rng_state(self.device)
+        return rng_state(dist.all_gather_object(own) if own is not None else None)
+
+    def state_dict(self, rng: dict | None = None) -> dict:
+        """``rng``: from ``rng_state()`` called by every rank; by default this process's only."""
         backbone = self.model.backbone
         return {
             "model": self.model.head_state_dict(),
@@ -535,7 +570,7 @@ class Trainer:
             "progress": asdict(self.progress),
             "epoch": self.progress.epoch,
             "iteration": self.progress.iteration,
-            "rng": rng_state(),
+            "rng": rng if rng is not None else rng_state([device_rng_state(self.device)]),
         }
 
 
