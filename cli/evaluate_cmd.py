@@ -28,6 +28,8 @@ def _parse_ks(ctx, param, value):
               help="RC checkpoint (--rc training): embed this dataset folder's images with the run's own CNN.")
 @click.option("--dataset", "dataset_kind", type=click.Choice(["flickr8k", "karpathy"]), default="flickr8k",
               show_default=True, help="--root: its layout.")
+@click.option("--text-features", type=click.Path(dir_okay=False), default=None,
+              help="Caption-feature file for a run trained with --text-features (default: the one it names).")
 @click.option("--split", default="test", show_default=True)
 @click.option("--protocol", type=click.Choice(["single", "5fold", "5k"]), default="single", show_default=True,
               help="single: all at once; 5fold: COCO 1K (mean of 5 folds); 5k: COCO 5K.")
@@ -38,8 +40,8 @@ def _parse_ks(ctx, param, value):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="--runs: write results.csv here.")
 @click.option("--checkpoint-name", default="best.pt", show_default=True, help="--runs: which checkpoint of each run.")
-def evaluate_command(embeddings, checkpoint, run_patterns, features, root, dataset_kind, split, protocol, order,
-                     relevance, cs_ks, device, as_json, out, checkpoint_name):
+def evaluate_command(embeddings, checkpoint, run_patterns, features, root, dataset_kind, text_features, split,
+                     protocol, order, relevance, cs_ks, device, as_json, out, checkpoint_name):
     """Recall@K, median/mean rank and rsum (PROTOCOL.md), both directions."""
     from pipeline.evaluation import (JSON_KEYS, embed_checkpoint, evaluate_npz,
                                      evaluate_split_embeddings, format_table)
@@ -50,12 +52,15 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
         raise click.UsageError("give one of --embeddings FILE.npz, --checkpoint FILE with --features, "
                                "or --runs 'runs/*'")
     if run_patterns:
-        _evaluate_runs(run_patterns, features, split, protocol, relevance, cs_ks, dev, out, checkpoint_name)
+        _evaluate_runs(run_patterns, features, split, protocol, relevance, cs_ks, dev, out, checkpoint_name,
+                       text_features)
         return
     if out:
         raise click.UsageError("--out goes with --runs")
     if root and (not checkpoint or features):
         raise click.UsageError("--root goes with --checkpoint of an RC run, instead of --features")
+    if text_features and (embeddings or root):
+        raise click.UsageError("--text-features goes with --checkpoint (and --features) or --runs")
     if root and relevance:
         raise click.UsageError("--relevance rows follow a feature cache's captions: CS@K needs --features")
     if embeddings:
@@ -71,7 +76,7 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
 
             emb = embed_rc_checkpoint(checkpoint, dataset_kind, root, split, dev)
         else:
-            emb = embed_checkpoint(checkpoint, features, split, dev)
+            emb = embed_checkpoint(checkpoint, features, split, dev, text_features=text_features)
         metrics = evaluate_split_embeddings(emb, protocol, dev, relevance, cs_ks if relevance else ())
         title = f"{checkpoint} on {root or features} [{split}, {len(emb.images)} images, {protocol}]"
     if as_json:
@@ -82,7 +87,8 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
         click.echo(format_table(metrics, title))
 
 
-def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device, out, checkpoint_name):
+def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device, out, checkpoint_name,
+                   text_features=None):
     from pipeline.batch_eval import evaluate_runs
     from pipeline.report import format_results, write_results
     from pipeline.runs import find_runs
@@ -92,7 +98,7 @@ def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device
         raise click.UsageError(f"no run folders match {' '.join(patterns)}")
     result = evaluate_runs(run_dirs, device=device, split=split, protocol=protocol, features=features,
                            relevance=relevance, cs_ks=cs_ks if relevance else (), checkpoint=checkpoint_name,
-                           echo=lambda m: click.echo(m, err=True))
+                           echo=lambda m: click.echo(m, err=True), text_features=text_features)
     if not result.rows:
         raise click.ClickException(f"none of the {len(run_dirs)} runs could be evaluated")
     if out:

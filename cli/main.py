@@ -30,8 +30,9 @@ def cli():
 def _register() -> None:
     # Each module defines click commands and a `register(group)` function.
     from cli import extract_cmd, train_cmd, evaluate_cmd, relevance_cmd, report_cmd  # noqa: F401
+    from cli import encode_text_cmd
 
-    for module in (extract_cmd, train_cmd, evaluate_cmd, relevance_cmd, report_cmd):
+    for module in (extract_cmd, train_cmd, evaluate_cmd, relevance_cmd, report_cmd, encode_text_cmd):
         module.register(cli)
 
 

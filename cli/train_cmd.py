@@ -99,6 +99,11 @@ def _read_config_file(path: str) -> dict:
 @click.option("--min-word-count", type=int, default=4, show_default=True)
 @click.option("--no-img-norm", "img_norm", flag_value=False, default=True, help="VSE0 variant: images not L2-normalised.")
 @click.option("--projection", type=click.Choice(["linear", "mlp"]), default="linear", show_default=True)
+@click.option("--text-features", type=click.Path(dir_okay=False), default=None,
+              help="Caption-feature file from `vse encode-text`: a head over these frozen vectors replaces "
+                   "the GRU (both sides in memory).")
+@click.option("--text-projection", type=click.Choice(["linear", "mlp"]), default=None,
+              help="--text-features: the caption head (default linear).")
 @click.option("--val-split", default="dev", show_default=True)
 @click.option("--val-images", type=int, default=1000, show_default=True)
 @click.option("--val-every", type=int, default=500, show_default=True, help="Validate every N iterations (0: epoch ends only).")
@@ -121,6 +126,8 @@ def train_command(ctx, config_file, resume, loss_option, **options):
         explicit = ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
         if explicit or name not in values and name not in LOSS_FLAGS:
             values[name] = value
+    if values.get("text_projection") is None:  # unset: TrainConfig's default
+        values.pop("text_projection", None)
     loss_options = dict(values.pop("loss_options", {}) or {})
     for flag, option in LOSS_FLAGS.items():
         value = values.pop(flag, None)

@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import VseError
-from .bert import bert_identity, bert_vectors
-from .cbow import cbow_identity, cbow_vectors
+from .encoders import encode_captions, encoder_identity
 from .neighbours import top_neighbours
 from .store import DTYPES, write_relevance
 from .svd import DEFAULT_SVD_ITERATIONS, SvdModel, model_path_for
@@ -38,20 +37,19 @@ def compute_relevance_vectors(captions, fit_indices, method: str, *, k: int = 40
         return RelevanceVectors(method, vectors, model.params(), model.identity(),
                                 counts={"captions_without_terms": empty}), model
     if method == "cbow":
-        vectors, empty = cbow_vectors(captions)
-        return RelevanceVectors(method, vectors, {}, cbow_identity(),
-                                counts={"captions_without_known_words": empty}), None
-    bert = bert_vectors(captions, device, batch_size, progress)
+        cbow = encode_captions(captions, "cbow")
+        return RelevanceVectors(method, cbow.vectors, {}, encoder_identity("cbow"), counts=cbow.counts), None
+    if method == "cbow+bert" and not -1.0 <= cbow_threshold <= 1.0:
+        raise VseError(f"--cbow-threshold is a cosine, between -1 and 1, not {cbow_threshold}")
+    bert = encode_captions(captions, "minilm", device, batch_size, progress).vectors
     params = {"batch_size": batch_size}
     if method == "bert":
-        return RelevanceVectors(method, bert, params, bert_identity()), None
-    if not -1.0 <= cbow_threshold <= 1.0:
-        raise VseError(f"--cbow-threshold is a cosine, between -1 and 1, not {cbow_threshold}")
-    coarse, empty = cbow_vectors(captions)
+        return RelevanceVectors(method, bert, params, encoder_identity("minilm")), None
+    coarse = encode_captions(captions, "cbow")
     return RelevanceVectors(method, bert, {**params, "cbow_threshold": cbow_threshold},
-                            {"fine": bert_identity(), "coarse": cbow_identity()},
-                            coarse_vectors=coarse, cbow_threshold=cbow_threshold,
-                            counts={"captions_without_known_words": empty}), None
+                            {"fine": encoder_identity("minilm"), "coarse": encoder_identity("cbow")},
+                            coarse_vectors=coarse.vectors, cbow_threshold=cbow_threshold,
+                            counts=coarse.counts), None
 
 
 @dataclass
