@@ -107,7 +107,8 @@ def measure_full_run(cfg) -> dict:
     from pipeline.train import Trainer
 
     start, cpu = time.perf_counter(), time.process_time()
-    summary = Trainer(cfg, echo=lambda *a: None).fit()
+    log = lambda message: print(f"[{time.perf_counter() - start:.1f} s] {message}", file=sys.stderr)  # noqa: E731
+    summary = Trainer(cfg, echo=log).fit()
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     emb = embed_checkpoint(Path(cfg.run_dir) / "best.pt", cfg.features, "test", torch.device("cpu"))
     test = evaluate_split_embeddings(emb)

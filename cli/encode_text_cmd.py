@@ -28,8 +28,10 @@ def encode_text(features, model, out, batch_size, part_size, device):
     if result.up_to_date:
         click.echo(f"{result.out} is up to date: {result.num_captions} captions x {result.dim} ({model})")
         return
+    reused = result.parts - result.parts_computed
     click.echo(f"wrote {result.out}: {result.num_captions} captions x {result.dim} ({model}; "
-               f"{result.parts_computed} of {result.parts} parts computed, the rest reused)")
+               f"{result.parts_computed} of {result.parts} parts computed"
+               + (f", {reused} reused from a killed run)" if reused else ")"))
     for what, count in result.counts.items():
         if count:
             click.echo(f"note: {what.replace('_', ' ')}: {count} (zero vectors)")

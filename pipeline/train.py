@@ -212,8 +212,9 @@ class Trainer:
         keep the caption side it was started with."""
         saved = resume_state.get("text_features") if resume_state is not None else None
         if resume_state is not None and bool(saved) != bool(self.cfg.text_features):
+            started = f"with {saved['path']}" if saved else "without"
             raise VseError(f"--resume {'without' if saved else 'with'} --text-features, but the run was "
-                           f"started {'with ' + saved['path'] if saved else 'without'}", self.run_dir / "last.pt")
+                           f"started {started}", self.run_dir / "last.pt")
         if self.cfg.text_features:
             return CachedCaptionVectors.open(self.cfg.text_features, self.index.captions,
                                              self.source.location, expected=saved,
