@@ -107,7 +107,9 @@ def measure_full_run(cfg) -> dict:
     from pipeline.train import Trainer
 
     start, cpu = time.perf_counter(), time.process_time()
-    log = lambda message: print(f"[{time.perf_counter() - start:.1f} s] {message}", file=sys.stderr)  # noqa: E731
+    def log(message):
+        print(f"[{time.perf_counter() - start:.1f} s] {message}", file=sys.stderr)
+
     summary = Trainer(cfg, echo=log).fit()
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     emb = embed_checkpoint(Path(cfg.run_dir) / "best.pt", cfg.features, "test", torch.device("cpu"))

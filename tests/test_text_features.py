@@ -171,7 +171,8 @@ def test_resume_with_text_features_gives_the_same_weights(tiny_cache, tiny_text,
 
 @pytest.mark.parametrize("loss", LOSS_NAMES)
 def test_every_loss_trains_a_step_on_text_features(tiny_cache, tiny_text, tiny_relevance, tmp_path, loss):
-    trainer = Trainer(_config(tiny_cache, tiny_text, tmp_path / loss, loss=loss, relevance=str(tiny_relevance),
+    trainer = Trainer(_config(tiny_cache, tiny_text, tmp_path / loss, loss=loss,
+                              relevance=str(tiny_relevance),
                               epochs=1), **QUIET)
     before = {k: v.clone() for k, v in trainer.model.text_encoder.state_dict().items()}
     batch = trainer.epoch_batches(0)[0]
@@ -189,7 +190,8 @@ def _other_model_file(tiny_text, path):
     path.write_bytes(tiny_text.read_bytes())
     with h5py.File(path, "r+") as f:
         identity = json.loads(f.attrs["model_identity"])
-        f.attrs["model_identity"] = json.dumps({**identity, "word_vectors": "glove.840B.300d"}, sort_keys=True)
+        other = {**identity, "word_vectors": "glove.840B.300d"}
+        f.attrs["model_identity"] = json.dumps(other, sort_keys=True)
     return path
 
 
@@ -223,7 +225,8 @@ def test_caption_features_of_other_captions_or_model_are_refused_in_one_line(tin
 
 def test_cli_train_with_text_features_and_mlp_head(tiny_cache, tiny_text, tmp_path):
     run = tmp_path / "run"
-    result = CliRunner().invoke(cli, ["train", "--features", str(tiny_cache), "--text-features", str(tiny_text),
+    result = CliRunner().invoke(cli, ["train", "--features", str(tiny_cache),
+                                      "--text-features", str(tiny_text),
                                       "--text-projection", "mlp", "--run-dir", str(run), "--epochs", "1",
                                       "--embed-dim", "16", "--batch-size", "16", "--val-every", "0"])
     assert result.exit_code == 0, result.output
@@ -231,3 +234,26 @@ def test_cli_train_with_text_features_and_mlp_head(tiny_cache, tiny_text, tmp_pa
     assert saved["text_features"] == str(tiny_text) and saved["text_projection"] == "mlp"
     config = load_checkpoint(run / "best.pt")["model_config"]
     assert config["text_dim"] == 50 and config["text_projection"] == "mlp"
+
+
+def test_sweep_evaluate_runs_report_plot_gallery_on_text_features(tiny_cache, tiny_text, tmp_path):
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(f"runs_dir: {tmp_path / 'runs'}\nbase:\n  features: {tiny_cache}\n"
+                    f"  text_features: {tiny_text}\n  embed_dim: 16\n  batch_size: 16\n  lr: 0.005\n"
+                    "  workers: 0\n  epochs: 1\n  val_every: 0\n"
+                    "grid:\n  loss: [sh, mh]\n")
+    runner = CliRunner()
+    result = runner.invoke(cli, ["sweep", str(grid)])
+    assert result.exit_code == 0, result.output
+    runs = tmp_path / "runs" / "grid"
+    results = tmp_path / "results.csv"
+    result = runner.invoke(cli, ["evaluate", "--runs", str(runs / "*"), "--out", str(results)])
+    assert result.exit_code == 0, result.output
+    assert "2 of 2 runs evaluated" in result.output
+    gallery = ["gallery", "--checkpoint", str(runs / "loss=mh" / "best.pt"), "--features", str(tiny_cache),
+               "--n", "3", "--out", str(tmp_path / "g.html")]
+    plot = ["plot", "--results", str(results), "--out", str(tmp_path / "p")]
+    for command in (["report", str(results)], plot, gallery):
+        result = runner.invoke(cli, command)
+        assert result.exit_code == 0, (command[0], result.output)
+    assert (tmp_path / "g.html").stat().st_size > 0
