@@ -68,7 +68,7 @@ def main() -> None:
             model, loss_fn, opt = trainer.model, trainer.loss, trainer.optimizer
             start = time.perf_counter()
             for batch in in_memory:
-                img, cap = model(batch.images, batch.tokens, batch.lengths)
+                img, cap = model(batch.images, *batch.captions)
                 loss = loss_fn(img, cap, image_ids=batch.image_ids)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()

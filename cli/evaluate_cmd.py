@@ -29,6 +29,8 @@ def _parse_ks(ctx, param, value):
 @root_option(prefix="RC checkpoint (--rc run): embed this dataset's images with the run's own CNN. ")
 @click.option("--dataset", "dataset_kind", type=click.Choice(["flickr8k", "karpathy"]), default="flickr8k",
               show_default=True, help="--root: its layout.")
+@click.option("--text-features", type=click.Path(dir_okay=False), default=None,
+              help="Caption-feature file for a run trained with --text-features (default: the one it names).")
 @click.option("--split", default="test", show_default=True)
 @click.option("--protocol", type=click.Choice(["single", "5fold", "5k"]), default="single", show_default=True,
               help="single: all at once; 5fold: COCO 1K (mean of 5 folds); 5k: COCO 5K.")
@@ -44,8 +46,8 @@ def _parse_ks(ctx, param, value):
 @click.option("--checkpoint-name", default="best.pt", show_default=True, help="--runs: which checkpoint of each run.")
 @judgment_options
 @click.option("--overwrite", is_flag=True, help="--out: replace a file that is not a vse results table.")
-def evaluate_command(embeddings, checkpoint, run_patterns, features, root, dataset_kind, split, protocol, order,
-                     relevance, cs_ks, device, amp, as_json, out, checkpoint_name, judgments,
+def evaluate_command(embeddings, checkpoint, run_patterns, features, root, dataset_kind, text_features, split,
+                     protocol, order, relevance, cs_ks, device, amp, as_json, out, checkpoint_name, judgments,
                      overwrite):
     """Recall@K, median/mean rank and rsum (PROTOCOL.md), both directions."""
     from pipeline.cache import FeatureCache
@@ -61,12 +63,14 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
         raise click.UsageError("--amp goes with --checkpoint (how the model embeds)")
     if run_patterns:
         _evaluate_runs(run_patterns, features, split, protocol, relevance, cs_ks, dev, out, checkpoint_name,
-                       judgments, overwrite)
+                       judgments, overwrite, text_features)
         return
     if out:
         raise click.UsageError("--out goes with --runs")
     if root and (not checkpoint or features):
         raise click.UsageError("--root goes with --checkpoint of an RC run, instead of --features")
+    if text_features and (embeddings or root):
+        raise click.UsageError("--text-features goes with --checkpoint (and --features) or --runs")
     if root and relevance:
         raise click.UsageError("--relevance rows follow a feature cache's captions: CS@K needs --features")
     if embeddings:
@@ -88,7 +92,7 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
         else:
             with FeatureCache(features) as cache:  # a relevance file of other captions: refused first
                 relevance = relevance_for_cache(relevance, cache) if relevance else None
-                emb = embed_checkpoint(checkpoint, cache, split, dev, amp=amp)
+                emb = embed_checkpoint(checkpoint, cache, split, dev, amp=amp, text_features=text_features)
         metrics = evaluate_split_embeddings(emb, protocol, dev, relevance, cs_ks if relevance else ())
         note = cs_note(cs_ks, len(emb.images), split) if relevance else None
         if note:
@@ -139,7 +143,7 @@ def _json_number(value):
 
 
 def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device, out, checkpoint_name,
-                   judgments=None, overwrite=False):
+                   judgments=None, overwrite=False, text_features=None):
     from pipeline.batch_eval import evaluate_runs
     from pipeline.evaluation import cs_note
     from pipeline.fsutil import RESULTS_FORMAT, guard_output
@@ -155,7 +159,8 @@ def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device
     result = evaluate_runs(run_dirs, device=device, split=split, protocol=protocol, features=features,
                            relevance=relevance, cs_ks=cs_ks if relevance else (), checkpoint=checkpoint_name,
                            echo=lambda m: click.echo(m, err=True),
-                           judgments=judgments.load() if judgments else None)
+                           judgments=judgments.load() if judgments else None,
+                           text_features=text_features)
     if not result.rows:
         raise click.ClickException(f"none of the {len(run_dirs)} runs could be evaluated")
     if relevance:

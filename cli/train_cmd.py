@@ -138,6 +138,10 @@ def _read_config_file(path: str) -> dict:
 @option("--min-word-count", type=int)
 @option("--no-img-norm", "img_norm", flag_value=False, help="VSE0 variant: images not L2-normalised.")
 @option("--projection", type=click.Choice(["linear", "mlp"]))
+@option("--text-features", type=click.Path(dir_okay=False),
+        help="Caption-feature file from `vse encode-text`: a head over these frozen vectors replaces "
+             "the GRU (both sides in memory).")
+@option("--text-projection", type=click.Choice(["linear", "mlp"]), help="--text-features: the caption head.")
 @option("--val-split")
 @option("--val-images", type=int)
 @option("--val-every", type=int, help="Validate every N iterations (0: epoch ends only).")

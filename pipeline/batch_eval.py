@@ -1,13 +1,13 @@
 """Evaluating many runs in one call: one results row per run (`vse evaluate --runs`).
 
-Each feature cache is opened once and its captions are tokenised once per vocabulary, so a
-sweep of runs trained on one cache costs one cache read plus one forward pass per run.
+Each feature cache is opened once and its captions are tokenised once per vocabulary (or
+their cached caption features read once), so a sweep of runs trained on one cache costs one
+cache read plus one forward pass per run.
 A run whose checkpoint is missing or unusable is reported and skipped; the others go on.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,9 +17,9 @@ import torch
 from .cache import FeatureCache
 from .errors import VseError
 from .evaluation import evaluate_split_embeddings
-from .inference import check_features_match, encode_split, load_model
+from .captions import CaptionEncoder, caption_key
+from .inference import LoadedModel, check_features_match, encode_split, load_model
 from .runs import best_record, config_id, epochs_to_best, read_validation_log, run_names
-from .text import TokenizedCaptions, Vocabulary
 
 # Columns describing a run, in the order results.csv lists them (metrics follow).
 RUN_COLUMNS = ("run", "loss", "margin", "negative_set_size", "loss_options", "batch_size", "seed",
@@ -44,14 +44,14 @@ class RunEvaluator:
     relevance tables between them. Use as a context manager (closes the caches)."""
 
     def __init__(self, device: torch.device, split: str = "test", protocol: str = "single",
-                 features=None, relevance=None, cs_ks=(), judgments=None):
+                 features=None, relevance=None, cs_ks=(), judgments=None, text_features=None):
         self.device, self.split, self.protocol = device, split, protocol
         self.judgments = judgments  # pipeline.judgments.Judgments: adds the human_* columns
         self._matched: dict[Path, object] = {}
-        self.features = features
+        self.features, self.text_features = features, text_features
         self.relevance_path, self.cs_ks = relevance, tuple(cs_ks)
         self._caches: dict[Path, FeatureCache] = {}
-        self._tokens: dict[tuple, TokenizedCaptions] = {}
+        self._captions: dict[tuple, CaptionEncoder] = {}
         self._relevance: dict[Path, object] = {}
 
     def __enter__(self):
@@ -71,12 +71,13 @@ class RunEvaluator:
             self._caches[key] = FeatureCache(path)
         return self._caches[key]
 
-    def tokens(self, cache: FeatureCache, vocab: Vocabulary, max_len: int) -> TokenizedCaptions:
-        digest = hashlib.sha1("\n".join(vocab.words).encode("utf-8")).hexdigest()
-        key = (cache.path.resolve(), digest, max_len)
-        if key not in self._tokens:
-            self._tokens[key] = TokenizedCaptions.encode(vocab, cache.captions, max_len)
-        return self._tokens[key]
+    def captions(self, cache: FeatureCache, loaded: LoadedModel, checkpoint) -> CaptionEncoder:
+        """The model's caption side on ``cache``, shared by runs with the same vocabulary (or
+        the same caption features and model)."""
+        key = (cache.path.resolve(), caption_key(loaded.state, self.text_features))
+        if key not in self._captions:
+            self._captions[key] = loaded.captions(cache, self.text_features, checkpoint)
+        return self._captions[key]
 
     def relevance(self, cache: FeatureCache):
         from .evaluation import relevance_for_cache
@@ -115,8 +116,8 @@ class RunEvaluator:
             raise VseError("checkpoint names no feature cache: give --features", checkpoint_path)
         cache = self.cache(features)
         check_features_match(cache, loaded.model.config, loaded.state.get("feature_source", {}), checkpoint_path)
-        tokens = self.tokens(cache, loaded.vocab, train_config.get("max_caption_tokens", 100))
-        return encode_split(loaded.model, cache, tokens, self.split, self.device), loaded, checkpoint_path, features
+        captions = self.captions(cache, loaded, checkpoint_path)
+        return encode_split(loaded.model, cache, captions, self.split, self.device), loaded, checkpoint_path, features
 
     def evaluate(self, run_dir, checkpoint: str = "best.pt") -> dict:
         """The results row of one run (VseError when it cannot be evaluated)."""
@@ -168,11 +169,12 @@ def describe_config(config: dict) -> dict:
 
 def evaluate_runs(run_dirs, *, device: torch.device, split: str = "test", protocol: str = "single",
                   features=None, relevance=None, cs_ks=(), checkpoint: str = "best.pt",
-                  echo=print, judgments=None) -> BatchResult:
+                  echo=print, judgments=None, text_features=None) -> BatchResult:
     """One row per run (``run`` = its short name); unusable runs are echoed and skipped."""
     result = BatchResult()
     run_dirs = [Path(p) for p in run_dirs]
-    with RunEvaluator(device, split, protocol, features, relevance, cs_ks, judgments) as evaluator:
+    with RunEvaluator(device, split, protocol, features, relevance, cs_ks, judgments,
+                      text_features) as evaluator:
         for i, (run_dir, name) in enumerate(zip(run_dirs, run_names(run_dirs) if run_dirs else []), 1):
             try:
                 row = evaluator.evaluate(run_dir, checkpoint)

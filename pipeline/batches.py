@@ -1,4 +1,4 @@
-"""Training batches of one epoch: (image input, caption tokens, image id, caption id).
+"""Training batches of one epoch: (image input, caption input, image id, caption id).
 
 Each training caption is one pair with its image (as VSE++). The order of an epoch depends
 only on (seed, epoch), so a run resumed in the middle of an epoch sees exactly the batches
@@ -10,6 +10,9 @@ image input of a pair comes from:
 - ``CachedFeatures``: rows of a feature cache, read per batch (sorted, de-duplicated rows),
   so no worker holds a copy of the dataset unless ``preload`` is asked for.
 - ``pipeline.rc.ImageSource``: decoded images, randomly cropped; the CNN runs in the model.
+
+The caption input comes from the run's caption side (``pipeline.captions``): tokens for the
+GRU, or rows of frozen caption vectors held in memory.
 """
 
 from __future__ import annotations
@@ -24,28 +27,32 @@ import torch
 from .cache import FeatureCache
 from .errors import VseError
 from .models import PixelBackbone
-from .text import TokenizedCaptions
 
 
 @dataclass
 class Batch:
     images: torch.Tensor          # (B, D) float features, or (B, 3, S, S) uint8 crops in RC mode
-    tokens: torch.Tensor          # (B, T) int64
-    lengths: torch.Tensor         # (B,)
+    captions: tuple               # the text encoder's input: (tokens (B, T), lengths (B,)) or (vectors,)
     image_ids: torch.Tensor       # (B,) image index of each pair (same image ⇒ not negatives)
     caption_ids: torch.Tensor     # (B,) caption index into the source (for relevance lookup)
+    host_captions: tuple = ()     # indices of ``captions`` that stay on the CPU (the GRU's lengths)
 
     def pin_memory(self) -> "Batch":
-        return Batch(*(t.pin_memory() for t in self.astuple()))
+        return self._map(lambda t: t.pin_memory())
 
     def to(self, device, non_blocking: bool = True) -> "Batch":
-        """Everything on ``device`` but ``lengths``, which pack_padded_sequence reads on the
-        CPU: moved there and back they would cost a host sync every step."""
-        return Batch(*(t if t is self.lengths else t.to(device, non_blocking=non_blocking)
-                       for t in self.astuple()))
+        """Everything on ``device`` but the caption inputs the caption side reads on the CPU
+        (``host_captions``: the GRU's lengths, which pack_padded_sequence reads there; moved
+        there and back they would cost a host sync every step)."""
+        return Batch(self.images.to(device, non_blocking=non_blocking),
+                     tuple(t if i in self.host_captions else t.to(device, non_blocking=non_blocking)
+                           for i, t in enumerate(self.captions)),
+                     self.image_ids.to(device, non_blocking=non_blocking),
+                     self.caption_ids.to(device, non_blocking=non_blocking), self.host_captions)
 
-    def astuple(self):
-        return (self.images, self.tokens, self.lengths, self.image_ids, self.caption_ids)
+    def _map(self, fn) -> "Batch":
+        return Batch(fn(self.images), tuple(fn(t) for t in self.captions), fn(self.image_ids),
+                     fn(self.caption_ids), self.host_captions)
 
 
 def epoch_order(num_items: int, seed: int, epoch: int) -> np.ndarray:
@@ -131,10 +138,10 @@ class CachedFeatures:
 class PairBatches(torch.utils.data.Dataset):
     """Batches of one epoch; item ``b`` is the whole b-th batch (one read per batch)."""
 
-    def __init__(self, inputs: ImageInputs, tokens: TokenizedCaptions, caption_ids: np.ndarray,
+    def __init__(self, inputs: ImageInputs, captions, caption_ids: np.ndarray,
                  caption_image: np.ndarray, order: np.ndarray, slices: list[slice], epoch: int):
         self.inputs = inputs
-        self.tokens = tokens
+        self.captions = captions  # a pipeline.captions.CaptionEncoder
         self.caption_ids = caption_ids
         self.caption_image = caption_image
         self.order = order
@@ -148,9 +155,9 @@ class PairBatches(torch.utils.data.Dataset):
         positions = np.arange(self.slices[b].start, self.slices[b].stop)
         captions = self.caption_ids[self.order[positions]]
         images = self.caption_image[captions]
-        tokens, lengths = self.tokens.batch(captions)
         try:
             inputs = self.inputs.batch(images, self.epoch, positions)
         except VseError as exc:
             return LoadFailure(str(exc))
-        return Batch(inputs, tokens, lengths, torch.from_numpy(images), torch.from_numpy(captions))
+        return Batch(inputs, self.captions.batch(captions), torch.from_numpy(images),
+                     torch.from_numpy(captions), self.captions.host_inputs)

@@ -13,7 +13,6 @@ from .cache import FeatureCache
 from .errors import VseError
 from .inference import SplitEmbeddings, check_features_match, encode_split, load_model
 from .metrics import coherent_scores, evaluate_embeddings
-from .text import TokenizedCaptions
 
 JSON_KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "i2t_medr", "i2t_meanr",
              "t2i_r1", "t2i_r5", "t2i_r10", "t2i_medr", "t2i_meanr", "rsum")
@@ -49,16 +48,16 @@ def evaluate_npz(path, protocol: str = "single", device: torch.device | None = N
 
 
 def embed_checkpoint(checkpoint, features, split: str, device: torch.device,
-                     max_images: int | None = None, amp: bool = False) -> SplitEmbeddings:
+                     max_images: int | None = None, amp: bool = False, text_features=None) -> SplitEmbeddings:
     """Embeddings of ``split``; ``features`` is a cache path (opened and closed here) or an
-    open ``FeatureCache``.  Full fp32 unless ``amp`` (``inference.encode_split``)."""
+    open ``FeatureCache``; ``text_features`` replaces the caption features a checkpoint names.
+    Full fp32 unless ``amp`` (``inference.encode_split``)."""
     loaded = load_model(checkpoint, device)
     cache = features if isinstance(features, FeatureCache) else FeatureCache(features)
     try:
         check_features_match(cache, loaded.model.config, loaded.state.get("feature_source", {}), checkpoint)
-        tokens = TokenizedCaptions.encode(loaded.vocab, cache.captions,
-                                          loaded.train_config.get("max_caption_tokens", 100))
-        return encode_split(loaded.model, cache, tokens, split, device, max_images=max_images, amp=amp)
+        captions = loaded.captions(cache, text_features, checkpoint)
+        return encode_split(loaded.model, cache, captions, split, device, max_images=max_images, amp=amp)
     finally:
         if cache is not features:
             cache.close()

@@ -8,11 +8,12 @@ import numpy as np
 import torch
 
 from .cache import FeatureCache
+from .captions import CaptionEncoder, checkpoint_captions
 from .checkpoint import load_checkpoint
 from .errors import VseError
 from .models import ModelConfig, VSEModel
 from .runtime import precision
-from .text import TokenizedCaptions, Vocabulary
+from .text import Vocabulary
 
 
 @dataclass
@@ -39,7 +40,7 @@ def split_rows(cache: FeatureCache, split: str, max_images: int | None = None):
 
 
 @torch.no_grad()
-def encode_split(model: VSEModel, cache: FeatureCache, tokens: TokenizedCaptions, split: str,
+def encode_split(model: VSEModel, cache: FeatureCache, captions: CaptionEncoder, split: str,
                  device: torch.device, max_images: int | None = None, batch_size: int = 512,
                  amp: bool = False) -> SplitEmbeddings:
     """Embeddings of ``split``'s images (the first ``max_images``) and their captions; in full
@@ -60,9 +61,9 @@ def encode_split(model: VSEModel, cache: FeatureCache, tokens: TokenizedCaptions
             with precision(device, amp):
                 image_chunks.append(model.image_encoder(torch.from_numpy(feats).to(device)).float().cpu())
         for a in range(0, len(caption_rows), batch_size):
-            tok, lengths = tokens.batch(caption_rows[a:a + batch_size])
             with precision(device, amp):
-                caption_chunks.append(model.text_encoder(tok.to(device), lengths).float().cpu())
+                emb = captions.embed(model.text_encoder, caption_rows[a:a + batch_size], device)
+            caption_chunks.append(emb.float().cpu())
     finally:
         model.train(was_training)
     return SplitEmbeddings(torch.cat(image_chunks).numpy(), torch.cat(caption_chunks).numpy(),
@@ -72,12 +73,16 @@ def encode_split(model: VSEModel, cache: FeatureCache, tokens: TokenizedCaptions
 @dataclass
 class LoadedModel:
     model: VSEModel
-    vocab: Vocabulary
+    vocab: Vocabulary | None  # None when the model embeds cached caption features
     state: dict
 
     @property
     def train_config(self) -> dict:
         return self.state["train_config"]
+
+    def captions(self, cache: FeatureCache, text_features=None, checkpoint=None) -> CaptionEncoder:
+        """The caption side of this model over ``cache``'s captions."""
+        return checkpoint_captions(self.state, cache.captions, cache.path, text_features, checkpoint)
 
 
 def load_model(checkpoint_path, device: torch.device) -> LoadedModel:
@@ -89,7 +94,7 @@ def load_model(checkpoint_path, device: torch.device) -> LoadedModel:
     except (TypeError, ValueError, RuntimeError, KeyError) as exc:
         raise VseError(f"checkpoint does not match the model it describes ({str(exc).splitlines()[0][:160]})",
                        checkpoint_path) from exc
-    return LoadedModel(model.to(device).eval(), Vocabulary(state["vocab"]), state)
+    return LoadedModel(model.to(device).eval(), Vocabulary(state["vocab"]) if state["vocab"] else None, state)
 
 
 def check_features_match(cache: FeatureCache, model_cfg: ModelConfig, feature_source: dict, checkpoint_path) -> None:

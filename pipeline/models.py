@@ -1,4 +1,5 @@
-"""The joint-embedding model: image projection + GRU caption encoder (VSE++ architecture).
+"""The joint-embedding model: image projection + GRU caption encoder (VSE++ architecture), or
+a trained head over frozen caption vectors (cached caption features) instead of the GRU.
 
 Pure torch: no file I/O. ``ModelConfig`` holds everything needed to rebuild a model from a
 checkpoint; the optional ``backbone`` (RC mode) turns pixels into the features the image
@@ -16,6 +17,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 from .metrics import SIMILARITIES  # the one list of similarity names
+PROJECTIONS = ("linear", "mlp")
 
 
 @dataclass
@@ -29,12 +31,15 @@ class ModelConfig:
     similarity: str = "cosine"     # "order"/"order-norm" = order embeddings (abs values, order score)
     projection: str = "linear"     # "mlp" = ConVSE two-layer heads (feature → 2048 → embed)
     mlp_hidden: int = 2048
+    text_dim: int = 0              # > 0: captions arrive as frozen vectors of this size (cached
+    text_projection: str = "linear"  # caption features), embedded by this head instead of the GRU
 
     def __post_init__(self):
         if self.similarity not in SIMILARITIES:
             raise ValueError(f"similarity must be one of {SIMILARITIES}, got {self.similarity!r}")
-        if self.projection not in ("linear", "mlp"):
-            raise ValueError(f"projection must be 'linear' or 'mlp', got {self.projection!r}")
+        for name in ("projection", "text_projection"):
+            if getattr(self, name) not in PROJECTIONS:
+                raise ValueError(f"{name} must be one of {PROJECTIONS}, got {getattr(self, name)!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -162,6 +167,26 @@ def _pack(padded: torch.Tensor, lengths: torch.Tensor) -> PackedSequence:
     return PackedSequence(packed.data, packed.batch_sizes, order)
 
 
+class VectorTextEncoder(nn.Module):
+    """Frozen caption vectors (cached caption features) → trained head → L2 norm: the caption
+    side when the sentence encoder is fixed and only the projection learns."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.proj = _projection(cfg.text_dim, cfg.embed_dim, cfg.text_projection, cfg.mlp_hidden)
+        self.use_abs = cfg.similarity != "cosine"
+
+    def forward(self, vectors: torch.Tensor) -> torch.Tensor:
+        emb = l2_normalize(self.proj(vectors.float()))
+        return emb.abs() if self.use_abs else emb
+
+
+def text_encoder_for(cfg: ModelConfig) -> nn.Module:
+    """The caption side a config describes: a head over frozen vectors, or the GRU over tokens.
+    Its ``forward`` takes the caption input of a batch (``pipeline.captions``) unpacked."""
+    return VectorTextEncoder(cfg) if cfg.text_dim else TextEncoder(cfg)
+
+
 CNN_PREFIX = "image_encoder.backbone.cnn."
 
 
@@ -176,10 +201,11 @@ class VSEModel(nn.Module):
         super().__init__()
         self.config = cfg
         self.image_encoder = ImageEncoder(cfg, backbone)
-        self.text_encoder = TextEncoder(cfg)
+        self.text_encoder = text_encoder_for(cfg)
 
-    def forward(self, images, tokens, lengths):
-        return self.image_encoder(images), self.text_encoder(tokens, lengths)
+    def forward(self, images, *captions):
+        """``captions``: the caption input of the batch, (tokens, lengths) or (vectors,)."""
+        return self.image_encoder(images), self.text_encoder(*captions)
 
     @property
     def backbone(self) -> PixelBackbone | None:

@@ -31,6 +31,7 @@ import torchvision.transforms.functional as TF
 from PIL import Image
 
 from .backbones import Preprocessing, load_backbone
+from .captions import checkpoint_captions
 from .checkpoint import load_checkpoint
 from .crops import CropPlan
 from .datasets import load_dataset, open_image
@@ -39,7 +40,6 @@ from .extract import select_images
 from .inference import SplitEmbeddings, encode_split
 from .models import ModelConfig, PixelBackbone, VSEModel, join_state
 from .runtime import default_workers
-from .text import TokenizedCaptions, Vocabulary
 
 CROP_MODES = ("random", "random-resized")
 RESIZED_CROP_AREA = (0.08, 1.0)
@@ -198,7 +198,6 @@ def embed_rc_checkpoint(checkpoint, dataset_kind: str, root, split: str, device:
         raise VseError(f"checkpoint does not match the model it describes ({str(exc).splitlines()[0][:160]})",
                        checkpoint) from exc
     model.to(device)
-    tokens = TokenizedCaptions.encode(Vocabulary(state["vocab"]), source.index.captions,
-                                      config.get("max_caption_tokens", 100))
-    return encode_split(model, source.index, tokens, split, device, max_images=max_images,
+    captions = checkpoint_captions(state, source.index.captions, root, checkpoint=checkpoint)
+    return encode_split(model, source.index, captions, split, device, max_images=max_images,
                         batch_size=batch_size, amp=amp)

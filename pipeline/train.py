@@ -26,18 +26,19 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import distributed as dist
 from .batches import Batch, CachedFeatures, LoadFailure, PairBatches, PairSource, batch_slices, epoch_order
+from .captions import CachedCaptionVectors, CaptionEncoder, GRUCaptions
 from .checkpoint import load_checkpoint, save_checkpoint
 from .errors import VseError
 from .fsutil import atomic_path, remove_stale_temporaries, write_atomic
 from .inference import encode_split
 from .loss_plugins import check_loss_name, loss_traits, make_loss
 from .metrics import evaluate_embeddings
-from .models import ModelConfig, VSEModel, join_state
+from .models import PROJECTIONS, ModelConfig, VSEModel, join_state
 from .runlock import RunLock
 from .runtime import (autocast, configure_kernels, default_workers, describe, device_rng_state,
                       needs_grad_scaler, pin_memory, resolve_device, rng_state, seed_everything,
                       set_rng_state)
-from .text import TokenizedCaptions, Vocabulary
+from .text import Vocabulary
 
 # The options a resumed run may change (README, `vse train`): they decide how long, how often
 # to validate and log, and where and how fast data is read, never which updates are made.
@@ -77,6 +78,8 @@ class TrainConfig:
     max_caption_tokens: int = 100
     img_norm: bool = True
     projection: str = "linear"           # "mlp" = ConVSE heads
+    text_features: str | None = None     # caption-feature file (`vse encode-text`): a head over
+    text_projection: str = "linear"      # these frozen vectors replaces the GRU ("linear" | "mlp")
     train_split: str = "train"
     val_split: str = "dev"
     val_images: int = 1000
@@ -143,6 +146,12 @@ class TrainConfig:
                 raise VseError("--features is required (or --rc with --dataset and --root)")
             if self.finetune:
                 raise VseError("--finetune needs --rc: a feature cache has no CNN to train")
+        if self.text_features and self.glove:
+            raise VseError("--glove initialises the GRU's word embeddings; with --text-features "
+                           "there is no GRU")
+        if self.text_projection not in PROJECTIONS:
+            raise VseError(f"--text-projection must be one of {', '.join(PROJECTIONS)}, "
+                           f"not {self.text_projection!r}")
 
     def loss_kwargs(self) -> dict:
         kwargs = dict(self.loss_options)
@@ -232,8 +241,8 @@ class Trainer:
         self.index = self.source.index
         self.workers = config.workers if config.workers is not None else (default_workers() if config.rc else 0)
         init_state = load_checkpoint(config.init_from) if config.init_from else None
-        self.vocab = self._vocabulary(resume_state or init_state)
-        self.tokens = TokenizedCaptions.encode(self.vocab, self.index.captions, config.max_caption_tokens)
+        self.captions = self._caption_encoder(resume_state, init_state)
+        self.vocab = self.captions.vocab  # None with cached caption features
         train_images = self.index.split(config.train_split)
         self.train_captions = np.flatnonzero(np.isin(self.index.caption_image, train_images))
         if len(self.train_captions) == 0:
@@ -245,9 +254,9 @@ class Trainer:
         self.loss = make_loss(config.loss, config.loss_kwargs()).to(self.device)
         self.loss_traits = loss_traits(self.loss, config.loss)
         self.model_config = ModelConfig(  # the loss declares the similarity its scores use
-            vocab_size=len(self.vocab), feature_dim=self.source.feature_dim, embed_dim=config.embed_dim,
-            word_dim=50 if config.glove else config.word_dim, img_norm=config.img_norm,
-            similarity=self.loss_traits.similarity, projection=config.projection)
+            feature_dim=self.source.feature_dim, embed_dim=config.embed_dim, img_norm=config.img_norm,
+            similarity=self.loss_traits.similarity, projection=config.projection,
+            **self.captions.model_fields(config))
         self.model = VSEModel(self.model_config, self.source.backbone).to(self.device)
         if self.distributed and config.finetune and not config.freeze_bn and self.device.type == "cuda":
             # BatchNorm statistics of the global batch, as one process with N×B would compute
@@ -315,8 +324,20 @@ class Trainer:
             raise VseError(f"--resume with {self.world} process(es), but the run was trained with {saved}: "
                            f"the global batch and the order of pairs depend on it", self.run_dir / "last.pt")
 
+    def _caption_encoder(self, resume_state, init_state) -> CaptionEncoder:
+        """Frozen caption vectors (--text-features) or the GRU's tokens (a resumed run keeps its
+        text_features option: ``_resume_state`` refuses a change; the file itself must still
+        hold the vectors the run was trained on)."""
+        saved = resume_state.get("text_features") if resume_state is not None else None
+        if self.cfg.text_features:
+            return CachedCaptionVectors.open(self.cfg.text_features, self.index.captions,
+                                             self.source.location, expected=saved,
+                                             checkpoint=self.run_dir / "last.pt")
+        vocab = self._vocabulary(resume_state or init_state)
+        return GRUCaptions(vocab, self.index.captions, self.cfg.max_caption_tokens)
+
     def _vocabulary(self, state) -> Vocabulary:
-        if state is not None:
+        if state is not None and state["vocab"]:  # (a run on caption features has none)
             return Vocabulary(state["vocab"])
         train_images = self.index.split(self.cfg.train_split)
         caption_rows = np.flatnonzero(np.isin(self.index.caption_image, train_images))
@@ -417,7 +438,7 @@ class Trainer:
         if self.distributed:  # this rank's part of every global batch
             r, b = dist.rank(), self.cfg.batch_size
             slices = [slice(s.start + r * b, s.start + (r + 1) * b) for s in slices]
-        return PairBatches(self.source.inputs, self.tokens, self.train_captions, self.index.caption_image,
+        return PairBatches(self.source.inputs, self.captions, self.train_captions, self.index.caption_image,
                            order, slices, epoch)
 
     def loader(self, pairs: PairBatches, start: int):
@@ -443,7 +464,7 @@ class Trainer:
             remove_stale_temporaries(self.run_dir)
             with atomic_path(self.run_dir / "config.json") as tmp:
                 Path(tmp).write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
-            self.vocab.save(self.run_dir / "vocab.json")
+            self.captions.save(self.run_dir)
         self.model.train()
         while p.epoch < cfg.epochs:
             self.train_epoch()
@@ -484,7 +505,7 @@ class Trainer:
         run right there, before anything (validation, checkpoint) sees the weights it made."""
         batch = batch.to(self.device)  # the lengths stay on the CPU
         with autocast(self.device, self.cfg.amp):
-            img, cap = self.ddp_model(batch.images, batch.tokens, batch.lengths)
+            img, cap = self.ddp_model(batch.images, *batch.captions)
         img, cap = dist.gather_with_grad(img.float()), dist.gather_with_grad(cap.float())
         image_ids = _gather_ids(batch.image_ids)
         caption_ids = _gather_ids(batch.caption_ids)
@@ -513,7 +534,7 @@ class Trainer:
     # ----------------------------------------------------------------- validation, checkpoints
     def validate(self) -> dict:
         # in fp32 as `vse evaluate`: metrics.jsonl and an evaluation of best.pt agree
-        emb = encode_split(self.model, self.index, self.tokens, self.cfg.val_split, self.device,
+        emb = encode_split(self.model, self.index, self.captions, self.cfg.val_split, self.device,
                            max_images=self.cfg.val_images, batch_size=self.source.encode_batch_size)
         return evaluate_embeddings(emb.images, emb.captions, emb.caption_image,
                                    order=self.model_config.similarity)
@@ -560,7 +581,7 @@ class Trainer:
             **({"backbone": self.source.checkpoint_entry(backbone)} if backbone is not None else {}),
             "model_config": self.model_config.to_dict(),
             **({"loss": self.loss.state_dict()} if self.loss.state_dict() else {}),
-            "vocab": self.vocab.words,
+            **self.captions.checkpoint_entry(),  # the vocabulary, or the caption features
             "train_config": self.cfg.to_dict(),
             "world_size": self.world,
             "feature_source": self.source.feature_source,
@@ -575,8 +596,8 @@ class Trainer:
 
 
 def open_pair_source(cfg: TrainConfig) -> PairSource:
-    if not cfg.rc:
-        return CachedFeatures(cfg.features, preload=cfg.preload)
+    if not cfg.rc:  # with caption features too, both sides of training sit in memory
+        return CachedFeatures(cfg.features, preload=cfg.preload or bool(cfg.text_features))
     from .rc import ImageSource  # torchvision and the image stack: only RC mode pays their import
 
     return ImageSource(cfg.dataset, cfg.root, cfg.backbone, weights=cfg.backbone_weights, finetune=cfg.finetune,

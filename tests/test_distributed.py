@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.caption_features import encode_text
 from pipeline.checkpoint import load_checkpoint
 from pipeline.relevance.stage import build_relevance
 from pipeline.train import TrainConfig, Trainer
@@ -52,14 +53,18 @@ def launched(tiny_cache, tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
     relevance = out / "svd.h5"
     build_relevance(tiny_cache, "svd", relevance, k=16, device="cpu")
+    text = out / "cbow_text.h5"  # cached caption features: a head over frozen vectors, no GRU
+    encode_text(tiny_cache, "cbow", text, device="cpu")
     images = make_flickr8k(out / "flickr8k", sizes=(("train", 8), ("dev", 2), ("test", 2)))
     cached = {name: dict(features=str(tiny_cache), relevance=str(relevance), **SMALL, **extra)
               for name, extra in CACHED_LOSSES.items()}
     rc = {f"rc_{mode}": dict(rc=True, root=str(images), backbone="tiny", loss="mh", finetune=mode == "finetune",
                              **SMALL) for mode in ("frozen", "finetune")}
+    text_case = {"text_features_mh": dict(features=str(tiny_cache), text_features=str(text), loss="mh",
+                                          **SMALL)}
     # no gradient clipping here: it would hide a gradient of the wrong scale
     steps = {name: {**config, "run_dir": str(out / name), "batch_size": PER_RANK, "grad_clip": 0.0}
-             for name, config in {**cached, **rc}.items()}
+             for name, config in {**cached, **rc, **text_case}.items()}
     # 120 training captions / (2 × 8) = 7 global batches per epoch; a checkpoint every 3 steps
     resume = dict(features=str(tiny_cache), loss="mh", epochs=2, lr_decay_epoch=1, batch_size=PER_RANK,
                   **{**SMALL, "val_every": 3})
@@ -82,7 +87,7 @@ def _single_process_step(config: dict) -> dict:
     return {"loss": loss, "grads": {n: p.grad for n, p in named}, "weights": {n: p.detach() for n, p in named}}
 
 
-@pytest.mark.parametrize("case", [*CACHED_LOSSES, "rc_frozen", "rc_finetune"])
+@pytest.mark.parametrize("case", [*CACHED_LOSSES, "rc_frozen", "rc_finetune", "text_features_mh"])
 def test_distributed_step_equals_one_process_on_the_global_batch(launched, case, tmp_path):
     expected = _single_process_step({**launched["steps"][case], "run_dir": str(tmp_path)})
     for rank, results in enumerate(launched["ranks"]):

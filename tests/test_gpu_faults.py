@@ -24,6 +24,7 @@ from cli.main import cli
 from pipeline import distributed, runtime
 from pipeline import train as train_module
 from pipeline.batches import Batch
+from pipeline.captions import CachedCaptionVectors, GRUCaptions
 from pipeline.checkpoint import load_checkpoint
 from pipeline.errors import VseError
 from pipeline.models import ModelConfig, TextEncoder
@@ -358,18 +359,22 @@ def test_one_host_sync_per_training_step(tiny_cache, tmp_path, monkeypatch, loss
     trainer.step(pairs[0])  # Adam's state exists from now on, as in every later step
     batch = pairs[1]
     with monkeypatch.context() as m:
-        reads = HostReads(m, keep=[batch.lengths])
+        reads = HostReads(m, keep=[batch.captions[i] for i in batch.host_captions])
         trainer.step(batch)
     assert [call.split(":")[0] for call in reads.calls] == ["item in train.py"]
 
 
 def test_caption_lengths_stay_on_the_host():
-    batch = Batch(torch.zeros(2, 4), torch.ones(2, 3, dtype=torch.int64), torch.tensor([3, 2]),
-                  torch.tensor([0, 1]), torch.tensor([0, 5]))
+    tokens, lengths = torch.ones(2, 3, dtype=torch.int64), torch.tensor([3, 2])
+    batch = Batch(torch.zeros(2, 4), (tokens, lengths), torch.tensor([0, 1]), torch.tensor([0, 5]),
+                  GRUCaptions.host_inputs)
     moved = batch.to(torch.device("meta"))
-    assert moved.lengths is batch.lengths
-    others = (moved.images, moved.tokens, moved.image_ids, moved.caption_ids)
+    assert moved.captions[1] is lengths
+    others = (moved.images, moved.captions[0], moved.image_ids, moved.caption_ids)
     assert {t.device.type for t in others} == {"meta"}
+    vectors = Batch(torch.zeros(2, 4), (torch.zeros(2, 8),), torch.tensor([0, 1]), torch.tensor([0, 5]),
+                    CachedCaptionVectors.host_inputs).to(torch.device("meta"))
+    assert vectors.captions[0].device.type == "meta"
 
 
 def test_packing_is_pack_padded_sequence_without_its_blocking_copy():

