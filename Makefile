@@ -4,6 +4,8 @@
 # Real data (full Flickr8k, hours on a CPU, minutes on a GPU), FLICKR8K=../shared/data/flickr8k:
 #   make f8k-vsepp   — VSE0 (sh) vs VSE++ (mh), the paper's 30-epoch schedule    (issue 3 table)
 #   make f8k-losses  — mh, ladder, LSEH, ConVSE, ConVSE++ with CS@K and epochs to best (issue 4)
+#   make f8k-fast    — every loss in cached-text mode, 5 seeds, mean ± std, significance, human
+#                      judgments (experiments/f8k_fast.yaml; bench/results/f8k_fast/)
 
 PYTHON  ?= python3
 VENV    ?= .venv
@@ -16,7 +18,7 @@ FLICKR8K ?= ../shared/data/flickr8k
 export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
-.PHONY: install demo test bench f8k-vsepp f8k-losses clean
+.PHONY: install demo test bench f8k-vsepp f8k-losses f8k-fast clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -28,25 +30,36 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 install: $(VENV)/.installed
 
 # ---- demo on the bundled 1,000-image Flickr8k subset ------------------------------------
-# VSE0 (sum of hinges) against VSE++ (max of hinges), as the VSE++ paper's Fig. 2a, with a
-# 512-d joint space so both runs fit in a few minutes on a 2-core CPU.
+# 1. The GRU model: VSE0 (sum of hinges) against VSE++ (max of hinges), as the VSE++ paper's
+#    Fig. 2a, with a 512-d joint space so both runs fit in a few minutes on a 2-core CPU.
+# 2. The cached-text mode (frozen MiniLM caption vectors): the same two losses, 3 seeds each,
+#    one row per loss with mean ± std (n) — a loss experiment in seconds.
 DEMO_FEATURES = $(CACHE)/demo_effnet_1c.h5
+DEMO_TEXT     = $(CACHE)/demo_minilm_text.h5
 DEMO_RUNS     = $(RUNS)/demo
 DEMO_TRAIN    = --features $(DEMO_FEATURES) --epochs 10 --lr-decay-epoch 7 --embed-dim 512 --val-every 0
 
 $(DEMO_FEATURES): $(VENV)/.installed
 	$(VSE) extract --dataset flickr8k --root $(DATA) --backbone efficientnet-lite0 --crops 1 --out $@ --quiet
 
-demo: $(DEMO_FEATURES)
+$(DEMO_TEXT): $(DEMO_FEATURES)
+	$(VSE) encode-text --features $(DEMO_FEATURES) --model minilm --out $@
+
+demo: $(DEMO_FEATURES) $(DEMO_TEXT)
 	$(VSE) info $(DEMO_FEATURES)
 	$(VSE) relevance --features $(DEMO_FEATURES) --method svd --out $(CACHE)/demo_svd.h5
-	$(VSE) train $(DEMO_TRAIN) --run-dir $(DEMO_RUNS)/sh --loss sh
-	$(VSE) train $(DEMO_TRAIN) --run-dir $(DEMO_RUNS)/mh --loss mh --warmup-epochs 2
-	$(VSE) evaluate --checkpoint $(DEMO_RUNS)/mh/best.pt --features $(DEMO_FEATURES) --split test
-	$(VSE) evaluate --runs '$(DEMO_RUNS)/*' --split test --out $(DEMO_RUNS)/results.csv
-	$(VSE) report $(DEMO_RUNS)/results.csv --format md --columns recall
-	$(VSE) plot --runs '$(DEMO_RUNS)/*' --results $(DEMO_RUNS)/results.csv --out $(DEMO_RUNS)/plots
-	$(VSE) gallery --checkpoint $(DEMO_RUNS)/mh/best.pt --split test --n 10 --out $(DEMO_RUNS)/gallery.html
+	$(VSE) train $(DEMO_TRAIN) --run-dir $(DEMO_RUNS)/gru/sh --loss sh
+	$(VSE) train $(DEMO_TRAIN) --run-dir $(DEMO_RUNS)/gru/mh --loss mh --warmup-epochs 2
+	$(VSE) evaluate --checkpoint $(DEMO_RUNS)/gru/mh/best.pt --features $(DEMO_FEATURES) --split test
+	$(VSE) evaluate --runs '$(DEMO_RUNS)/gru/*' --split test --out $(DEMO_RUNS)/gru/results.csv
+	$(VSE) report $(DEMO_RUNS)/gru/results.csv --format md --columns recall --bold best
+	$(VSE) sweep experiments/demo_fast.yaml --runs-dir $(DEMO_RUNS)
+	$(VSE) evaluate --runs '$(DEMO_RUNS)/fast/*' --split test --out $(DEMO_RUNS)/fast/results.csv
+	$(VSE) report $(DEMO_RUNS)/fast/results.csv --format md --columns recall
+	$(VSE) plot --runs '$(DEMO_RUNS)/gru/*' --results $(DEMO_RUNS)/gru/results.csv --out $(DEMO_RUNS)/plots
+	$(VSE) gallery --checkpoint $(DEMO_RUNS)/fast/method=mh,seed=0/best.pt --split test --n 10 \
+	  --judgments $(DATA)/CrowdFlowerAnnotations.txt --out $(DEMO_RUNS)/gallery.html
+	@cat docs/demo_notes.txt
 	@echo "plots:   $(DEMO_RUNS)/plots/"
 	@ls $(DEMO_RUNS)/plots
 	@echo "gallery: $(DEMO_RUNS)/gallery.html (open it in a browser)"
@@ -79,6 +92,22 @@ f8k-losses: $(F8K_FEATURES) $(CACHE)/f8k_svd.h5 $(CACHE)/f8k_bert.h5 $(CACHE)/f8
 	$(VSE) evaluate --runs '$(F8K_RUNS)/losses/*' --split test --relevance $(CACHE)/f8k_bert.h5 --cs 100,1000 \
 	  --out $(F8K_RUNS)/losses/results.csv
 	$(VSE) report $(F8K_RUNS)/losses/results.csv --columns recall --epochs-to-best
+
+# ---- the cached-text loss table: both sides cached, 5 seeds per loss ------------------------
+F8K_TEXT   = $(CACHE)/f8k_minilm_text.h5
+FAST_RUNS  = $(F8K_RUNS)/fast
+FAST_OUT   = bench/results/f8k_fast
+JUDGMENTS  = $(FLICKR8K)/CrowdFlowerAnnotations.txt
+
+$(F8K_TEXT): $(F8K_FEATURES)
+	$(VSE) encode-text --features $(F8K_FEATURES) --model minilm --out $@
+
+f8k-fast: $(F8K_FEATURES) $(F8K_TEXT) $(CACHE)/f8k_svd.h5 $(CACHE)/f8k_bert.h5 $(CACHE)/f8k_cbowbert.h5
+	$(VSE) sweep experiments/f8k_fast.yaml --runs-dir $(F8K_RUNS) --jobs 2
+	$(VSE) evaluate --runs '$(FAST_RUNS)/*' --split test --relevance $(CACHE)/f8k_bert.h5 --cs 100,1000 \
+	  --judgments $(JUDGMENTS) --out $(FAST_OUT)/results.csv
+	$(VSE) report $(FAST_OUT)/results.csv --columns recall --epochs-to-best | tee $(FAST_OUT)/table_recall.md
+	$(VSE) report $(FAST_OUT)/results.csv --columns human | tee $(FAST_OUT)/table_human.md
 
 test: $(VENV)/.installed
 	$(PY) -m pytest tests

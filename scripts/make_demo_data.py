@@ -5,7 +5,8 @@ Picks, from each official split, the images with the smallest
 deterministic and independent of file order, library versions and platform.  Writes the
 official layout: ``images/*.jpg`` copied byte for byte, ``Flickr8k.token.txt`` with the
 chosen images' caption rows copied verbatim (original order), and the three split files
-(chosen names in official order).  Then reloads the result with the project's reader and
+(chosen names in official order), and the CrowdFlower human judgments whose image and
+caption both belong to the chosen test images (when the source has them).  Then reloads the result with the project's reader and
 prints a JSON summary.
 
     python scripts/make_demo_data.py --source ../shared/data/flickr8k --out data
@@ -30,6 +31,7 @@ from pipeline.errors import VseError  # noqa: E402
 from pipeline.fsutil import atomic_path  # noqa: E402
 
 MAX_TOTAL_BYTES = 40 * 1024 * 1024
+CROWDFLOWER_FILE = "CrowdFlowerAnnotations.txt"
 
 
 def choose(names: list[str], count: int, seed: str) -> list[str]:
@@ -76,6 +78,12 @@ def build(source: Path, out: Path, counts: dict[str, int], seed: str) -> dict:
                [line for line in token_lines if line.split("#", 1)[0] in selected])
     for split, filename in FLICKR8K_SPLIT_FILES.items():
         write_text(out / filename, chosen.get(split, []))
+    judged = source / CROWDFLOWER_FILE  # human judgments among the chosen test images
+    if judged.is_file():
+        test = set(chosen.get("test", []))
+        write_text(out / CROWDFLOWER_FILE,
+                   [line for line in judged.read_text(encoding="utf-8").splitlines()
+                    if line.split("\t")[0] in test and line.split("\t")[1].split("#")[0] in test])
 
     demo = load_flickr8k(out)
     if demo.report.counts or demo.captions_per_image != 5:
