@@ -25,7 +25,7 @@ def _split_list(ctx, param, value):
 @click.option("--splits", callback=_split_list, default=None,
               help="Comma-separated splits to extract (default: all of the dataset's).")
 @click.option("--backbone", default="efficientnet-lite0", show_default=True,
-              type=click.Choice([b for b in BACKBONE_NAMES]),
+              type=click.Choice(BACKBONE_NAMES),
               help="CNN; 'tiny' is a random test-only net.")
 @click.option("--crops", type=click.Choice(["1", "10"]), default="1", show_default=True,
               help="1: centre crop; 10: corners + centre and their flips, features averaged.")

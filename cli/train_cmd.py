@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
+from pipeline.backbones import BACKBONE_NAMES
 from pipeline.errors import VseError
 
 # Loss-specific flags → the option names of pipeline.losses.build_loss.
@@ -61,7 +62,7 @@ def _read_config_file(path: str) -> dict:
               type=click.Choice(["flickr8k", "karpathy"]), help="--rc: dataset layout of --root.")
 @click.option("--root", type=click.Path(file_okay=False), help="--rc: the dataset folder.")
 @click.option("--backbone", default="efficientnet-lite0", show_default=True,
-              type=click.Choice(["efficientnet-lite0", "resnet152", "vgg19", "tiny"]), help="--rc: the CNN.")
+              type=click.Choice(BACKBONE_NAMES), help="--rc: the CNN.")
 @click.option("--backbone-weights", type=click.Path(dir_okay=False), default=None,
               help="--rc: the CNN's ImageNet weights file (default: where `vse extract` finds it).")
 @click.option("--finetune", is_flag=True, help="--rc: train the CNN too (else it stays frozen).")
