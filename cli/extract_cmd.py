@@ -6,6 +6,7 @@ import click
 
 from pipeline.backbones import BACKBONE_NAMES
 from pipeline.cache import DEFAULT_SHARD_SIZE, FeatureCache
+from pipeline.engines import ENGINES
 from pipeline.errors import VseError
 
 
@@ -35,6 +36,9 @@ def _split_list(ctx, param, value):
                    "features depend on the batch in the last float bits).")
 @click.option("--workers", type=int, default=None, help="Image-loading processes [default: cores - 1, at most 8].")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
+              help="Who runs the CNN: auto = onnxruntime on a CPU when installed (about 8× torch), "
+                   "torch on a GPU. A run is resumed only by the engine that started it.")
 @click.option("--shard-size", type=int, default=DEFAULT_SHARD_SIZE, show_default=True,
               help="Rows per shard (the unit of resuming and of work per rank).")
 @click.option("--weights", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -43,7 +47,7 @@ def _split_list(ctx, param, value):
               help="Store zeros for unreadable images (listed in the cache's bad_images) instead of stopping.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def extract_command(kind, root, splits, backbone, crops, out, batch_size, workers, device,
-                    shard_size, weights, skip_bad_images, quiet):
+                    shard_size, weights, skip_bad_images, quiet, engine):
     """Extract image features into a sharded HDF5 cache; rerun the same command to resume.
 
     Under torchrun each rank computes every world_size-th shard.
@@ -58,7 +62,8 @@ def extract_command(kind, root, splits, backbone, crops, out, batch_size, worker
     else:
         options = ExtractOptions(backbone=backbone, crops=int(crops), batch_size=batch_size,
                                  workers=workers, device=device, shard_size=shard_size,
-                                 weights=weights, skip_bad_images=skip_bad_images, progress=not quiet)
+                                 weights=weights, skip_bad_images=skip_bad_images, progress=not quiet,
+                                 engine=engine)
         result = extract_features(dataset, out, splits, options, dataset_kind=kind)
     if not distributed.is_main():
         return

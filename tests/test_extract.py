@@ -46,6 +46,12 @@ def _dataset(names, image_dir=IMAGES, splits=None) -> Dataset:
                    splits=splits or {"all": np.arange(n)})
 
 
+@pytest.fixture(scope="module")
+def onnx_dir(tmp_path_factory) -> str:
+    """Exported graphs shared by the module's tests (each backbone exported once)."""
+    return str(tmp_path_factory.mktemp("onnx"))
+
+
 def _tiny(**overrides) -> ExtractOptions:
     return ExtractOptions(**{"backbone": "tiny", "batch_size": 3, "shard_size": 4, "workers": 0,
                              **overrides})
@@ -228,10 +234,10 @@ def test_missing_or_unfit_weights_name_the_files(tmp_path, monkeypatch):
         load_backbone("vgg19", junk)
 
 
-def test_real_efficientnet_lite0_features(tmp_path):
+def test_real_efficientnet_lite0_features(tmp_path, onnx_dir):
     names = [DOG, "1000268201_693b08cb0e.jpg"]
     dataset = _dataset(names)
-    options = ExtractOptions(backbone="efficientnet-lite0", batch_size=2, workers=0)
+    options = ExtractOptions(backbone="efficientnet-lite0", batch_size=2, workers=0, onnx_dir=onnx_dir)
     features = {}
     for crops in (1, 10):
         runs = [_features(extract_features(dataset, tmp_path / f"{crops}_{k}.h5",
@@ -264,10 +270,10 @@ IMAGENET_DOGS, IMAGENET_SKI = slice(151, 269), 795
 @pytest.mark.parametrize("name, size, resize", [("efficientnet-lite0", 224, 256),
                                                 ("efficientnet-lite1", 240, 272),
                                                 ("efficientnet-lite2", 260, 292)])
-def test_efficientnet_lite_features_classify_real_photos(tmp_path, name, size, resize):
+def test_efficientnet_lite_features_classify_real_photos(tmp_path, onnx_dir, name, size, resize):
     """Weights, input size and preprocessing fit: the cached features, through the network's
     own ImageNet classifier, see the dogs as dogs and the skier as a skier."""
-    options = ExtractOptions(backbone=name, batch_size=4, workers=0)
+    options = ExtractOptions(backbone=name, batch_size=4, workers=0, onnx_dir=onnx_dir)
     result = extract_features(_dataset(PHOTOS), tmp_path / "f.h5", options=options)
     backbone = load_backbone(name)
     with torch.inference_mode():
