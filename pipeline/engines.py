@@ -4,7 +4,7 @@
   The engine for GPUs, and the CPU fallback when ONNX Runtime is not installed.
 - ``onnxruntime``: the same network exported once to an ONNX graph (TorchScript exporter,
   dynamic batch, fixed input size) and run by ONNX Runtime's CPU provider with one intra-op
-  thread per core torch would use.  Its fused kernels run EfficientNet-Lite0 about 8× faster
+  thread per core torch would use (``torch.get_num_threads()``: the cores, or OMP_NUM_THREADS).  Its fused kernels run EfficientNet-Lite0 about 8× faster
   than torch eager on a CPU (issue 13), with features equal to torch's within 1e-4.
 - ``auto``: ``onnxruntime`` on the CPU when the ``onnx`` extra is installed, else ``torch``.
 
@@ -158,6 +158,8 @@ def _session(graph, threads: int | None):
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3  # errors only
+    # idle threads sleep instead of spinning: the loader's decoding processes share these cores
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
         source = str(graph) if isinstance(graph, Path) else graph
         return onnxruntime.InferenceSession(source, options, providers=["CPUExecutionProvider"])
