@@ -9,8 +9,9 @@
 - ``auto``: ``onnxruntime`` on the CPU when the ``onnx`` extra is installed, else ``torch``.
 
 The exported graph is a cache: ``<onnx dir>/<backbone>-<weights sha256[:16]>-<input size>.onnx``,
-built on first use (atomically, then checked against torch on a random batch), reused after;
-a file under that name is only ever a complete graph of those weights.
+built on first use (checked against torch on a random batch, then written atomically), reused
+after; a file under that name is only ever a complete graph of those weights.  When it cannot
+be written (a full disk, a read-only folder) the run goes on from the graph in memory.
 """
 
 from __future__ import annotations
@@ -85,9 +86,15 @@ class OnnxRuntimeEngine:
 
     def __init__(self, backbone: Backbone, onnx_dir, threads: int | None = None):
         self.graph = graph_path(backbone, onnx_dir)
-        if not self.graph.is_file():
-            export_graph(backbone, self.graph)
-        self.session = _session(self.graph, threads)
+        if self.graph.is_file():
+            self.session = _session(self.graph, threads)
+            return
+        exported = export_graph(backbone)
+        try:
+            write_atomic(self.graph, exported)
+        except VseError:  # only a cache (a full disk, a read-only folder): run from memory
+            pass
+        self.session = _session(exported, threads)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.detach().to("cpu", torch.float32).contiguous()
@@ -123,9 +130,9 @@ def graph_path(backbone: Backbone, onnx_dir) -> Path:
     return Path(onnx_dir) / f"{backbone.name}-{backbone.weights_sha256[:16]}-{size}.onnx"
 
 
-def export_graph(backbone: Backbone, path: Path) -> None:
-    """Export ``backbone.module`` (CPU, float32, eval) to ``path`` atomically, after checking
-    that ONNX Runtime computes what torch computes on a random batch."""
+def export_graph(backbone: Backbone) -> bytes:
+    """``backbone.module`` (CPU, float32, eval) as a serialized ONNX graph, once ONNX Runtime
+    is seen to compute what torch computes on a random batch."""
     module = backbone.module.to("cpu", memory_format=torch.contiguous_format).eval()
     size = backbone.preprocessing.image_size
     example = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
@@ -138,14 +145,14 @@ def export_graph(backbone: Backbone, path: Path) -> None:
                               dynamic_axes={INPUT: {0: "batch"}, OUTPUT: {0: "batch"}})
         except Exception as exc:  # the exporter raises many types; none is the user's input
             raise VseError(f"cannot export {backbone.name} to ONNX ({type(exc).__name__}: "
-                           f"{str(exc).splitlines()[0][:160] if str(exc) else ''})", path) from exc
+                           f"{str(exc).splitlines()[0][:160] if str(exc) else ''})") from exc
         expected = module(example).numpy()
     got = _session(buffer.getvalue(), threads=None).run([OUTPUT], {INPUT: example.numpy()})[0]
     difference = float(np.abs(got - expected).max())
     if not difference <= EXPORT_TOLERANCE:
         raise VseError(f"the ONNX graph of {backbone.name} differs from torch by {difference:.2e} "
-                       f"(> {EXPORT_TOLERANCE}); use --engine torch", path)
-    write_atomic(path, buffer.getbuffer())
+                       f"(> {EXPORT_TOLERANCE}); use --engine torch")
+    return buffer.getvalue()
 
 
 def _session(graph, threads: int | None):

@@ -101,6 +101,18 @@ def test_the_exported_graph_is_built_once_per_weights_and_input_size(tmp_path, m
     torch.testing.assert_close(again(x), expected, atol=engines.EXPORT_TOLERANCE, rtol=0)
 
 
+def test_a_graph_that_cannot_be_cached_runs_from_memory(tmp_path):
+    (tmp_path / "a file").write_bytes(b"")
+    unwritable = tmp_path / "a file" / "onnx"  # its parent is a file: the folder cannot exist
+    backbone = load_backbone("tiny")
+    engine = engines.build_engine("onnxruntime", backbone, torch.device("cpu"), unwritable)
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        expected = backbone.module(x)
+    torch.testing.assert_close(engine(x), expected, atol=engines.EXPORT_TOLERANCE, rtol=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a file"]
+
+
 def test_a_broken_graph_file_is_named_not_used(tmp_path):
     backbone = load_backbone("tiny")
     graph = engines.graph_path(backbone, tmp_path)
