@@ -24,7 +24,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	# torch first, from its pinned build, so sentence-transformers does not pull another one
 	$(VENV)/bin/pip install -q torch==2.14.1 torchvision==0.29.1
-	$(VENV)/bin/pip install -q -e '.[bert,test]'
+	$(VENV)/bin/pip install -q -e '.[bert,test,onnx]'
 	touch $@
 
 install: $(VENV)/.installed

@@ -7,6 +7,7 @@ import click
 from cli.dataset_root import root_option
 from pipeline.backbones import BACKBONE_NAMES
 from pipeline.cache import DEFAULT_SHARD_SIZE, FeatureCache
+from pipeline.engines import ENGINES
 from pipeline.errors import VseError
 
 
@@ -37,7 +38,7 @@ def _split_list(ctx, param, value):
 @click.option("--splits", callback=_split_list, default=None,
               help="Comma-separated splits to extract (default: all of the dataset's).")
 @click.option("--backbone", default="efficientnet-lite0", show_default=True,
-              type=click.Choice([b for b in BACKBONE_NAMES]),
+              type=click.Choice(BACKBONE_NAMES),
               help="CNN; 'tiny' is a random test-only net.")
 @click.option("--crops", type=click.Choice(["1", "10"]), default="1", show_default=True,
               help="1: centre crop; 10: corners + centre and their flips, features averaged.")
@@ -48,6 +49,9 @@ def _split_list(ctx, param, value):
 @click.option("--workers", type=int, callback=_at_least(0), default=None,
               help="Image-loading processes [default: cores - 1, at most 8].")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
+              help="Who runs the CNN: auto = onnxruntime on a CPU when installed (about 8× torch), "
+                   "torch on a GPU. A run is resumed only by the engine that started it.")
 @click.option("--shard-size", type=int, callback=_at_least(1), default=DEFAULT_SHARD_SIZE, show_default=True,
               help="Rows per shard (the unit of resuming and of work per rank).")
 @click.option("--weights", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -58,7 +62,7 @@ def _split_list(ctx, param, value):
 @click.option("--overwrite", is_flag=True,
               help="Replace an existing --out that is not a vse feature cache (refused otherwise).")
 def extract_command(kind, root, splits, backbone, crops, out, batch_size, workers, device,
-                    shard_size, weights, skip_bad_images, quiet, overwrite):
+                    shard_size, weights, skip_bad_images, quiet, overwrite, engine):
     """Extract image features into a sharded HDF5 cache; rerun the same command to resume.
 
     Under torchrun each rank computes every world_size-th shard.
@@ -75,7 +79,7 @@ def extract_command(kind, root, splits, backbone, crops, out, batch_size, worker
         options = ExtractOptions(backbone=backbone, crops=int(crops), batch_size=batch_size,
                                  workers=workers, device=device, shard_size=shard_size,
                                  weights=weights, skip_bad_images=skip_bad_images, progress=not quiet,
-                                 overwrite=overwrite)
+                                 overwrite=overwrite, engine=engine)
         result = extract_features(dataset, out, splits, options, dataset_kind=kind)
     if not distributed.is_main():
         return

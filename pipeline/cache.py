@@ -164,6 +164,16 @@ class ShardedWriter:
         except (OSError, KeyError, ValueError):
             return False
 
+    def complete_shard_configs(self):
+        """(index, configuration) of every complete shard file present, whatever its run."""
+        for i in range(len(self.bounds)):
+            try:
+                with h5py.File(self.shard_path(i), "r") as f:
+                    if f.attrs.get("complete", False):
+                        yield i, json.loads(f.attrs["config"])
+            except (OSError, KeyError, ValueError):
+                continue
+
     def write_shard(self, index: int, features: np.ndarray, bad_rows=()) -> None:
         """Write shard ``index`` (rows ``bounds[index]``) atomically; ``bad_rows`` are global rows."""
         start, stop = self.bounds[index]

@@ -9,6 +9,14 @@ rank ``i % world_size``; rank 0 writes the combined file after a barrier.
 
 Unreadable images stop the run with one line naming the image, unless
 ``skip_bad_images`` is set: then their rows are zeros and listed in ``bad_images``.
+
+The forward pass runs in an engine (``pipeline.engines``: torch, or ONNX Runtime on a CPU);
+the cache records which.  Their features agree within 1e-4 but not bit for bit, so shards
+computed by one engine are never completed by another: resuming with another engine is
+refused (the error names the engine that continues the run), which keeps a resumed cache
+byte-identical to an uninterrupted one.  Images are decoded and resized in DataLoader
+worker processes (one decode per image, whatever the number of crops) while the engine
+computes the previous batches.
 """
 
 from __future__ import annotations
@@ -24,10 +32,14 @@ from tqdm import tqdm
 
 from . import distributed, runtime
 from .backbones import Backbone, load_backbone
-from .cache import DEFAULT_SHARD_SIZE, CacheIndex, ShardedWriter, guard_cache_outputs
+from .cache import DEFAULT_SHARD_SIZE, CacheIndex, ShardedWriter, guard_cache_outputs, shards_dir
 from .crops import CropPlan
 from .datasets import Dataset, open_image
+from .engines import build_engine, engine_precision, engine_version, resolve_engine
 from .errors import VseError
+
+ONNX_SUBDIR = "onnx"  # exported graphs live in <folder of the cache>/onnx/ unless told otherwise
+PREFETCH_BATCHES = 4  # batches each loader worker keeps decoded ahead of the engine
 
 
 @dataclass(frozen=True)
@@ -42,6 +54,8 @@ class ExtractOptions:
     skip_bad_images: bool = False
     progress: bool = False
     overwrite: bool = False  # replace an --out (or shard) that is not a vse feature cache
+    engine: str = "auto"  # pipeline.engines.ENGINES
+    onnx_dir: str | None = None  # exported ONNX graphs; None → <folder of out>/onnx
 
 
 @dataclass
@@ -103,25 +117,30 @@ def extract_features(dataset: Dataset, out, splits=None, options: ExtractOptions
     backbone = load_backbone(options.backbone, options.weights)
     plan = CropPlan(options.crops, backbone.preprocessing)
     rows, index = select_images(dataset, splits)
-    precision = _precision(device)
+    engine = resolve_engine(options.engine, device)
     p = backbone.preprocessing
-    attrs = {"backbone": backbone.name, "weights_sha256": backbone.weights_sha256,
+    attrs = {"engine": engine, "engine_version": engine_version(engine),
+             "backbone": backbone.name, "weights_sha256": backbone.weights_sha256,
              "weights_file": str(backbone.weights_file or ""), "crops": options.crops,
              "image_size": p.image_size, "resize": p.resize, "resize_mode": plan.resize_mode,
              "interpolation": p.interpolation, "mean": list(p.mean), "std": list(p.std),
              "dataset": dataset_kind or dataset.name, "dataset_root": str(Path(dataset.root).resolve()),
-             "precision": precision, "skip_bad_images": options.skip_bad_images}
-    config = {**{k: v for k, v in attrs.items() if k != "weights_file"},
+             "precision": engine_precision(engine, device), "skip_bad_images": options.skip_bad_images}
+    config = {**{k: v for k, v in attrs.items() if k not in ("weights_file", "engine_version")},
               "rows_sha256": _digest(index.image_ids), "batch_size": options.batch_size,
               "shard_size": options.shard_size, "device_type": device.type}
     writer = ShardedWriter(out, len(rows), backbone.feature_dim, options.shard_size, config,
                            options.overwrite)
+    _refuse_other_engine(writer)
     if distributed.is_main():
         writer.discard_stale_combined()
     todo = [i for i in _my_shards(writer) if not writer.is_complete(i)]
     result = ExtractResult(writer.out, writer.num_rows, backbone.feature_dim, len(writer.bounds))
     paths = [dataset.image_paths[r] for r in rows]
-    _compute_shards(backbone, plan, paths, index.image_ids, writer, todo, options, device, result)
+    if todo:
+        onnx_dir = Path(options.onnx_dir) if options.onnx_dir else writer.out.parent / ONNX_SUBDIR
+        forward = build_engine(engine, backbone, device, onnx_dir)
+        _compute_shards(forward, plan, paths, index.image_ids, writer, todo, options, device, result)
     distributed.barrier()
     if distributed.is_main():
         writer.finish(index, attrs)
@@ -179,9 +198,11 @@ class _PreparedImages(torch.utils.data.Dataset):
             return row, self.plan.blank(), str(exc)
 
 
-def _compute_shards(backbone: Backbone, plan: CropPlan, paths, image_ids, writer: ShardedWriter,
+def _compute_shards(forward, plan: CropPlan, paths, image_ids, writer: ShardedWriter,
                     todo: list[int], options: ExtractOptions, device: torch.device,
                     result: ExtractResult) -> None:
+    """Fill the shards ``todo``: ``forward`` (an engine) sees one batch of crops while the
+    loader's worker processes decode the next ones."""
     batches = [list(range(a, min(a + options.batch_size, stop)))
                for i in todo for start, stop in [writer.bounds[i]]
                for a in range(start, stop, options.batch_size)]
@@ -190,13 +211,10 @@ def _compute_shards(backbone: Backbone, plan: CropPlan, paths, image_ids, writer
     workers = runtime.default_workers() if options.workers is None else options.workers
     loader = torch.utils.data.DataLoader(
         _PreparedImages(paths, plan), batch_sampler=batches, num_workers=workers,
-        pin_memory=runtime.pin_memory(device))
-    # channels_last: faster convolutions on GPUs (tensor cores) and on CPUs (oneDNN; ~2× for
-    # EfficientNet's depthwise convolutions)
-    model = backbone.module.to(device, memory_format=torch.channels_last)
+        pin_memory=runtime.pin_memory(device), prefetch_factor=PREFETCH_BATCHES if workers else None)
     shard_of = {row: i for i in todo for row in range(*writer.bounds[i])}
     progress = tqdm(total=sum(len(b) for b in batches), unit="img", dynamic_ncols=True,
-                    desc=f"{backbone.name} {plan.crops}C",
+                    desc=f"{options.backbone} {plan.crops}C {forward.name}",
                     disable=not (options.progress and distributed.is_main()))
     shard, features, bad_rows = None, None, []
     started = time.perf_counter()
@@ -207,10 +225,9 @@ def _compute_shards(backbone: Backbone, plan: CropPlan, paths, image_ids, writer
                 shard = shard_of[batch_rows[0]]
                 start, stop = writer.bounds[shard]
                 features, bad_rows = np.empty((stop - start, writer.feature_dim), np.float32), []
-            x = plan.network_input(prepared.to(device, non_blocking=True), channels_last=True)
-            with runtime.autocast(device):
-                output = model(x)
-            batch = plan.average(output).cpu().numpy()
+            x = plan.network_input(prepared.to(device, non_blocking=True),
+                                   channels_last=forward.channels_last)
+            batch = plan.average(forward(x)).cpu().numpy()
             for k, message in enumerate(errors):
                 if message:
                     if not options.skip_bad_images:
@@ -233,10 +250,16 @@ def _my_shards(writer: ShardedWriter) -> list[int]:
     return [i for i in range(len(writer.bounds)) if i % world == rank]
 
 
-def _precision(device: torch.device) -> str:
-    context = runtime.autocast(device)
-    dtype = context.fast_dtype if isinstance(context, torch.autocast) else torch.float32
-    return str(dtype).removeprefix("torch.")
+def _refuse_other_engine(writer: ShardedWriter) -> None:
+    """Stop before touching anything when complete shards of this very configuration were
+    computed by another engine: continuing would mix engines in one cache."""
+    ours = {k: v for k, v in writer.config.items() if k != "engine"}
+    for _, theirs in writer.complete_shard_configs():
+        other = theirs.pop("engine", None)
+        if other is not None and other != writer.config["engine"] and theirs == ours:
+            raise VseError(f"the shards in {shards_dir(writer.out).name}/ were computed by the {other} "
+                           f"engine; resume with --engine {other}, or delete that folder to start "
+                           f"over with {writer.config['engine']}", writer.out)
 
 
 def _digest(strings: list[str]) -> str:

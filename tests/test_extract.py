@@ -46,6 +46,12 @@ def _dataset(names, image_dir=IMAGES, splits=None) -> Dataset:
                    splits=splits or {"all": np.arange(n)})
 
 
+@pytest.fixture(scope="module")
+def onnx_dir(tmp_path_factory) -> str:
+    """Exported graphs shared by the module's tests (each backbone exported once)."""
+    return str(tmp_path_factory.mktemp("onnx"))
+
+
 def _tiny(**overrides) -> ExtractOptions:
     return ExtractOptions(**{"backbone": "tiny", "batch_size": 3, "shard_size": 4, "workers": 0,
                              **overrides})
@@ -228,10 +234,10 @@ def test_missing_or_unfit_weights_name_the_files(tmp_path, monkeypatch):
         load_backbone("vgg19", junk)
 
 
-def test_real_efficientnet_lite0_features(tmp_path):
+def test_real_efficientnet_lite0_features(tmp_path, onnx_dir):
     names = [DOG, "1000268201_693b08cb0e.jpg"]
     dataset = _dataset(names)
-    options = ExtractOptions(backbone="efficientnet-lite0", batch_size=2, workers=0)
+    options = ExtractOptions(backbone="efficientnet-lite0", batch_size=2, workers=0, onnx_dir=onnx_dir)
     features = {}
     for crops in (1, 10):
         runs = [_features(extract_features(dataset, tmp_path / f"{crops}_{k}.h5",
@@ -253,6 +259,32 @@ def test_real_efficientnet_lite0_features(tmp_path):
         assert cache.attrs["mean"] == pytest.approx([127 / 255] * 3)
         assert cache.attrs["std"] == pytest.approx([128 / 255] * 3)
         assert (cache.attrs["image_size"], cache.attrs["resize"]) == (224, 256)
+
+
+# the first photos of Flickr8k: a girl on stairs, two dogs, a skier
+PHOTOS = ["1000268201_693b08cb0e.jpg", "1001773457_577c3a7d70.jpg", "1009434119_febe49276a.jpg",
+          "101669240_b2d3e7f17b.jpg"]
+IMAGENET_DOGS, IMAGENET_SKI = slice(151, 269), 795
+
+
+@pytest.mark.parametrize("name, size, resize", [("efficientnet-lite0", 224, 256),
+                                                ("efficientnet-lite1", 240, 272),
+                                                ("efficientnet-lite2", 260, 292)])
+def test_efficientnet_lite_features_classify_real_photos(tmp_path, onnx_dir, name, size, resize):
+    """Weights, input size and preprocessing fit: the cached features, through the network's
+    own ImageNet classifier, see the dogs as dogs and the skier as a skier."""
+    options = ExtractOptions(backbone=name, batch_size=4, workers=0, onnx_dir=onnx_dir)
+    result = extract_features(_dataset(PHOTOS), tmp_path / "f.h5", options=options)
+    backbone = load_backbone(name)
+    with torch.inference_mode():
+        probs = backbone.module.net._fc(torch.from_numpy(_features(result.path))).softmax(1)
+    dog_mass = probs[:, IMAGENET_DOGS].sum(1)
+    assert (dog_mass[1:3] > 0.3).all() and (dog_mass[[0, 3]] < 0.15).all(), dog_mass
+    assert int(probs[3].argmax()) == IMAGENET_SKI
+    with FeatureCache(result.path) as cache:
+        assert (cache.attrs["image_size"], cache.attrs["resize"]) == (size, resize)
+        assert cache.attrs["interpolation"] == "bicubic" and cache.feature_dim == 1280
+        assert cache.attrs["weights_sha256"] == backbone.weights_sha256
 
 
 # ---------------------------------------------------------------------------- precomputed
@@ -319,6 +351,15 @@ def test_cli_extract_and_info(tmp_path):
     info = runner.invoke(cli, ["info", str(out)])
     assert info.exit_code == 1 and info.output.strip() == (
         f"error: {out}: missing shard f8k.h5.shards/shard-00000.h5 (rows 0..2)")
+
+
+def test_cli_backbone_choices_come_from_the_registry():
+    from pipeline.backbones import BACKBONE_NAMES, BUILDERS
+
+    assert BACKBONE_NAMES == tuple(BUILDERS) and "efficientnet-lite2" in BACKBONE_NAMES
+    for command in ("extract", "train"):
+        option = next(p for p in cli.commands[command].params if p.name == "backbone")
+        assert tuple(option.type.choices) == BACKBONE_NAMES
 
 
 def test_torchrun_two_ranks_equal_one_process(tmp_path):
