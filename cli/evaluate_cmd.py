@@ -51,8 +51,15 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
                      overwrite):
     """Recall@K, median/mean rank and rsum (PROTOCOL.md), both directions."""
     from pipeline.cache import FeatureCache
-    from pipeline.evaluation import (JSON_KEYS, cs_note, embed_checkpoint, evaluate_npz,
-                                     evaluate_split_embeddings, format_table, relevance_for_cache)
+    from pipeline.evaluation import (
+        JSON_KEYS,
+        cs_note,
+        embed_checkpoint,
+        evaluate_npz,
+        evaluate_split_embeddings,
+        format_table,
+        relevance_for_cache,
+    )
     from pipeline.runtime import resolve_device
 
     dev = resolve_device(device)

@@ -7,6 +7,7 @@ import click
 
 from cli.judgment_options import judgment_options
 
+
 @click.command("report")
 @click.argument("results", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(["md", "latex", "csv"]), default="md", show_default=True)

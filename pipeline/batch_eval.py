@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from .cache import FeatureCache
+from .captions import CaptionEncoder, caption_key
 from .errors import VseError
 from .evaluation import evaluate_split_embeddings
-from .captions import CaptionEncoder, caption_key
 from .inference import LoadedModel, check_features_match, encode_split, load_model
 from .runs import best_record, config_id, epochs_to_best, read_validation_log, run_names
 
@@ -89,8 +89,13 @@ class RunEvaluator:
 
     def judge(self, cache: FeatureCache, emb) -> dict:
         """Human-judgment metrics; the judged pairs are matched to a cache's split once."""
-        from .judgments import (check_caption_keys, human_metrics, match_judgments, split_identity,
-                                token_file_near)
+        from .judgments import (
+            check_caption_keys,
+            human_metrics,
+            match_judgments,
+            split_identity,
+            token_file_near,
+        )
 
         key = cache.path.resolve()
         if key not in self._matched:

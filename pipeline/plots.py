@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from .fsutil import atomic_path, guard_output
+from .runs import fractional_epochs
 
 FORMAT = "vse-plot"
 _FORMAT_TAG = {".png": {"format": FORMAT}, ".pdf": {"Creator": FORMAT}}  # read by fsutil.output_format
 FIGURES = ("validation_curves", "negative_set_size", "epochs_to_best")
-from .runs import fractional_epochs
 
 
 def _figure(width: float, height: float, ncols: int = 1):

@@ -35,9 +35,19 @@ from .loss_plugins import check_loss_name, loss_traits, make_loss
 from .metrics import evaluate_embeddings
 from .models import PROJECTIONS, ModelConfig, VSEModel, join_state
 from .runlock import RunLock
-from .runtime import (autocast, configure_kernels, default_workers, describe, device_rng_state,
-                      needs_grad_scaler, pin_memory, resolve_device, rng_state, seed_everything,
-                      set_rng_state)
+from .runtime import (
+    autocast,
+    configure_kernels,
+    default_workers,
+    describe,
+    device_rng_state,
+    needs_grad_scaler,
+    pin_memory,
+    resolve_device,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+)
 from .text import Vocabulary
 
 # The options a resumed run may change (README, `vse train`): they decide how long, how often
@@ -384,9 +394,8 @@ class Trainer:
             return None
         if not self.cfg.relevance:
             raise VseError(f"loss {self.cfg.loss!r} needs --relevance FILE (made by `vse relevance`)")
-        from .relevance import BatchRelevance
-
         from .cache import caption_fingerprint
+        from .relevance import BatchRelevance
 
         return BatchRelevance(self.cfg.relevance, num_captions=len(self.index.captions),
                               caption_fingerprint=caption_fingerprint(self.index.captions),

@@ -24,7 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.datasets import (  # noqa: E402
-    FLICKR8K_SPLIT_FILES, FLICKR8K_TOKEN_FILE, load_flickr8k,
+    FLICKR8K_SPLIT_FILES,
+    FLICKR8K_TOKEN_FILE,
+    load_flickr8k,
 )
 from pipeline.errors import VseError  # noqa: E402
 from pipeline.fsutil import atomic_path  # noqa: E402

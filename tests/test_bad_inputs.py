@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import demo_captions, write_feature_cache
 
 from cli.main import cli
 from pipeline.cache import FeatureCache
-from conftest import demo_captions, write_feature_cache
 
 DEMO = Path(__file__).resolve().parents[1] / "data"
 

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from rc_data import make_flickr8k
 
 from pipeline.caption_features import encode_text
 from pipeline.checkpoint import load_checkpoint
 from pipeline.relevance.stage import build_relevance
 from pipeline.train import TrainConfig, Trainer
-
-from rc_data import make_flickr8k
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLD = 2

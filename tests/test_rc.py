@@ -7,6 +7,7 @@ import pytest
 import torch
 import torchvision.transforms.functional as TF
 from click.testing import CliRunner
+from rc_data import make_flickr8k
 
 from cli.main import cli
 from pipeline.backbones import load_backbone
@@ -17,8 +18,6 @@ from pipeline.extract import ExtractOptions, extract_features
 from pipeline.inference import encode_split
 from pipeline.rc import RandomCrops, embed_rc_checkpoint, resized_crop_box
 from pipeline.train import TrainConfig, Trainer
-
-from rc_data import make_flickr8k
 
 SMALL = dict(embed_dim=16, word_dim=8, batch_size=4, lr=5e-3, min_word_count=1, val_every=0, workers=0,
              log_every=1)

@@ -7,13 +7,12 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import demo_captions, learnable_features, write_feature_cache
 
 from cli.main import cli
 from pipeline.checkpoint import load_checkpoint
 from pipeline.errors import VseError
 from pipeline.train import TrainConfig, Trainer
-
-from conftest import demo_captions, learnable_features, write_feature_cache
 
 TINY = dict(embed_dim=16, word_dim=8, batch_size=16, lr=5e-3, min_word_count=1, val_every=0,
             workers=0, log_every=1)
