@@ -120,9 +120,11 @@ class RunEvaluator:
         if not features:
             raise VseError("checkpoint names no feature cache: give --features", checkpoint_path)
         cache = self.cache(features)
-        check_features_match(cache, loaded.model.config, loaded.state.get("feature_source", {}), checkpoint_path)
+        check_features_match(cache, loaded.model.config, loaded.state.get("feature_source", {}),
+                             checkpoint_path)
         captions = self.captions(cache, loaded, checkpoint_path)
-        return encode_split(loaded.model, cache, captions, self.split, self.device), loaded, checkpoint_path, features
+        embeddings = encode_split(loaded.model, cache, captions, self.split, self.device)
+        return embeddings, loaded, checkpoint_path, features
 
     def evaluate(self, run_dir, checkpoint: str = "best.pt") -> dict:
         """The results row of one run (VseError when it cannot be evaluated)."""

@@ -92,7 +92,8 @@ def build(source: Path, out: Path, counts: dict[str, int], seed: str) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--source", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "flickr8k")
+    parser.add_argument("--source", type=Path,
+                        default=Path(__file__).resolve().parents[2] / "shared" / "data" / "flickr8k")
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).resolve().parents[1] / "data")
     parser.add_argument("--seed", default="0")
