@@ -43,14 +43,16 @@ def demo_captions() -> list[str]:
     return [line.split("\t", 1)[1] for line in lines]
 
 
-def build(tmp: Path, num_images: int, num_test: int, num_runs: int, embed_dim: int, seed: int = 0) -> list[Path]:
+def build(tmp: Path, num_images: int, num_test: int, num_runs: int, embed_dim: int,
+          seed: int = 0) -> list[Path]:
     rng = np.random.default_rng(seed)
     pool = demo_captions()
     captions = [pool[i] for i in rng.integers(0, len(pool), 5 * num_images)]
     test = min(num_test, num_images // 2)
     cache = write_cache(tmp / "cache.h5", rng.standard_normal((num_images, FEATURE_DIM)).astype(np.float32),
                         [f"img{i}" for i in range(num_images)], captions, np.repeat(np.arange(num_images), 5),
-                        {"train": np.arange(num_images - test), "test": np.arange(num_images - test, num_images)},
+                        {"train": np.arange(num_images - test),
+                         "test": np.arange(num_images - test, num_images)},
                         attrs={"backbone": "synthetic"})
     vocab = Vocabulary.build(captions[: 5 * (num_images - test)], 4)
     run_dirs = []
@@ -75,7 +77,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--embed-dim", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steadier on a shared machine)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (1: steadier on a shared machine)")
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
     device = resolve_device(args.device)
@@ -102,10 +105,12 @@ def main() -> None:
 
     identical = all(row[k] == single[k] for row, single in zip(batched, one_by_one) for k in single)
     print(json.dumps({"device": str(device), "cache_captions": 5 * args.images,
-                      "test_images": min(args.test_images, args.images // 2), "runs": args.runs, "embed_dim": args.embed_dim,
+                      "test_images": min(args.test_images, args.images // 2), "runs": args.runs,
+                      "embed_dim": args.embed_dim,
                       "tokenise_s": round(tokenise_s, 3), "one_by_one_s": round(min(one_by_one_s), 3),
                       "batched_s": round(min(batched_s), 3),
-                      "speedup": round(min(one_by_one_s) / min(batched_s), 2), "identical_metrics": identical}))
+                      "speedup": round(min(one_by_one_s) / min(batched_s), 2),
+                      "identical_metrics": identical}))
 
 
 if __name__ == "__main__":

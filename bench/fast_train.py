@@ -33,8 +33,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 def synthetic_pair(folder: Path, num_images: int = 8000, dim: int = 1280, text_dim: int = 384):
     """A Flickr8k-sized feature cache and caption-feature file of random vectors."""
-    import pipeline.relevance.encoders as encoders
     from conftest import demo_captions, write_feature_cache
+
+    import pipeline.relevance.encoders as encoders
     from pipeline.caption_features import encode_text
 
     ids, captions = demo_captions(1000)

@@ -129,7 +129,7 @@ def synthetic_captions(root, n: int, seed: int = 0) -> list[str]:
     length = rng.choice(lengths, n)
     drawn = words[rng.choice(len(words), int(length.sum()), p=counts / counts.sum())].tolist()
     ends = np.cumsum(length)
-    return [" ".join(drawn[e - l:e]) for e, l in zip(ends.tolist(), length.tolist())]
+    return [" ".join(drawn[e - n_words:e]) for e, n_words in zip(ends.tolist(), length.tolist())]
 
 
 # ---------------------------------------------------------------------------- jobs (children)

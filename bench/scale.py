@@ -144,7 +144,8 @@ def phase_read(path: Path, n: int, dim: int) -> dict:
     scan_s = time.perf_counter() - t0
     open_files = _open_files()  # HDF5 keeps each shard it has read from open
     cache.close()
-    return {"open_files_after_reads": open_files, "open_s": round(open_s, 2), "random_batch_ms": round(random_s / len(batches) * 1e3, 2),
+    return {"open_files_after_reads": open_files, "open_s": round(open_s, 2),
+            "random_batch_ms": round(random_s / len(batches) * 1e3, 2),
             "random_rows_per_s": round(len(batches) * BATCH_ROWS / random_s),
             "scan_s": round(scan_s, 2), "scan_mb_per_s": round(n * dim * 4 / 2**20 / scan_s, 1),
             "peak_rss_mb": peak_rss_mb()}

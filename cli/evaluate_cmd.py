@@ -20,7 +20,8 @@ def _parse_ks(ctx, param, value):
 
 
 @click.command("evaluate")
-@click.option("--embeddings", type=click.Path(dir_okay=False), help="npz with images (N×D) and captions (5N×D).")
+@click.option("--embeddings", type=click.Path(dir_okay=False),
+              help="npz with images (N×D) and captions (5N×D).")
 @click.option("--checkpoint", type=click.Path(dir_okay=False), help="A run's best.pt / last.pt.")
 @click.option("--runs", "run_patterns", multiple=True,
               help="Run folders (glob, quoted: 'runs/*'), repeatable: one results row per run.")
@@ -36,14 +37,16 @@ def _parse_ks(ctx, param, value):
               help="single: all at once; 5fold: COCO 1K (mean of 5 folds); 5k: COCO 5K.")
 @click.option("--order", is_flag=True, help="--embeddings are order embeddings (order similarity).")
 @click.option("--relevance", type=click.Path(dir_okay=False), default=None, help="Relevance file: adds CS@K.")
-@click.option("--cs", "cs_ks", callback=_parse_ks, default="100,1000", show_default=True, help="K values of CS@K.")
+@click.option("--cs", "cs_ks", callback=_parse_ks, default="100,1000", show_default=True,
+              help="K values of CS@K.")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--amp/--no-amp", default=False, show_default=True,
               help="--checkpoint: embed with mixed precision on a GPU (faster; scores then differ from "
                    "the CPU's in the last digits). Default: full fp32, no TF32.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="--runs: write results.csv here.")
-@click.option("--checkpoint-name", default="best.pt", show_default=True, help="--runs: which checkpoint of each run.")
+@click.option("--checkpoint-name", default="best.pt", show_default=True,
+              help="--runs: which checkpoint of each run.")
 @judgment_options
 @click.option("--overwrite", is_flag=True, help="--out: replace a file that is not a vse results table.")
 def evaluate_command(embeddings, checkpoint, run_patterns, features, root, dataset_kind, text_features, split,
@@ -51,8 +54,15 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
                      overwrite):
     """Recall@K, median/mean rank and rsum (PROTOCOL.md), both directions."""
     from pipeline.cache import FeatureCache
-    from pipeline.evaluation import (JSON_KEYS, cs_note, embed_checkpoint, evaluate_npz,
-                                     evaluate_split_embeddings, format_table, relevance_for_cache)
+    from pipeline.evaluation import (
+        JSON_KEYS,
+        cs_note,
+        embed_checkpoint,
+        evaluate_npz,
+        evaluate_split_embeddings,
+        format_table,
+        relevance_for_cache,
+    )
     from pipeline.runtime import resolve_device
 
     dev = resolve_device(device)

@@ -29,8 +29,16 @@ def cli():
 
 def _register() -> None:
     # Each module defines click commands and a `register(group)` function.
-    from cli import (check_loss_cmd, compare_cmd, encode_text_cmd, evaluate_cmd, extract_cmd, relevance_cmd,
-                     report_cmd, train_cmd)
+    from cli import (
+        check_loss_cmd,
+        compare_cmd,
+        encode_text_cmd,
+        evaluate_cmd,
+        extract_cmd,
+        relevance_cmd,
+        report_cmd,
+        train_cmd,
+    )
 
     for module in (extract_cmd, train_cmd, evaluate_cmd, relevance_cmd, report_cmd, compare_cmd,
                    check_loss_cmd, encode_text_cmd):

@@ -7,6 +7,7 @@ import click
 
 from cli.judgment_options import judgment_options
 
+
 @click.command("report")
 @click.argument("results", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(["md", "latex", "csv"]), default="md", show_default=True)
@@ -35,7 +36,8 @@ def report_command(results, fmt, layout, label, bold, epochs, seeds):
 @click.option("--runs", "patterns", multiple=True, help="Run folders (glob, quoted), repeatable: 'runs/*'.")
 @click.option("--results", type=click.Path(dir_okay=False), default=None,
               help="results.csv: test metrics for the negative-set and epochs figures.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Folder for PNG + PDF.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Folder for PNG + PDF.")
 @click.option("--overwrite", is_flag=True, help="Replace figure files in --out that vse did not write.")
 def plot_command(patterns, results, out_dir, overwrite):
     """Validation curves, R@1 against negative set size, epochs to best M-Recall."""
@@ -90,7 +92,8 @@ def gallery_command(checkpoint, features, images_root, split, n, k, embed, seed,
                             judgments=judgments.load() if judgments else None, overwrite=overwrite)
     if summary.missing_images:
         click.echo(f"warning: {len(summary.missing_images)} image(s) not found under "
-                   f"{images_root or 'the cache dataset_root'} (shown by name), e.g. {summary.missing_images[0]}",
+                   f"{images_root or 'the cache dataset_root'} (shown by name), "
+                   f"e.g. {summary.missing_images[0]}",
                    err=True)
     click.echo(f"gallery: {summary.path} ({summary.image_queries} image and "
                f"{summary.caption_queries} caption queries)")
@@ -98,7 +101,8 @@ def gallery_command(checkpoint, features, images_root, split, n, k, embed, seed,
 
 @click.command("sweep")
 @click.argument("config", type=click.Path(dir_okay=False))
-@click.option("--jobs", type=int, default=1, show_default=True, help="Runs trained at the same time (processes).")
+@click.option("--jobs", type=int, default=1, show_default=True,
+              help="Runs trained at the same time (processes).")
 @click.option("--resume", is_flag=True, help="Continue unfinished runs from their last.pt.")
 @click.option("--runs-dir", type=click.Path(file_okay=False), default=None,
               help="Parent of the sweep folder (default: the file's runs_dir, else runs).")

@@ -117,7 +117,8 @@ def _read_config_file(path: str) -> dict:
 @option("--loss", help=f"{', '.join(LOSS_NAMES)}, or your own: FILE.py:Class or package.module:Class "
         "(any torch.nn.Module called as loss(img, cap, image_ids=None, relevance=None)).")
 @option("--margin", type=float, help="Hinge margin (default: the loss's own, PROTOCOL.md).")
-@click.option("--negative-set-size", type=int, default=None, help="mh: hardest negative among k random negatives.")
+@click.option("--negative-set-size", type=int, default=None,
+              help="mh: hardest negative among k random negatives.")
 @click.option("--warmup-epochs", type=int, default=None, help="mh: sum of hinges for the first E epochs.")
 @click.option("--tau", type=float, default=None, help="Temperature of the contrastive losses.")
 @click.option("--lseh-lambda", type=float, default=None, help="lseh: weight of the semantic margin.")

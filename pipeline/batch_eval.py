@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from .cache import FeatureCache
+from .captions import CaptionEncoder, caption_key
 from .errors import VseError
 from .evaluation import evaluate_split_embeddings
-from .captions import CaptionEncoder, caption_key
 from .inference import LoadedModel, check_features_match, encode_split, load_model
 from .runs import best_record, config_id, epochs_to_best, read_validation_log, run_names
 
@@ -89,8 +89,13 @@ class RunEvaluator:
 
     def judge(self, cache: FeatureCache, emb) -> dict:
         """Human-judgment metrics; the judged pairs are matched to a cache's split once."""
-        from .judgments import (check_caption_keys, human_metrics, match_judgments, split_identity,
-                                token_file_near)
+        from .judgments import (
+            check_caption_keys,
+            human_metrics,
+            match_judgments,
+            split_identity,
+            token_file_near,
+        )
 
         key = cache.path.resolve()
         if key not in self._matched:
@@ -115,9 +120,11 @@ class RunEvaluator:
         if not features:
             raise VseError("checkpoint names no feature cache: give --features", checkpoint_path)
         cache = self.cache(features)
-        check_features_match(cache, loaded.model.config, loaded.state.get("feature_source", {}), checkpoint_path)
+        check_features_match(cache, loaded.model.config, loaded.state.get("feature_source", {}),
+                             checkpoint_path)
         captions = self.captions(cache, loaded, checkpoint_path)
-        return encode_split(loaded.model, cache, captions, self.split, self.device), loaded, checkpoint_path, features
+        embeddings = encode_split(loaded.model, cache, captions, self.split, self.device)
+        return embeddings, loaded, checkpoint_path, features
 
     def evaluate(self, run_dir, checkpoint: str = "best.pt") -> dict:
         """The results row of one run (VseError when it cannot be evaluated)."""

@@ -28,21 +28,24 @@ def load_embeddings_npz(path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None
         with np.load(path, allow_pickle=False) as npz:
             missing = [k for k in ("images", "captions") if k not in npz.files]
             if missing:
-                raise VseError(f"npz lacks array(s) {', '.join(missing)} (has: {', '.join(npz.files) or 'none'})", path)
+                raise VseError(f"npz lacks array(s) {', '.join(missing)} "
+                               f"(has: {', '.join(npz.files) or 'none'})", path)
             images, captions = npz["images"], npz["captions"]
             caption_image = npz["caption_image"] if "caption_image" in npz.files else None
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         reason = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
         raise VseError(f"cannot read embeddings: truncated or not an npz ({reason})", path) from exc
     if images.ndim != 2 or captions.ndim != 2 or images.shape[1] != captions.shape[1]:
-        raise VseError(f"images {images.shape} and captions {captions.shape} must be 2-D with the same width", path)
+        raise VseError(f"images {images.shape} and captions {captions.shape} must be 2-D "
+                       "with the same width", path)
     if caption_image is None and len(captions) != 5 * len(images):
         raise VseError(f"{len(captions)} captions for {len(images)} images: expected 5 per image "
                        "(or store a caption_image array)", path)
     return images, captions, caption_image
 
 
-def evaluate_npz(path, protocol: str = "single", device: torch.device | None = None, order: bool = False) -> dict:
+def evaluate_npz(path, protocol: str = "single", device: torch.device | None = None,
+                 order: bool = False) -> dict:
     images, captions, caption_image = load_embeddings_npz(path)
     return evaluate_embeddings(images, captions, caption_image, protocol, order=order, device=device)
 

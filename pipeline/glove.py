@@ -28,7 +28,8 @@ def load_glove() -> tuple[dict[str, int], np.ndarray]:
     words = pq.read_table(index_path).column(0).to_pylist()
     vectors = np.load(vectors_path, mmap_mode="r")
     if vectors.shape[0] != len(words):
-        raise VseError(f"GloVe index has {len(words)} words but vectors have {vectors.shape[0]} rows", vectors_path)
+        raise VseError(f"GloVe index has {len(words)} words but vectors have {vectors.shape[0]} rows",
+                       vectors_path)
     return {w: i for i, w in enumerate(words)}, vectors
 
 

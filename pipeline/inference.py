@@ -97,7 +97,8 @@ def load_model(checkpoint_path, device: torch.device) -> LoadedModel:
     return LoadedModel(model.to(device).eval(), Vocabulary(state["vocab"]) if state["vocab"] else None, state)
 
 
-def check_features_match(cache: FeatureCache, model_cfg: ModelConfig, feature_source: dict, checkpoint_path) -> None:
+def check_features_match(cache: FeatureCache, model_cfg: ModelConfig, feature_source: dict,
+                         checkpoint_path) -> None:
     """A cache from another backbone than the one a model was trained on is refused clearly."""
     if cache.feature_dim != model_cfg.feature_dim:
         raise VseError(f"features are {cache.feature_dim}-d but the checkpoint {checkpoint_path} expects "

@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from .fsutil import atomic_path, guard_output
+from .runs import fractional_epochs
 
 FORMAT = "vse-plot"
 _FORMAT_TAG = {".png": {"format": FORMAT}, ".pdf": {"Creator": FORMAT}}  # read by fsutil.output_format
 FIGURES = ("validation_curves", "negative_set_size", "epochs_to_best")
-from .runs import fractional_epochs
 
 
 def _figure(width: float, height: float, ncols: int = 1):
@@ -73,7 +73,8 @@ def negative_set_size(rows, out_stem, metric: str = "R@1") -> list[Path]:
         for direction in ("i2t", "t2i"):
             groups[row.get("loss")][int(size)][direction == "t2i"].append(row[f"{direction}_r1"])
     fig, (ax,) = _figure(6, 4)
-    for color, (loss, by_size) in zip(_colors(len(groups)), sorted(groups.items(), key=lambda kv: str(kv[0]))):
+    by_loss = sorted(groups.items(), key=lambda kv: str(kv[0]))
+    for color, (loss, by_size) in zip(_colors(len(groups)), by_loss):
         sizes = sorted(by_size)
         for index, (direction, style) in enumerate((("caption", "-o"), ("image", "--s"))):
             values = [np.asarray(by_size[s][index], dtype=float) for s in sizes]

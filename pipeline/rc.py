@@ -189,8 +189,8 @@ def embed_rc_checkpoint(checkpoint, dataset_kind: str, root, split: str, device:
         raise VseError("not an RC checkpoint (no backbone weights): evaluate it on a feature cache",
                        checkpoint)
     config = state["train_config"]
-    source = ImageSource(dataset_kind, root, state["backbone"]["name"], weights=config.get("backbone_weights"),
-                         finetune=False, batch_size=batch_size)
+    source = ImageSource(dataset_kind, root, state["backbone"]["name"],
+                         weights=config.get("backbone_weights"), finetune=False, batch_size=batch_size)
     model = VSEModel(ModelConfig.from_dict(state["model_config"]), source.backbone)
     try:
         model.load_state_dict(join_state(state["model"], state["backbone"]["state"]))

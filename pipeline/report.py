@@ -107,7 +107,8 @@ def _cell(column: str, value: str):
 # ---------------------------------------------------------------------------- tables
 
 
-def table_columns(rows, layout: str = "paper", epochs: bool = False) -> list[tuple[str, list[tuple[str, str]]]]:
+def table_columns(rows, layout: str = "paper",
+                  epochs: bool = False) -> list[tuple[str, list[tuple[str, str]]]]:
     """Column groups (title, [(header, key)]): the layout's, CS@K when rows have it, and the
     epochs to the best validation M-Recall when ``epochs``."""
     if layout not in LAYOUTS:
@@ -119,8 +120,9 @@ def table_columns(rows, layout: str = "paper", epochs: bool = False) -> list[tup
     cs = sorted({k for row in rows for k in row if "_cs@" in k},
                 key=lambda k: (int(k.split("@")[1]), k))
     if cs:
-        groups.append(("Coherent Score", [(("Caption" if k.startswith("i2t") else "Image") + f" CS@{k.split('@')[1]}", k)
-                                          for k in cs]))
+        groups.append(("Coherent Score",
+                       [(("Caption" if k.startswith("i2t") else "Image") + f" CS@{k.split('@')[1]}", k)
+                        for k in cs]))
     if epochs:
         groups.append(EPOCHS_COLUMN)
     return [(title, cols) for title, cols in groups if cols]
@@ -358,6 +360,7 @@ def _latex_table(groups, labels, cells) -> str:
 def _csv_table(groups, labels, cells) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["Model"] + [" ".join(p for p in (title, h) if p) for title, cols in groups for h, _ in cols])
+    writer.writerow(["Model"] + [" ".join(p for p in (title, h) if p)
+                                 for title, cols in groups for h, _ in cols])
     writer.writerows([name, *line] for name, line in zip(labels, cells))
     return out.getvalue().rstrip("\n")

@@ -20,10 +20,10 @@ with its own options):
         - {name: vse0, loss: sh}
         - {name: vsepp, loss: mh, loss_options.warmup_epochs: 1}
 
-Each run is named by its grid values ("loss=mh,negative_set_size=8,seed=0", "method=vsepp"). A run is done once
-the sweep has written ``RUN/sweep-done.json`` after ``fit()`` (or its last.pt is at the final
-epoch); done runs are skipped, unfinished ones (a last.pt short of the final epoch) continue
-with ``resume=True``, so a killed sweep goes on where it stopped.
+Each run is named by its grid values ("loss=mh,negative_set_size=8,seed=0", "method=vsepp").
+A run is done once the sweep has written ``RUN/sweep-done.json`` after ``fit()`` (or its last.pt
+is at the final epoch); done runs are skipped, unfinished ones (a last.pt short of the final
+epoch) continue with ``resume=True``, so a killed sweep goes on where it stopped.
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ def load_sweep(path, runs_dir=None, seeds=None) -> Sweep:
     seeds = list(seeds) if seeds is not None else spec.get("seeds")
     if seeds is not None:
         if not isinstance(seeds, list) or not seeds or not all(
-                isinstance(v, int) and not isinstance(v, bool) for v in seeds) or len(set(seeds)) < len(seeds):
+                isinstance(v, int) and not isinstance(v, bool) for v in seeds) or (
+                len(set(seeds)) < len(seeds)):
             raise VseError(f"seeds must be a non-empty list of distinct integers, got {seeds!r}", path)
         if "seed" in grid:
             raise VseError("give the seeds once: seeds (or --seeds) and a grid 'seed:' axis both set", path)
@@ -211,7 +212,8 @@ def run_status(run: SweepRun) -> tuple[str, str]:
         except ValueError:
             done = {}
         if done.get("epoch", -1) >= epochs:
-            return "done", f"best rsum {done.get('best_rsum', float('nan')):.2f} at epoch {done.get('best_epoch')}"
+            return "done", (f"best rsum {done.get('best_rsum', float('nan')):.2f} "
+                            f"at epoch {done.get('best_epoch')}")
     last = run.run_dir / "last.pt"
     if not last.is_file():
         return "new", ""

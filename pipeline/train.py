@@ -35,9 +35,19 @@ from .loss_plugins import check_loss_name, loss_traits, make_loss
 from .metrics import evaluate_embeddings
 from .models import PROJECTIONS, ModelConfig, VSEModel, join_state
 from .runlock import RunLock
-from .runtime import (autocast, configure_kernels, default_workers, describe, device_rng_state,
-                      needs_grad_scaler, pin_memory, resolve_device, rng_state, seed_everything,
-                      set_rng_state)
+from .runtime import (
+    autocast,
+    configure_kernels,
+    default_workers,
+    describe,
+    device_rng_state,
+    needs_grad_scaler,
+    pin_memory,
+    resolve_device,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+)
 from .text import Vocabulary
 
 # The options a resumed run may change (README, `vse train`): they decide how long, how often
@@ -239,7 +249,8 @@ class Trainer:
 
         self.source = open_pair_source(config)
         self.index = self.source.index
-        self.workers = config.workers if config.workers is not None else (default_workers() if config.rc else 0)
+        self.workers = (config.workers if config.workers is not None
+                        else (default_workers() if config.rc else 0))
         init_state = load_checkpoint(config.init_from) if config.init_from else None
         self.captions = self._caption_encoder(resume_state, init_state)
         self.vocab = self.captions.vocab  # None with cached caption features
@@ -270,7 +281,8 @@ class Trainer:
         self.loss_parameters = [q for q in self.loss.parameters() if q.requires_grad]
         self.trainable = [q for q in self.model.parameters() if q.requires_grad] + self.loss_parameters
         self.optimizer = torch.optim.Adam(self._param_groups(), lr=config.lr)
-        self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=max(1, config.lr_decay_epoch),
+        self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer,
+                                                         step_size=max(1, config.lr_decay_epoch),
                                                          gamma=config.lr_decay)
         self.scaler = torch.amp.GradScaler(self.device.type,
                                            enabled=needs_grad_scaler(self.device, config.amp))
@@ -280,7 +292,8 @@ class Trainer:
         # pack_padded_sequence then copies back (a host sync); the batch is on its device already.
         # Buffers change only in BatchNorm layers that train their statistics.
         self.ddp_model = (DistributedDataParallel(self.model, device_ids=None,
-                                                  forward_sync_buffers=config.finetune and not config.freeze_bn)
+                                                  forward_sync_buffers=(config.finetune
+                                                                        and not config.freeze_bn))
                           if self.distributed else self.model)
         if resume_state is not None:
             self._restore(resume_state)
@@ -384,9 +397,8 @@ class Trainer:
             return None
         if not self.cfg.relevance:
             raise VseError(f"loss {self.cfg.loss!r} needs --relevance FILE (made by `vse relevance`)")
-        from .relevance import BatchRelevance
-
         from .cache import caption_fingerprint
+        from .relevance import BatchRelevance
 
         return BatchRelevance(self.cfg.relevance, num_captions=len(self.index.captions),
                               caption_fingerprint=caption_fingerprint(self.index.captions),
@@ -492,7 +504,8 @@ class Trainer:
             if bar is not None:
                 bar.update(1)
                 if p.iteration % cfg.log_every == 0:
-                    bar.set_postfix(loss=f"{loss:.3f}", pairs_s=f"{seen / (time.perf_counter() - started):.0f}")
+                    bar.set_postfix(loss=f"{loss:.3f}",
+                                    pairs_s=f"{seen / (time.perf_counter() - started):.0f}")
             if cfg.val_every and p.iteration % cfg.val_every == 0 and p.batch < len(pairs):
                 self.validate_and_save()
         if bar is not None:
@@ -600,8 +613,9 @@ def open_pair_source(cfg: TrainConfig) -> PairSource:
         return CachedFeatures(cfg.features, preload=cfg.preload or bool(cfg.text_features))
     from .rc import ImageSource  # torchvision and the image stack: only RC mode pays their import
 
-    return ImageSource(cfg.dataset, cfg.root, cfg.backbone, weights=cfg.backbone_weights, finetune=cfg.finetune,
-                       freeze_bn=cfg.freeze_bn, crop=cfg.crop, seed=cfg.seed, batch_size=cfg.batch_size)
+    return ImageSource(cfg.dataset, cfg.root, cfg.backbone, weights=cfg.backbone_weights,
+                       finetune=cfg.finetune, freeze_bn=cfg.freeze_bn, crop=cfg.crop, seed=cfg.seed,
+                       batch_size=cfg.batch_size)
 
 
 class CollapseMonitor:

@@ -25,7 +25,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.datasets import (  # noqa: E402
-    FLICKR8K_SPLIT_FILES, FLICKR8K_TOKEN_FILE, load_flickr8k,
+    FLICKR8K_SPLIT_FILES,
+    FLICKR8K_TOKEN_FILE,
+    load_flickr8k,
 )
 from pipeline.errors import VseError  # noqa: E402
 from pipeline.fsutil import atomic_path  # noqa: E402
@@ -98,7 +100,8 @@ def build(source: Path, out: Path, counts: dict[str, int], seed: str) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--source", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "flickr8k")
+    parser.add_argument("--source", type=Path,
+                        default=Path(__file__).resolve().parents[2] / "shared" / "data" / "flickr8k")
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).resolve().parents[1] / "data")
     parser.add_argument("--seed", default="0")

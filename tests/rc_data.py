@@ -20,7 +20,8 @@ def make_flickr8k(root: Path, sizes=(("train", 8), ("dev", 2), ("test", 2))) -> 
     (root / "images").mkdir(parents=True)
     for name in names:
         shutil.copyfile(DEMO_DATA / "images" / name, root / "images" / name)
-    (root / "Flickr8k.token.txt").write_text("".join(f"{r}\n" for n in names for r in rows[n]), encoding="utf-8")
+    (root / "Flickr8k.token.txt").write_text("".join(f"{r}\n" for n in names for r in rows[n]),
+                                             encoding="utf-8")
     start = 0
     for split, n in sizes:
         (root / SPLIT_FILES[split]).write_text("".join(f"{x}\n" for x in names[start:start + n]))

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import demo_captions, write_feature_cache
 
 from cli.main import cli
 from pipeline.cache import FeatureCache
-from conftest import demo_captions, write_feature_cache
 
 DEMO = Path(__file__).resolve().parents[1] / "data"
 
@@ -361,7 +361,8 @@ def test_a_relevance_file_of_another_cache_is_refused(tmp_path, tiny_cache):
     other = write_feature_cache(tmp_path / "other.h5", features[:10], captions[:50], caption_image[:50],
                                 {"train": np.arange(10)}, image_ids=ids[:10])
     relevance = tmp_path / "other-rel.h5"
-    assert vse("relevance", "--features", other, "--method", "svd", "--k", 4, "--out", relevance).exit_code == 0
+    made = vse("relevance", "--features", other, "--method", "svd", "--k", 4, "--out", relevance)
+    assert made.exit_code == 0
     assert_one_error_line(train(tiny_cache, tmp_path / "run", "--loss", "lseh", "--relevance", relevance),
                           relevance, "relevance file has 50 captions but the feature cache has 200")
 

@@ -8,8 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from pipeline.cache import (FORMAT, CacheIndex, FeatureCache, ShardedWriter, shards_dir,
-                            write_cache)
+from pipeline.cache import FORMAT, CacheIndex, FeatureCache, ShardedWriter, shards_dir, write_cache
 from pipeline.errors import VseError
 
 N, D = 23, 6

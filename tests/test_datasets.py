@@ -10,7 +10,11 @@ import pytest
 from PIL import Image
 
 from pipeline.datasets import (
-    ConcatenatedRows, Dataset, LoadReport, load_dataset, open_image,
+    ConcatenatedRows,
+    Dataset,
+    LoadReport,
+    load_dataset,
+    open_image,
 )
 from pipeline.errors import VseError
 

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from rc_data import make_flickr8k
 
 from pipeline.caption_features import encode_text
 from pipeline.checkpoint import load_checkpoint
 from pipeline.relevance.stage import build_relevance
 from pipeline.train import TrainConfig, Trainer
-
-from rc_data import make_flickr8k
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLD = 2
@@ -58,8 +57,8 @@ def launched(tiny_cache, tmp_path_factory):
     images = make_flickr8k(out / "flickr8k", sizes=(("train", 8), ("dev", 2), ("test", 2)))
     cached = {name: dict(features=str(tiny_cache), relevance=str(relevance), **SMALL, **extra)
               for name, extra in CACHED_LOSSES.items()}
-    rc = {f"rc_{mode}": dict(rc=True, root=str(images), backbone="tiny", loss="mh", finetune=mode == "finetune",
-                             **SMALL) for mode in ("frozen", "finetune")}
+    rc = {f"rc_{mode}": dict(rc=True, root=str(images), backbone="tiny", loss="mh",
+                             finetune=mode == "finetune", **SMALL) for mode in ("frozen", "finetune")}
     text_case = {"text_features_mh": dict(features=str(tiny_cache), text_features=str(text), loss="mh",
                                           **SMALL)}
     # no gradient clipping here: it would hide a gradient of the wrong scale
@@ -72,7 +71,8 @@ def launched(tiny_cache, tmp_path_factory):
     command = ["train", "--rc", "--root", str(images), "--backbone", "tiny", "--finetune", "--run-dir",
                str(out / "cli"), "--epochs", "1", "--batch-size", "4", "--embed-dim", "16", "--word-dim", "8",
                "--min-word-count", "1", "--val-every", "0", "--workers", "1", "--device", "cpu"]
-    spec.write_text(json.dumps({"steps": steps, "resume": {"config": resume, "kill_after": 10}, "cli": command}))
+    spec.write_text(json.dumps({"steps": steps, "resume": {"config": resume, "kill_after": 10},
+                                "cli": command}))
     torchrun(["tests/distributed_worker.py", str(spec), str(out)])
     ranks = [torch.load(out / f"steps-rank{r}.pt", weights_only=True) for r in range(WORLD)]
     return {"out": out, "steps": steps, "ranks": ranks, "resume": resume}
@@ -84,7 +84,8 @@ def _single_process_step(config: dict) -> dict:
     loss = trainer.step(trainer.epoch_batches(0)[0])
     named = [(n, p) for n, p in trainer.model.named_parameters() if p.requires_grad]
     named += [(f"loss.{n}", p) for n, p in trainer.loss.named_parameters() if p.requires_grad]
-    return {"loss": loss, "grads": {n: p.grad for n, p in named}, "weights": {n: p.detach() for n, p in named}}
+    return {"loss": loss, "grads": {n: p.grad for n, p in named},
+            "weights": {n: p.detach() for n, p in named}}
 
 
 @pytest.mark.parametrize("case", [*CACHED_LOSSES, "rc_frozen", "rc_finetune", "text_features_mh"])

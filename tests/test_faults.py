@@ -390,8 +390,8 @@ def reference_relevance(vse, tiny_cache, tmp_path_factory):
 
 @pytest.mark.parametrize("hook", ["dataset:vectors:1", "partial:rel.h5:1"])
 def test_killed_relevance_leaves_no_valid_looking_file(vse, tiny_cache, reference_relevance, tmp_path, hook):
-    from pipeline.relevance import read_relevance
     from pipeline.errors import VseError
+    from pipeline.relevance import read_relevance
 
     out = tmp_path / "rel.h5"
     killed = vse(_relevance_args(tiny_cache, out), hook=hook)

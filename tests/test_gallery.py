@@ -12,10 +12,10 @@ from urllib.parse import unquote
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import DEMO_DATA, demo_captions, learnable_features, write_feature_cache
 from PIL import Image, ImageOps
 
 from cli.main import cli
-from conftest import DEMO_DATA, demo_captions, learnable_features, write_feature_cache
 from pipeline.evaluation import embed_checkpoint
 from pipeline.gallery import THUMB_SIZE, Mark, build_gallery
 from pipeline.runtime import resolve_device

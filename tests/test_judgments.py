@@ -289,6 +289,7 @@ def judged_run(tmp_path_factory):
     """A tiny mh run on 40 real demo images (dataset_root = data/, so caption keys are checked
     against its token file) and a csv of judgments: test-image pairs plus 3 pairs outside."""
     from conftest import demo_captions, learnable_features, write_feature_cache
+
     from pipeline.train import TrainConfig, Trainer
 
     root = tmp_path_factory.mktemp("judged")
@@ -392,9 +393,10 @@ def demo_ids():
 def test_evaluate_an_rc_checkpoint_on_images_with_judgments(tmp_path):
     import json
 
+    from rc_data import make_flickr8k
+
     from pipeline.datasets import load_dataset
     from pipeline.train import TrainConfig, Trainer
-    from rc_data import make_flickr8k
 
     root = make_flickr8k(tmp_path / "f8k", sizes=(("train", 4), ("dev", 1), ("test", 3)))
     Trainer(TrainConfig(rc=True, root=str(root), backbone="tiny", run_dir=str(tmp_path / "rc"), epochs=1,

@@ -8,8 +8,14 @@ import torch
 from scipy.stats import kendalltau
 
 from pipeline.errors import VseError
-from pipeline.metrics import (METRIC_KEYS, coherent_score, coherent_scores, evaluate_embeddings,
-                              retrieval_metrics, similarity_ranks)
+from pipeline.metrics import (
+    METRIC_KEYS,
+    coherent_score,
+    coherent_scores,
+    evaluate_embeddings,
+    retrieval_metrics,
+    similarity_ranks,
+)
 
 # ---------------------------------------------------------------------------- slow references
 

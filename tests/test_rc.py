@@ -7,6 +7,7 @@ import pytest
 import torch
 import torchvision.transforms.functional as TF
 from click.testing import CliRunner
+from rc_data import make_flickr8k
 
 from cli.main import cli
 from pipeline.backbones import load_backbone
@@ -17,8 +18,6 @@ from pipeline.extract import ExtractOptions, extract_features
 from pipeline.inference import encode_split
 from pipeline.rc import RandomCrops, embed_rc_checkpoint, resized_crop_box
 from pipeline.train import TrainConfig, Trainer
-
-from rc_data import make_flickr8k
 
 SMALL = dict(embed_dim=16, word_dim=8, batch_size=4, lr=5e-3, min_word_count=1, val_every=0, workers=0,
              log_every=1)
@@ -63,7 +62,8 @@ def test_frozen_rc_run_trains_the_head_only_and_checkpoints_the_cnn(images_root,
     assert set(_cnn_state(last)) == set(pretrained)
     for key, value in pretrained.items():  # frozen: not a bit changed
         assert torch.equal(_cnn_state(last)[key], value), key
-    assert best["feature_source"] == {"backbone": "tiny", "crops": 1, "dataset": "flickr8k", "finetuned": False}
+    assert best["feature_source"] == {"backbone": "tiny", "crops": 1, "dataset": "flickr8k",
+                                      "finetuned": False}
 
 
 def test_finetune_trains_the_cnn_in_its_own_param_group(images_root, tmp_path):
@@ -182,7 +182,8 @@ def test_random_crops_are_windows_of_the_resized_image_drawn_per_epoch_and_posit
     assert torch.equal(first, crops.batch(rows, 1, positions))  # same (epoch, position): same crop
     assert torch.equal(first[1], crops.batch(rows[1:2], 1, positions[1:2])[0])  # batch-independent
     assert not torch.equal(first, crops.batch(rows, 2, positions))
-    resized = TF.pil_to_tensor(TF.resize(open_image(paths[0]), 73, interpolation=TF.InterpolationMode.BILINEAR))
+    resized = TF.pil_to_tensor(TF.resize(open_image(paths[0]), 73,
+                                         interpolation=TF.InterpolationMode.BILINEAR))
     flips = 0
     for epoch in range(8):
         crop = crops.batch(rows[:1], epoch, positions[:1])[0]
@@ -199,14 +200,15 @@ def test_random_resized_crop_box_follows_the_torchvision_rule(images_root):
     for height, width in [(224, 224), (300, 500), (500, 120)]:
         boxes = np.array([resized_crop_box(height, width, rng) for _ in range(300)])
         top, left, h, w = boxes.T
-        assert (top >= 0).all() and (top + h <= height).all() and (left >= 0).all() and (left + w <= width).all()
+        assert (top >= 0).all() and (top + h <= height).all()
+        assert (left >= 0).all() and (left + w <= width).all()
         area, aspect = h * w / (height * width), w / h
         assert area.min() >= 0.08 * 0.95 and area.max() <= 1.0 and area.std() > 0.05
         assert aspect.min() >= 3 / 4 * 0.95 and aspect.max() <= 4 / 3 * 1.05
     # no draw fits a 1000×10 strip: the centre crop of the clamped aspect 3/4
     assert resized_crop_box(1000, 10, np.random.default_rng(0)) == (493, 0, 13, 10)
-    crops = RandomCrops(load_dataset("flickr8k", images_root).image_paths, load_backbone("tiny").preprocessing,
-                        "random-resized", seed=0)
+    crops = RandomCrops(load_dataset("flickr8k", images_root).image_paths,
+                        load_backbone("tiny").preprocessing, "random-resized", seed=0)
     assert crops.batch(np.array([0]), 0, np.array([0])).shape == (1, 3, 64, 64)
 
 
@@ -263,9 +265,9 @@ def test_cli_rc_options_and_their_errors(images_root, tmp_path):
     runner = CliRunner()
     base = ["train", "--run-dir", str(tmp_path / "run"), "--epochs", "1", "--batch-size", "4",
             "--embed-dim", "16", "--word-dim", "8", "--min-word-count", "1", "--val-every", "0"]
-    result = runner.invoke(cli, base + ["--rc", "--root", str(images_root), "--backbone", "tiny", "--finetune",
-                                        "--backbone-lr-factor", "0.5", "--crop", "random-resized",
-                                        "--no-freeze-bn", "--workers", "0"])
+    result = runner.invoke(cli, base + ["--rc", "--root", str(images_root), "--backbone", "tiny",
+                                        "--finetune", "--backbone-lr-factor", "0.5",
+                                        "--crop", "random-resized", "--no-freeze-bn", "--workers", "0"])
     assert result.exit_code == 0, result.output
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert (saved["rc"], saved["backbone"], saved["finetune"], saved["backbone_lr_factor"], saved["crop"],

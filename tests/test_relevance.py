@@ -11,9 +11,16 @@ import pytest
 import torch
 
 from pipeline.errors import VseError
-from pipeline.relevance import (BatchRelevance, RelevanceFn, SvdModel, build_relevance,
-                                compute_relevance_vectors, project_captions, read_relevance,
-                                svd_terms)
+from pipeline.relevance import (
+    BatchRelevance,
+    RelevanceFn,
+    SvdModel,
+    build_relevance,
+    compute_relevance_vectors,
+    project_captions,
+    read_relevance,
+    svd_terms,
+)
 from pipeline.relevance.neighbours import top_neighbours
 from pipeline.relevance.svd import STOP_WORDS
 from tests.conftest import demo_captions, write_feature_cache

@@ -63,7 +63,8 @@ def test_evaluate_runs_writes_one_row_per_usable_run(runs, tiny_cache, tmp_path)
     assert "| Model | Caption R@1 |" in result.stdout
     rows = {row["run"]: row for row in read_results(out)}
     assert sorted(rows) == ["grid/loss=mh,seed=1", "mh", "sh"]
-    for name, run_dir in (("sh", runs / "sh"), ("mh", runs / "mh"), ("grid/loss=mh,seed=1", runs / "grid" / "loss=mh,seed=1")):
+    for name, run_dir in (("sh", runs / "sh"), ("mh", runs / "mh"),
+                          ("grid/loss=mh,seed=1", runs / "grid" / "loss=mh,seed=1")):
         single = CliRunner().invoke(cli, ["evaluate", "--checkpoint", str(run_dir / "best.pt"), "--features",
                                           str(tiny_cache), "--split", "test", "--json"])
         assert single.exit_code == 0, single.output
@@ -74,7 +75,8 @@ def test_evaluate_runs_writes_one_row_per_usable_run(runs, tiny_cache, tmp_path)
         assert rows[name]["images"] == 8 and rows[name]["split"] == "test"
         assert rows[name]["backbone"] == "synthetic" and rows[name]["features"] == str(tiny_cache)
     assert rows["sh"]["loss"] == "sh" and rows["sh"]["margin"] == 0.2  # the loss's default, resolved
-    assert rows["mh"]["negative_set_size"] == 4 and json.loads(rows["mh"]["loss_options"]) == {"negative_set_size": 4}
+    assert rows["mh"]["negative_set_size"] == 4
+    assert json.loads(rows["mh"]["loss_options"]) == {"negative_set_size": 4}
     assert rows["grid/loss=mh,seed=1"]["seed"] == 1 and rows["grid/loss=mh,seed=1"]["epochs_to_best"] == 1
 
 
@@ -105,7 +107,8 @@ def test_relevance_adds_the_coherent_score(runs, tiny_cache, tmp_path):
     relevance = tmp_path / "svd.h5"
     build_relevance(tiny_cache, "svd", relevance, k=20, device="cpu")
     cpu = resolve_device("cpu")
-    result = evaluate_runs([runs / "sh"], device=cpu, relevance=str(relevance), cs_ks=(3, 8), echo=lambda m: None)
+    result = evaluate_runs([runs / "sh"], device=cpu, relevance=str(relevance), cs_ks=(3, 8),
+                           echo=lambda m: None)
     row = result.rows[0]
     expected = coherent_score_report(embed_checkpoint(runs / "sh" / "best.pt", tiny_cache, "test", cpu),
                                      str(relevance), (3, 8))
@@ -147,7 +150,8 @@ def test_latex_and_csv_tables_of_the_recall_layout():
         r"Model & R@1 & R@5 & R@10 & R@1 & R@5 & R@10 & rsum \\",
         r"\midrule",
         r"vse\_sh & \textbf{30.0} & 60.0 & 70.0 & 20.0 & \textbf{50.0} & \textbf{62.5} & 292.5 \\",
-        r"vse\textbar{}mh & \textbf{30.0} & \textbf{64.0} & \textbf{75.0} & \textbf{22.0} & 49.0 & 61.0 & \textbf{301.0} \\",
+        r"vse\textbar{}mh & \textbf{30.0} & \textbf{64.0} & \textbf{75.0} & \textbf{22.0} & "
+        r"49.0 & 61.0 & \textbf{301.0} \\",
         r"\bottomrule",
         r"\end{tabular}",
         "% bold: best value, without a significance test",

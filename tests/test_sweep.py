@@ -22,8 +22,8 @@ def _write(tmp_path, text, name="grid.yaml"):
 
 
 def _sweep_file(tmp_path, tiny_cache, grid, base_extra="", name="grid.yaml"):
-    return _write(tmp_path, f"runs_dir: {tmp_path / 'runs'}\nbase:\n  features: {tiny_cache}\n{BASE}{base_extra}"
-                            f"grid:\n{grid}", name)
+    return _write(tmp_path, f"runs_dir: {tmp_path / 'runs'}\nbase:\n  features: {tiny_cache}\n"
+                            f"{BASE}{base_extra}grid:\n{grid}", name)
 
 
 def test_grid_is_the_product_in_file_order_with_loss_options_merged(tmp_path, tiny_cache):
@@ -58,7 +58,8 @@ def test_bundles_set_a_loss_with_its_own_options(tmp_path, tiny_cache):
 
 
 def test_param_strings_are_safe_folder_names():
-    assert param_string({"relevance": "cache/rel svd.h5", "margin": 0.2}) == "relevance=cache_rel_svd.h5,margin=0.2"
+    assert (param_string({"relevance": "cache/rel svd.h5", "margin": 0.2})
+            == "relevance=cache_rel_svd.h5,margin=0.2")
     assert param_string({"loss_options.thetas": [0.63, 0.5], "glove": True}) == "thetas=0.63_0.5,glove=true"
     assert param_string({}) == "base"
 
@@ -66,7 +67,8 @@ def test_param_strings_are_safe_folder_names():
 @pytest.mark.parametrize("text,message", [
     ("base: {features: x.h5}\ngrid: {lr_typo: [1]}\n", "grid key 'lr_typo' is not a training option"),
     ("base: {features: x.h5}\ngrid: {lr: 0.1}\n", "grid key 'lr' needs a non-empty list"),
-    ("base: {features: x.h5}\ngrid: {m: [{loss: sh, marginn: 1}]}\n", "grid key 'm': 'marginn' is not a training"),
+    ("base: {features: x.h5}\ngrid: {m: [{loss: sh, marginn: 1}]}\n",
+     "grid key 'm': 'marginn' is not a training"),
     ("base: {features: x.h5, lrr: 1}\ngrid: {lr: [0.1]}\n", "unknown training option.*lrr"),
     ("bases: {}\n", "unknown sweep key.*bases"),
     ("grid: {lr: [0.1]}\n", "no features"),
@@ -102,7 +104,8 @@ def test_sweep_trains_each_run_once_and_skips_finished_ones(tmp_path, tiny_cache
     said.clear()
     sweep = run_sweep(load_sweep(path), echo=said.append)
     assert [r.status for r in sweep.runs] == ["done", "done"]
-    assert said == [f"done already: loss=sh ({sweep.runs[0].detail})", f"done already: loss=mh ({sweep.runs[1].detail})"]
+    assert said == [f"done already: loss=sh ({sweep.runs[0].detail})",
+                    f"done already: loss=mh ({sweep.runs[1].detail})"]
     # A run finished by hand (last.pt at the final epoch, no marker) counts as done too.
     (sweep.runs[0].run_dir / DONE_MARKER).unlink()
     assert plan(load_sweep(path)).runs[0].status == "done"
@@ -137,13 +140,15 @@ def test_a_killed_sweep_resumes_where_it_stopped(tmp_path, tiny_cache, monkeypat
 
     steps["n"] = 0
     with monkeypatch.context() as m:
-        m.setattr(Trainer, "step", lambda self, batch: steps.__setitem__("n", steps["n"] + 1) or original(self, batch))
+        m.setattr(Trainer, "step",
+                  lambda self, batch: steps.__setitem__("n", steps["n"] + 1) or original(self, batch))
         sweep = run_sweep(load_sweep(path), resume=True, echo=lambda *a: None, quiet_runs=True)
     assert [r.status for r in sweep.runs] == ["done", "trained"]
     assert steps["n"] == 16 - 3  # continued from iteration 3, not from the start
     state = load_checkpoint(sweep.runs[1].run_dir / "last.pt")
     assert state["epoch"] == 2 and state["iteration"] == 16
-    epochs = [json.loads(line)["iteration"] for line in (sweep.runs[1].run_dir / "metrics.jsonl").read_text().splitlines()]
+    log = (sweep.runs[1].run_dir / "metrics.jsonl").read_text()
+    epochs = [json.loads(line)["iteration"] for line in log.splitlines()]
     assert epochs == [3, 6, 8, 9, 12, 15, 16]
 
 
@@ -157,5 +162,6 @@ def test_parallel_jobs_and_a_failing_run_do_not_stop_the_others(tmp_path, tiny_c
     assert (runs[0].run_dir / DONE_MARKER).is_file() and not (runs[1].run_dir / DONE_MARKER).exists()
     result = CliRunner().invoke(cli, ["sweep", str(path), "--dry-run"])
     assert result.exit_code == 0
-    assert result.output.splitlines() == [f"done       {runs[0].run_dir}  ({plan(load_sweep(path)).runs[0].detail})",
+    detail = plan(load_sweep(path)).runs[0].detail
+    assert result.output.splitlines() == [f"done       {runs[0].run_dir}  ({detail})",
                                           f"new        {runs[1].run_dir}"]

@@ -8,7 +8,8 @@ from pipeline.text import SPECIALS, TokenizedCaptions, Vocabulary, tokenize
 
 
 def test_tokenize_lowercases_and_drops_punctuation():
-    assert tokenize("A Dog, running!  On the 2 beaches.") == ["a", "dog", "running", "on", "the", "2", "beaches"]
+    assert tokenize("A Dog, running!  On the 2 beaches.") == ["a", "dog", "running", "on", "the", "2",
+                                                               "beaches"]
 
 
 def test_vocabulary_counts_threshold_and_specials():

@@ -7,13 +7,12 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import demo_captions, learnable_features, write_feature_cache
 
 from cli.main import cli
 from pipeline.checkpoint import load_checkpoint
 from pipeline.errors import VseError
 from pipeline.train import TrainConfig, Trainer
-
-from conftest import demo_captions, learnable_features, write_feature_cache
 
 TINY = dict(embed_dim=16, word_dim=8, batch_size=16, lr=5e-3, min_word_count=1, val_every=0,
             workers=0, log_every=1)
@@ -55,7 +54,8 @@ def _kill_after(monkeypatch, iterations):
 
 
 @pytest.mark.parametrize("loss,extra", [("mh", {"loss_options": {"negative_set_size": 5}}), ("sh", {})])
-def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tiny_cache, tmp_path, monkeypatch, loss, extra):
+def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tiny_cache, tmp_path, monkeypatch, loss,
+                                                               extra):
     # 120 training captions / 16 = 8 batches per epoch; validation (and last.pt) every 3 iterations.
     opts = dict(loss=loss, epochs=3, lr_decay_epoch=2, val_every=3, **extra)
     Trainer(_config(tiny_cache, tmp_path / "full", **opts), echo=lambda *a: None).fit()
@@ -144,7 +144,8 @@ def test_nan_features_stop_training_with_a_clear_error(tmp_path):
     cache = write_feature_cache(tmp_path / "nan.h5", feats, captions, caption_image,
                                 {"train": np.arange(8), "dev": np.arange(8, 10)})
     with pytest.raises(VseError, match="loss became nan"):
-        Trainer(_config(cache, tmp_path / "run", loss="sh", epochs=1, batch_size=50), echo=lambda *a: None).fit()
+        Trainer(_config(cache, tmp_path / "run", loss="sh", epochs=1, batch_size=50),
+                echo=lambda *a: None).fit()
 
 
 def test_collapse_warning_points_to_warmup(tiny_cache, tmp_path):
@@ -219,8 +220,8 @@ def test_cli_evaluate_npz_and_bad_npz(tmp_path):
 def test_evaluate_refuses_features_of_another_dimension(tiny_cache, tmp_path):
     Trainer(_config(tiny_cache, tmp_path / "run", loss="sh", epochs=1), echo=lambda *a: None).fit()
     ids, captions = demo_captions(10)
-    other = write_feature_cache(tmp_path / "other.h5", np.zeros((10, 7)), captions, np.repeat(np.arange(10), 5),
-                                {"test": np.arange(10)})
+    other = write_feature_cache(tmp_path / "other.h5", np.zeros((10, 7)), captions,
+                                np.repeat(np.arange(10), 5), {"test": np.arange(10)})
     result = CliRunner().invoke(cli, ["evaluate", "--checkpoint", str(tmp_path / "run" / "best.pt"),
                                       "--features", str(other)])
     assert result.exit_code == 1
