@@ -110,6 +110,7 @@ f8k-fast: $(F8K_FEATURES) $(F8K_TEXT) $(CACHE)/f8k_svd.h5 $(CACHE)/f8k_bert.h5 $
 	$(VSE) report $(FAST_OUT)/results.csv --columns human | tee $(FAST_OUT)/table_human.md
 
 test: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest tests
 
 bench: $(VENV)/.installed

@@ -8,6 +8,7 @@ import click
 
 from cli.dataset_root import root_option
 from cli.judgment_options import judgment_options
+from pipeline.datasets import IMAGE_DATASET_KINDS
 
 
 def _parse_ks(ctx, param, value):
@@ -28,7 +29,7 @@ def _parse_ks(ctx, param, value):
 @click.option("--features", type=click.Path(dir_okay=False),
               help="Feature cache for --checkpoint (for --runs: default the cache each run trained on).")
 @root_option(prefix="RC checkpoint (--rc run): embed this dataset's images with the run's own CNN. ")
-@click.option("--dataset", "dataset_kind", type=click.Choice(["flickr8k", "karpathy"]), default="flickr8k",
+@click.option("--dataset", "dataset_kind", type=click.Choice(IMAGE_DATASET_KINDS), default="flickr8k",
               show_default=True, help="--root: its layout.")
 @click.option("--text-features", type=click.Path(dir_okay=False), default=None,
               help="Caption-feature file for a run trained with --text-features (default: the one it names).")

@@ -7,6 +7,7 @@ import click
 from cli.dataset_root import root_option
 from pipeline.backbones import BACKBONE_NAMES
 from pipeline.cache import DEFAULT_SHARD_SIZE, FeatureCache
+from pipeline.datasets import DATASET_KINDS
 from pipeline.engines import ENGINES
 from pipeline.errors import VseError
 
@@ -32,7 +33,7 @@ def _split_list(ctx, param, value):
 
 
 @click.command("extract")
-@click.option("--dataset", "kind", required=True, type=click.Choice(["flickr8k", "karpathy", "vsepp-precomp"]),
+@click.option("--dataset", "kind", required=True, type=click.Choice(DATASET_KINDS),
               help="Layout of --root; vsepp-precomp copies VSE++ precomputed features (no CNN).")
 @root_option(required=True)
 @click.option("--splits", callback=_split_list, default=None,
@@ -42,7 +43,8 @@ def _split_list(ctx, param, value):
               help="CNN; 'tiny' is a random test-only net.")
 @click.option("--crops", type=click.Choice(["1", "10"]), default="1", show_default=True,
               help="1: centre crop; 10: corners + centre and their flips, features averaged.")
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Cache file (.h5); shards go to OUT.shards/.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False),
+              help="Cache file (.h5); shards go to OUT.shards/.")
 @click.option("--batch-size", type=int, callback=_at_least(1), default=32, show_default=True,
               help="Images per forward pass (× crops); changing it recomputes the shards (their "
                    "features depend on the batch in the last float bits).")
@@ -57,7 +59,8 @@ def _split_list(ctx, param, value):
 @click.option("--weights", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Backbone weights file (default: the package's / the torch hub cache's).")
 @click.option("--skip-bad-images", is_flag=True,
-              help="Store zeros for unreadable images (listed in the cache's bad_images) instead of stopping.")
+              help="Store zeros for unreadable images (listed in the cache's bad_images) instead of "
+                   "stopping.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--overwrite", is_flag=True,
               help="Replace an existing --out that is not a vse feature cache (refused otherwise).")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from cli.judgment_options import judgment_options
+from pipeline.datasets import IMAGE_DATASET_KINDS
 from pipeline.relevance.stage import DEFAULT_CBOW_THRESHOLD, METHODS
 from pipeline.relevance.svd import DEFAULT_SVD_ITERATIONS
 
@@ -63,7 +64,7 @@ def relevance(features, method, out, k, neighbours, fit_split, batch_size, devic
               help="Feature cache whose captions are scored (also what --relevance files were made for).")
 @click.option("--root", type=click.Path(file_okay=False), default=None,
               help="Or a dataset folder (no cache needed): its captions and splits.")
-@click.option("--dataset", "dataset_kind", type=click.Choice(["flickr8k", "karpathy"]), default="flickr8k",
+@click.option("--dataset", "dataset_kind", type=click.Choice(IMAGE_DATASET_KINDS), default="flickr8k",
               show_default=True, help="--root: its layout.")
 @click.option("--split", default="test", show_default=True, help="The judged split.")
 @click.option("--fit-split", default="train", show_default=True,

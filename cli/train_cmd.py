@@ -15,6 +15,7 @@ from click.core import ParameterSource
 
 from cli.dataset_root import root_option
 from pipeline.backbones import BACKBONE_NAMES
+from pipeline.datasets import IMAGE_DATASET_KINDS
 from pipeline.errors import VseError
 from pipeline.losses import LOSS_NAMES
 
@@ -99,7 +100,7 @@ def _read_config_file(path: str) -> dict:
 @option("--features", type=click.Path(dir_okay=False), help="Feature cache (.h5) from `vse extract`.")
 @option("--rc", is_flag=True, help="End to end: decode images, random crops through the CNN every step "
         "(no feature cache; needs --root).")
-@option("--dataset", type=click.Choice(["flickr8k", "karpathy"]), help="--rc: dataset layout of --root.")
+@option("--dataset", type=click.Choice(IMAGE_DATASET_KINDS), help="--rc: dataset layout of --root.")
 @root_option(prefix="--rc: ")
 @option("--backbone", type=click.Choice(BACKBONE_NAMES), help="--rc: the CNN.")
 @option("--backbone-weights", type=click.Path(dir_okay=False),

@@ -134,7 +134,8 @@ def _efficientnet_lite(k: int):
     return build
 
 
-def _torchvision_cnn(name: str, weights: Path | None, build, default_weights, strip_head, dim: int) -> Backbone:
+def _torchvision_cnn(name: str, weights: Path | None, build, default_weights, strip_head,
+                    dim: int) -> Backbone:
     """A torchvision ImageNet CNN: weights from a file or the torch hub cache, classifier cut."""
     path = _require_weights(_candidates(weights, default_weights.url), name)
     with torch.device("meta"):
@@ -151,7 +152,8 @@ def _resnet152(weights: Path | None) -> Backbone:
     def strip_head(net):
         net.fc = nn.Identity()
 
-    return _torchvision_cnn("resnet152", weights, resnet152, ResNet152_Weights.IMAGENET1K_V1, strip_head, 2048)
+    return _torchvision_cnn("resnet152", weights, resnet152, ResNet152_Weights.IMAGENET1K_V1, strip_head,
+                            2048)
 
 
 def _vgg19(weights: Path | None) -> Backbone:

@@ -35,6 +35,10 @@ from PIL import Image
 
 from .errors import VseError
 
+# The dataset layouts `--dataset` accepts (readers: ``load_dataset``); the ones with image files
+# (RC training, evaluation on images, relevance on a dataset's captions) are IMAGE_DATASET_KINDS.
+DATASET_KINDS = ("flickr8k", "karpathy", "vsepp-precomp")
+IMAGE_DATASET_KINDS = ("flickr8k", "karpathy")
 FLICKR8K_TOKEN_FILE = "Flickr8k.token.txt"
 FLICKR8K_SPLIT_FILES = {
     "train": "Flickr_8k.trainImages.txt",
@@ -210,12 +214,15 @@ class Dataset:
 
 
 def load_dataset(kind: str, root, **opts) -> Dataset:
-    """Read a dataset of the given kind (``flickr8k``, ``karpathy``, ``vsepp-precomp``)."""
-    readers = {"flickr8k": load_flickr8k, "karpathy": load_karpathy,
-               "vsepp-precomp": load_vsepp_precomp}
+    """Read a dataset of the given kind (one of ``DATASET_KINDS``)."""
+    readers = _readers()
     if kind not in readers:
         raise VseError(f"unknown dataset kind {kind!r} (known: {', '.join(readers)})")
     return readers[kind](root, **opts)
+
+
+def _readers() -> dict:
+    return {"flickr8k": load_flickr8k, "karpathy": load_karpathy, "vsepp-precomp": load_vsepp_precomp}
 
 
 def load_flickr8k(root, *, image_dir=None, captions_per_image: int | None = 5) -> Dataset:

@@ -4,7 +4,8 @@
   The engine for GPUs, and the CPU fallback when ONNX Runtime is not installed.
 - ``onnxruntime``: the same network exported once to an ONNX graph (TorchScript exporter,
   dynamic batch, fixed input size) and run by ONNX Runtime's CPU provider with one intra-op
-  thread per core torch would use (``torch.get_num_threads()``: the cores, or OMP_NUM_THREADS).  Its fused kernels run EfficientNet-Lite0 about 8× faster
+  thread per core torch would use (``torch.get_num_threads()``: the cores, or OMP_NUM_THREADS).
+  Its fused kernels run EfficientNet-Lite0 about 8× faster
   than torch eager on a CPU (issue 13), with features equal to torch's within 1e-4.
 - ``auto``: ``onnxruntime`` on the CPU when the ``onnx`` extra is installed, else ``torch``.
 

@@ -31,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 from . import distributed, runtime
-from .backbones import Backbone, load_backbone
+from .backbones import load_backbone
 from .cache import DEFAULT_SHARD_SIZE, CacheIndex, ShardedWriter, guard_cache_outputs, shards_dir
 from .crops import CropPlan
 from .datasets import Dataset, open_image

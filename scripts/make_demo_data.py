@@ -6,8 +6,8 @@ deterministic and independent of file order, library versions and platform.  Wri
 official layout: ``images/*.jpg`` copied byte for byte, ``Flickr8k.token.txt`` with the
 chosen images' caption rows copied verbatim (original order), and the three split files
 (chosen names in official order), and the CrowdFlower human judgments whose image and
-caption both belong to the chosen test images (when the source has them).  Then reloads the result with the project's reader and
-prints a JSON summary.
+caption both belong to the chosen test images (when the source has them).  Then reloads
+the result with the project's reader and prints a JSON summary.
 
     python scripts/make_demo_data.py --source ../shared/data/flickr8k --out data
 """

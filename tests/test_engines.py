@@ -22,7 +22,8 @@ from pipeline.extract import ExtractOptions, extract_features
 IMAGES = Path(__file__).resolve().parents[2] / "shared" / "data" / "flickr8k" / "images"
 pytestmark = [
     pytest.mark.skipif(not IMAGES.is_dir(), reason="needs ../shared/data/flickr8k beside the repository"),
-    pytest.mark.skipif(not engines.onnxruntime_installed(), reason="needs the onnx extra (onnx, onnxruntime)"),
+    pytest.mark.skipif(not engines.onnxruntime_installed(),
+                       reason="needs the onnx extra (onnx, onnxruntime)"),
 ]
 # a girl on stairs, a dog, a skier: real photos, not noise
 PHOTOS = ["1000268201_693b08cb0e.jpg", "1001773457_577c3a7d70.jpg", "101669240_b2d3e7f17b.jpg"]
@@ -78,7 +79,8 @@ def test_auto_is_onnxruntime_on_a_cpu_and_torch_on_a_gpu(monkeypatch):
         engines.resolve_engine("tensorrt", cpu)
     monkeypatch.setattr(engines, "onnxruntime_installed", lambda: False)
     assert engines.resolve_engine("auto", cpu) == "torch"
-    with pytest.raises(VseError, match=r"needs the packages onnx and onnxruntime \(pip install 'vse\[onnx\]'\)"):
+    with pytest.raises(VseError,
+                       match=r"needs the packages onnx and onnxruntime \(pip install 'vse\[onnx\]'\)"):
         engines.resolve_engine("onnxruntime", cpu)
 
 

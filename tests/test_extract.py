@@ -28,7 +28,8 @@ from pipeline.errors import VseError
 from pipeline.extract import ExtractOptions, extract_features, import_precomputed
 
 IMAGES = Path(__file__).resolve().parents[2] / "shared" / "data" / "flickr8k" / "images"
-pytestmark = pytest.mark.skipif(not IMAGES.is_dir(), reason="needs ../shared/data/flickr8k beside the repository")
+pytestmark = pytest.mark.skipif(not IMAGES.is_dir(),
+                                reason="needs ../shared/data/flickr8k beside the repository")
 VENV_BIN = Path(sys.executable).parent
 DOG = "1024138940_f1fefbdce1.jpg"  # a dog filling the frame (captions: "a dog ...")
 
@@ -240,14 +241,15 @@ def test_real_efficientnet_lite0_features(tmp_path, onnx_dir):
     options = ExtractOptions(backbone="efficientnet-lite0", batch_size=2, workers=0, onnx_dir=onnx_dir)
     features = {}
     for crops in (1, 10):
-        runs = [_features(extract_features(dataset, tmp_path / f"{crops}_{k}.h5",
-                                           options=ExtractOptions(**{**options.__dict__, "crops": crops})).path)
+        with_crops = ExtractOptions(**{**options.__dict__, "crops": crops})
+        runs = [_features(extract_features(dataset, tmp_path / f"{crops}_{k}.h5", options=with_crops).path)
                 for k in range(2)]
         assert runs[0].shape == (2, 1280) and runs[0].tobytes() == runs[1].tobytes()
         features[crops] = runs[0]
     assert not np.allclose(features[1], features[10], atol=1e-3)
     # 10 crops of the same photo describe it much like the centre crop does
-    cosine = (features[1] * features[10]).sum(1) / np.linalg.norm(features[1], axis=1) / np.linalg.norm(features[10], axis=1)
+    norms = np.linalg.norm(features[1], axis=1) * np.linalg.norm(features[10], axis=1)
+    cosine = (features[1] * features[10]).sum(1) / norms
     assert (cosine > 0.8).all()
     backbone = load_backbone("efficientnet-lite0")
     with torch.inference_mode():
