@@ -94,6 +94,18 @@ def check_caption_fingerprint(expected: str, found_attrs, path, what: str, made_
                    f"those of {made_for}; rebuild it from {made_for}", path)
 
 
+def captions_of_images(caption_image, images, num_images: int) -> tuple[np.ndarray, np.ndarray]:
+    """The captions of ``images``, grouped image by image in the given order (each image's
+    captions in their original order), and the position in ``images`` of each one's image.
+    The one definition of "the captions of a split": caches, extraction and evaluation."""
+    position = np.full(num_images, -1, dtype=np.int64)
+    position[np.asarray(images, dtype=np.int64)] = np.arange(len(images))
+    local = position[np.asarray(caption_image, dtype=np.int64)]
+    rows = np.flatnonzero(local >= 0)
+    rows = rows[np.argsort(local[rows], kind="stable")]
+    return rows, local[rows]
+
+
 def shards_dir(out) -> Path:
     out = Path(out)
     return out.with_name(out.name + ".shards")
@@ -458,13 +470,7 @@ class FeatureCache:
     def split_captions(self, name: str) -> np.ndarray:
         """Caption indices of the images of split ``name``: image by image in split order,
         each image's captions in cache order."""
-        images = self.split(name)
-        order = np.argsort(self.caption_image, kind="stable")
-        counts = np.bincount(self.caption_image, minlength=self.num_images)
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        per_image = counts[images]
-        offsets = np.arange(per_image.sum()) - np.repeat(np.cumsum(per_image) - per_image, per_image)
-        return order[np.repeat(starts[images], per_image) + offsets]
+        return captions_of_images(self.caption_image, self.split(name), self.num_images)[0]
 
     def read(self, rows) -> np.ndarray:
         """Features of ``rows`` (any order, repeats allowed) as a float32 array."""

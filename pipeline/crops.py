@@ -25,6 +25,7 @@ from PIL import Image
 
 from .backbones import Preprocessing
 from .errors import VseError
+from .models import normalise_pixels, pixel_constants
 
 CROP_COUNTS = (1, 10)
 
@@ -74,7 +75,7 @@ class CropPlan:
             crops = TF.ten_crop(prepared, [self.preprocessing.image_size] * 2)
             prepared = torch.stack(crops, dim=1).flatten(0, 1)
         mean, std = _scaled_mean_std(self.preprocessing.mean, self.preprocessing.std, prepared.device)
-        x = prepared.float().sub_(mean).div_(std)
+        x = normalise_pixels(prepared, mean, std)
         return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
     def average(self, features: torch.Tensor) -> torch.Tensor:
@@ -88,6 +89,5 @@ class CropPlan:
 @functools.lru_cache(maxsize=8)
 def _scaled_mean_std(mean, std, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Normalisation constants on the 0..255 scale, made once per device (not per batch)."""
-    def on_device(values):
-        return (torch.tensor(values, dtype=torch.float32) * 255).view(1, 3, 1, 1).to(device)
-    return on_device(mean), on_device(std)
+    mean, std = pixel_constants(mean, std)
+    return mean.to(device), std.to(device)

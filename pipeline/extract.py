@@ -32,7 +32,14 @@ from tqdm import tqdm
 
 from . import distributed, runtime
 from .backbones import load_backbone
-from .cache import DEFAULT_SHARD_SIZE, CacheIndex, ShardedWriter, guard_cache_outputs, shards_dir
+from .cache import (
+    DEFAULT_SHARD_SIZE,
+    CacheIndex,
+    ShardedWriter,
+    captions_of_images,
+    guard_cache_outputs,
+    shards_dir,
+)
 from .crops import CropPlan
 from .datasets import Dataset, open_image
 from .engines import build_engine, engine_precision, engine_version, resolve_engine
@@ -93,12 +100,10 @@ def select_images(dataset: Dataset, splits=None) -> tuple[np.ndarray, CacheIndex
         raise VseError(f"the splits {', '.join(names)} hold no images", dataset.root)
     position = np.full(dataset.num_images, -1, dtype=np.int64)
     position[rows] = np.arange(len(rows))
-    caption_row = position[dataset.caption_image]
-    kept = np.flatnonzero(caption_row >= 0)
-    kept = kept[np.argsort(caption_row[kept], kind="stable")]
+    kept, caption_image = captions_of_images(dataset.caption_image, rows, dataset.num_images)
     index = CacheIndex(image_ids=[dataset.image_ids[r] for r in rows],
                        captions=[dataset.captions[j] for j in kept],
-                       caption_image=caption_row[kept],
+                       caption_image=caption_image,
                        splits={s: position[dataset.splits[s]] for s in names})
     return rows, index
 

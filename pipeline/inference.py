@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .cache import FeatureCache
+from .cache import FeatureCache, captions_of_images
 from .captions import CaptionEncoder, checkpoint_captions
 from .checkpoint import load_checkpoint
 from .errors import VseError
@@ -31,12 +31,8 @@ def split_rows(cache: FeatureCache, split: str, max_images: int | None = None):
     images = cache.split(split)
     if max_images is not None:
         images = images[:max_images]
-    position = np.full(len(cache.image_ids), -1, dtype=np.int64)
-    position[images] = np.arange(len(images))
-    local = position[cache.caption_image]
-    caption_rows = np.flatnonzero(local >= 0)
-    caption_rows = caption_rows[np.argsort(local[caption_rows], kind="stable")]  # grouped by image
-    return images, caption_rows, local[caption_rows]
+    caption_rows, local = captions_of_images(cache.caption_image, images, len(cache.image_ids))
+    return images, caption_rows, local
 
 
 @torch.no_grad()

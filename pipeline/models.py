@@ -51,6 +51,19 @@ class ModelConfig:
         return cls(**{k: v for k, v in values.items() if k in known})
 
 
+def pixel_constants(mean, std) -> tuple[torch.Tensor, torch.Tensor]:
+    """A CNN's per-channel normalisation on the 0..255 scale, shaped (1, 3, 1, 1)."""
+    def scaled(values):
+        return (torch.tensor(values, dtype=torch.float32) * 255).view(1, 3, 1, 1)
+    return scaled(mean), scaled(std)
+
+
+def normalise_pixels(pixels: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """uint8 RGB (B, 3, H, W) → float ``(x - mean) / std``, the input the CNN was trained on.
+    The one normalisation of pixels: extraction (crops) and RC training (PixelBackbone)."""
+    return (pixels.float() - mean) / std
+
+
 def l2_normalize(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return F.normalize(x, p=2, dim=dim, eps=1e-8)
 
@@ -87,10 +100,9 @@ class PixelBackbone(nn.Module):
         self.cnn = cnn.requires_grad_(trainable).to(memory_format=torch.channels_last)
         self.trainable = trainable
         self.freeze_bn = freeze_bn
-        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255,
-                             persistent=False)
-        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255,
-                             persistent=False)
+        scaled_mean, scaled_std = pixel_constants(mean, std)
+        self.register_buffer("mean", scaled_mean, persistent=False)
+        self.register_buffer("std", scaled_std, persistent=False)
         self.train(self.training)
 
     def train(self, mode: bool = True) -> "PixelBackbone":
@@ -105,7 +117,7 @@ class PixelBackbone(nn.Module):
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         with torch.set_grad_enabled(self.trainable and torch.is_grad_enabled()):
-            x = (pixels.float() - self.mean) / self.std
+            x = normalise_pixels(pixels, self.mean, self.std)
             return self.cnn(x.contiguous(memory_format=torch.channels_last))
 
 

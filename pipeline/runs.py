@@ -72,21 +72,32 @@ def read_config(run_dir) -> dict:
     return values
 
 
+def validation_log_lines(path) -> list[tuple[str, dict | None]]:
+    """Each line of a ``metrics.jsonl`` (with its newline) and its validation record, or None
+    for a line that holds none (cut short by a killed process). The one parser of the log:
+    reports read it, and the trainer trims it on --resume."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        ok = isinstance(record, dict) and "iteration" in record and "rsum" in record
+        out.append((line, record if ok else None))
+    return out
+
+
 def read_validation_log(run_dir) -> list[dict]:
     """The validation records of ``metrics.jsonl`` in iteration order.
 
     A line cut short by a killed process is ignored, and when a resumed run validated an
     iteration again only its latest record is kept."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        return []
     by_iteration = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and "iteration" in record and "rsum" in record:
+    for _, record in validation_log_lines(Path(run_dir) / "metrics.jsonl"):
+        if record is not None:
             record.setdefault("mrecall", record["rsum"] / 6)
             by_iteration[record["iteration"]] = record
     return [by_iteration[i] for i in sorted(by_iteration)]

@@ -35,6 +35,7 @@ from .loss_plugins import check_loss_name, loss_traits, make_loss
 from .metrics import evaluate_embeddings
 from .models import PROJECTIONS, ModelConfig, VSEModel, join_state
 from .runlock import RunLock
+from .runs import validation_log_lines
 from .runtime import (
     autocast,
     configure_kernels,
@@ -252,10 +253,11 @@ class Trainer:
         self.workers = (config.workers if config.workers is not None
                         else (default_workers() if config.rc else 0))
         init_state = load_checkpoint(config.init_from) if config.init_from else None
-        self.captions = self._caption_encoder(resume_state, init_state)
-        self.vocab = self.captions.vocab  # None with cached caption features
+        # the training pairs, in cache order (the epoch order permutes these positions)
         train_images = self.index.split(config.train_split)
         self.train_captions = np.flatnonzero(np.isin(self.index.caption_image, train_images))
+        self.captions = self._caption_encoder(resume_state, init_state)
+        self.vocab = self.captions.vocab  # None with cached caption features
         if len(self.train_captions) == 0:
             raise VseError(f"split {config.train_split!r} has no captions", self.source.location)
         if len(self.index.split(config.val_split)) == 0:  # fail now, not after the first epoch
@@ -352,10 +354,8 @@ class Trainer:
     def _vocabulary(self, state) -> Vocabulary:
         if state is not None and state["vocab"]:  # (a run on caption features has none)
             return Vocabulary(state["vocab"])
-        train_images = self.index.split(self.cfg.train_split)
-        caption_rows = np.flatnonzero(np.isin(self.index.caption_image, train_images))
-        captions = self.index.captions
-        return Vocabulary.build((captions[j] for j in caption_rows), self.cfg.min_word_count)
+        captions = self.index.captions  # the vocabulary of the training captions
+        return Vocabulary.build((captions[j] for j in self.train_captions), self.cfg.min_word_count)
 
     def _init_from(self, state: dict) -> None:
         """The head (projection + text encoder) of any run, cached or RC; the CNN too when
@@ -434,10 +434,8 @@ class Trainer:
         """A run killed between appending a validation record and saving last.pt would log
         that validation twice after --resume: keep only the records the checkpoint covers."""
         path = self.run_dir / "metrics.jsonl"
-        if not path.exists():
-            return
-        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-        kept = [line for line in lines if line.strip() and json.loads(line)["iteration"] <= iteration]
+        lines = validation_log_lines(path)
+        kept = [line for line, record in lines if record is not None and record["iteration"] <= iteration]
         if len(kept) != len(lines):
             with atomic_path(path) as tmp:
                 Path(tmp).write_text("".join(kept), encoding="utf-8")
