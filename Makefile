@@ -108,6 +108,7 @@ f8k-fast: $(F8K_FEATURES) $(F8K_TEXT) $(CACHE)/f8k_svd.h5 $(CACHE)/f8k_bert.h5 $
 	  --judgments $(JUDGMENTS) --out $(FAST_OUT)/results.csv
 	$(VSE) report $(FAST_OUT)/results.csv --columns recall --epochs-to-best | tee $(FAST_OUT)/table_recall.md
 	$(VSE) report $(FAST_OUT)/results.csv --columns human | tee $(FAST_OUT)/table_human.md
+	$(PY) bench/f8k_claims.py $(FAST_OUT)/results.csv | tee $(FAST_OUT)/claims.json
 
 test: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

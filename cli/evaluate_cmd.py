@@ -183,8 +183,8 @@ def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device
     click.echo(format_results(result.rows, "md", "human" if judgments else "recall"))
     if judgments:
         first = result.rows[0]
-        click.echo(f"judgments: {first['human_pairs']} judged pairs in the split, "
-                   f"{first['human_unmatched']} outside it (left out)", err=True)
+        click.echo(f"judgments: {first['human_pairs']:.0f} judged pairs in the split, "
+                   f"{first['human_unmatched']:.0f} outside it (left out)", err=True)
     summary = f"{len(result.rows)} of {len(run_dirs)} runs evaluated"
     if result.skipped:
         summary += f", {len(result.skipped)} skipped"
