@@ -89,21 +89,12 @@ class RunEvaluator:
 
     def judge(self, cache: FeatureCache, emb) -> dict:
         """Human-judgment metrics; the judged pairs are matched to a cache's split once."""
-        from .judgments import (
-            check_caption_keys,
-            human_metrics,
-            match_judgments,
-            split_identity,
-            token_file_near,
-        )
+        from .judgments import human_metrics, match_split, token_file_near
 
         key = cache.path.resolve()
         if key not in self._matched:
-            identity = split_identity(cache, emb.image_rows, emb.caption_rows)
-            matched = match_judgments(self.judgments, identity)
             token_file = token_file_near(cache.attrs.get("dataset_root"))
-            if token_file is not None:
-                check_caption_keys(identity, token_file, matched.keys)
+            matched = match_split(emb, cache, self.judgments, token_file)
             self._matched[key] = matched
         return human_metrics(emb.images, emb.captions, emb.caption_image, self._matched[key],
                              order=emb.similarity, device=self.device)

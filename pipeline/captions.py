@@ -20,7 +20,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from .cache import caption_fingerprint
+from .cache import caption_fingerprint, check_caption_fingerprint
 from .caption_features import CaptionFeatures
 from .errors import VseError
 from .text import TokenizedCaptions, Vocabulary
@@ -93,10 +93,8 @@ class CachedCaptionVectors:
         one line when made for other captions, or by another model than ``expected`` (the
         entry of the checkpoint being resumed or evaluated)."""
         file = CaptionFeatures(path)
-        if file.caption_fingerprint != caption_fingerprint(captions):
-            raise VseError(f"caption features made for other captions than those of the feature cache "
-                           f"{cache_path or ''} (caption fingerprint {file.caption_fingerprint[:12]}…); "
-                           "make them with `vse encode-text --features` of that cache", file.path)
+        check_caption_fingerprint(caption_fingerprint(captions), file.attrs, file.path,
+                                  "caption-feature file", cache_path or "the feature cache")
         if expected is not None:
             check_entry(file, expected, checkpoint)
         return cls(file, torch.from_numpy(file.vectors()))

@@ -300,12 +300,8 @@ def build_gallery(checkpoint, features, out, *, images_root=None, split: str = "
 
 def _accepted_pairs(judgments, cache, emb) -> frozenset:
     """Split-local (image, caption) pairs people accepted (keys checked like `vse evaluate`)."""
-    from .judgments import check_caption_keys, match_judgments, split_identity, token_file_near
+    from .judgments import match_split, token_file_near
 
-    identity = split_identity(cache, emb.image_rows, emb.caption_rows)
-    matched = match_judgments(judgments, identity)
-    token_file = token_file_near(cache.attrs.get("dataset_root"))
-    if token_file is not None:
-        check_caption_keys(identity, token_file, matched.keys)
+    matched = match_split(emb, cache, judgments, token_file_near(cache.attrs.get("dataset_root")))
     yes = matched.accepted
     return frozenset(zip(matched.image[yes].tolist(), matched.caption[yes].tolist()))

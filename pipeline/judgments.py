@@ -516,15 +516,22 @@ def token_file_near(root) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
+def match_split(emb, index, judgments: Judgments, token_file=None) -> MatchedJudgments:
+    """The judged pairs of split embeddings' rows of ``index`` (rebuilt caption keys checked
+    against ``token_file`` when given): the one matching step of evaluate, --runs and gallery."""
+    identity = split_identity(index, emb.image_rows, emb.caption_rows)
+    matched = match_judgments(judgments, identity)
+    if token_file is not None:
+        check_caption_keys(identity, token_file, matched.keys)
+    return matched
+
+
 def judge_split(emb, index, judgments: Judgments, device=None,
                 token_file=None) -> tuple[dict, MatchedJudgments]:
     """Human-judgment metrics of split embeddings (``inference.SplitEmbeddings``) whose rows
     index ``index`` (a FeatureCache, CacheIndex or RC index). With ``token_file`` the rebuilt
     keys of the judged captions are checked against it first."""
-    identity = split_identity(index, emb.image_rows, emb.caption_rows)
-    matched = match_judgments(judgments, identity)
-    if token_file is not None:
-        check_caption_keys(identity, token_file, matched.keys)
+    matched = match_split(emb, index, judgments, token_file)
     metrics = human_metrics(emb.images, emb.captions, emb.caption_image, matched,
                             order=emb.similarity, device=device)
     return metrics, matched
