@@ -15,8 +15,11 @@ the cache records which.  Their features agree within 1e-4 but not bit for bit, 
 computed by one engine are never completed by another: resuming with another engine is
 refused (the error names the engine that continues the run), which keeps a resumed cache
 byte-identical to an uninterrupted one.  Images are decoded and resized in DataLoader
-worker processes (one decode per image, whatever the number of crops) while the engine
-computes the previous batches.
+worker processes (one decode per image, whatever the number of crops).  With the torch
+engine the main process computes one batch while the workers decode the next ones; ONNX
+Runtime (``in_loader_workers``) runs inside the workers instead, one single-thread session
+per worker and one worker per thread torch would use, so every core decodes and computes
+its own batches and the main process only writes shards (bench/extract.py measures both).
 """
 
 from __future__ import annotations
@@ -186,6 +189,14 @@ def import_precomputed(dataset: Dataset, out, splits=None, shard_size: int = DEF
 # ---------------------------------------------------------------------------- the compute loop
 
 
+def loader_workers(options: ExtractOptions, engine) -> int:
+    """``--workers``, else: one per thread (``torch.get_num_threads()``) for an engine that runs
+    in the workers, ``runtime.default_workers()`` (one core left to the engine) for the others."""
+    if options.workers is not None:
+        return options.workers
+    return torch.get_num_threads() if engine.in_loader_workers else runtime.default_workers()
+
+
 class _PreparedImages(torch.utils.data.Dataset):
     """Item ``row`` → (row, uint8 image prepared for the crops, error message or "")."""
 
@@ -203,20 +214,57 @@ class _PreparedImages(torch.utils.data.Dataset):
             return row, self.plan.blank(), str(exc)
 
 
+class _EncodedBatches(torch.utils.data.Dataset):
+    """Item ``k`` → (rows of batch ``k``, their features, error messages): decode, crops and
+    the engine all in the loader worker, whose ``_own_engine`` gave it a one-thread copy."""
+
+    def __init__(self, images: _PreparedImages, batches: list[list[int]], engine):
+        self.images, self.batches, self.engine = images, batches, engine
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, k: int):
+        rows, prepared, errors = zip(*(self.images[row] for row in self.batches[k]))
+        plan = self.images.plan
+        with torch.inference_mode():
+            features = plan.average(self.engine(plan.network_input(torch.stack(prepared))))
+        return torch.tensor(rows), features, list(errors)
+
+
+def _own_engine(worker_id: int) -> None:
+    dataset = torch.utils.data.get_worker_info().dataset
+    dataset.engine = dataset.engine.single_threaded()
+
+
 def _compute_shards(forward, plan: CropPlan, paths, image_ids, writer: ShardedWriter,
                     todo: list[int], options: ExtractOptions, device: torch.device,
                     result: ExtractResult) -> None:
-    """Fill the shards ``todo``: ``forward`` (an engine) sees one batch of crops while the
-    loader's worker processes decode the next ones."""
+    """Fill the shards ``todo``: the loader's worker processes decode (and, for an engine
+    ``in_loader_workers``, encode) the next batches while the main process writes."""
     batches = [list(range(a, min(a + options.batch_size, stop)))
                for i in todo for start, stop in [writer.bounds[i]]
                for a in range(start, stop, options.batch_size)]
     if not batches:
         return
-    workers = runtime.default_workers() if options.workers is None else options.workers
-    loader = torch.utils.data.DataLoader(
-        _PreparedImages(paths, plan), batch_sampler=batches, num_workers=workers,
-        pin_memory=runtime.pin_memory(device), prefetch_factor=PREFETCH_BATCHES if workers else None)
+    workers = loader_workers(options, forward)
+    images = _PreparedImages(paths, plan)
+    if forward.in_loader_workers and workers:
+        loader = torch.utils.data.DataLoader(
+            _EncodedBatches(images, batches, forward), batch_size=None, num_workers=workers,
+            worker_init_fn=_own_engine, prefetch_factor=PREFETCH_BATCHES)
+
+        def encode(features):
+            return features
+    else:
+        loader = torch.utils.data.DataLoader(
+            images, batch_sampler=batches, num_workers=workers, pin_memory=runtime.pin_memory(device),
+            prefetch_factor=PREFETCH_BATCHES if workers else None)
+
+        def encode(prepared):
+            x = plan.network_input(prepared.to(device, non_blocking=True),
+                                   channels_last=forward.channels_last)
+            return plan.average(forward(x))
     shard_of = {row: i for i in todo for row in range(*writer.bounds[i])}
     progress = tqdm(total=sum(len(b) for b in batches), unit="img", dynamic_ncols=True,
                     desc=f"{options.backbone} {plan.crops}C {forward.name}",
@@ -224,15 +272,13 @@ def _compute_shards(forward, plan: CropPlan, paths, image_ids, writer: ShardedWr
     shard, features, bad_rows = None, None, []
     started = time.perf_counter()
     with progress, torch.inference_mode():
-        for batch_rows, prepared, errors in loader:
+        for batch_rows, loaded, errors in loader:
             batch_rows = batch_rows.tolist()
             if shard_of[batch_rows[0]] != shard:
                 shard = shard_of[batch_rows[0]]
                 start, stop = writer.bounds[shard]
                 features, bad_rows = np.empty((stop - start, writer.feature_dim), np.float32), []
-            x = plan.network_input(prepared.to(device, non_blocking=True),
-                                   channels_last=forward.channels_last)
-            batch = plan.average(forward(x)).cpu().numpy()
+            batch = encode(loaded).cpu().numpy()
             for k, message in enumerate(errors):
                 if message:
                     if not options.skip_bad_images:

@@ -112,7 +112,20 @@ def test_a_graph_that_cannot_be_cached_runs_from_memory(tmp_path):
     with torch.inference_mode():
         expected = backbone.module(x)
     torch.testing.assert_close(engine(x), expected, atol=engines.EXPORT_TOLERANCE, rtol=0)
+    # a loader worker's one-thread copy runs from the same bytes
+    torch.testing.assert_close(engine.single_threaded()(x), expected, atol=engines.EXPORT_TOLERANCE, rtol=0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a file"]
+
+
+def test_onnxruntime_in_loader_workers_gives_the_features_of_one_session(tmp_path, onnx_dir, monkeypatch):
+    """Decode + engine in 2 worker processes (one thread each), ORT calls split into pieces
+    of 7 inputs, against one multi-threaded session in the main process fed whole batches.
+    Bit-identical here; the tolerance is the engines' (threads may change float sums)."""
+    reference, _ = _extract(tmp_path / "main.h5", onnx_dir, engine="onnxruntime", crops=10, workers=0)
+    monkeypatch.setattr(engines, "ORT_BATCH", 7)  # 2 images × 10 crops = 20 inputs: 3 calls
+    got, attrs = _extract(tmp_path / "workers.h5", onnx_dir, engine="onnxruntime", crops=10, workers=2)
+    assert attrs["engine"] == "onnxruntime" and got.shape == reference.shape
+    np.testing.assert_allclose(got, reference, atol=engines.EXPORT_TOLERANCE, rtol=0)
 
 
 def test_a_broken_graph_file_is_named_not_used(tmp_path):
