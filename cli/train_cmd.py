@@ -18,6 +18,7 @@ from pipeline.backbones import BACKBONE_NAMES
 from pipeline.datasets import IMAGE_DATASET_KINDS
 from pipeline.errors import VseError
 from pipeline.losses import LOSS_NAMES
+from pipeline.train import ADAM_KERNELS
 
 # Loss-specific flags → the option names of pipeline.losses.build_loss.
 LOSS_FLAGS = {
@@ -134,6 +135,9 @@ def _read_config_file(path: str) -> dict:
 @option("--lr-decay-epoch", type=int, help="lr × lr-decay every this many epochs.")
 @option("--lr-decay", type=float)
 @option("--grad-clip", type=float)
+@option("--adam-kernel", type=click.Choice(ADAM_KERNELS),
+        help="fused: one pass per parameter (default; about half the time on a CPU); default: "
+             "PyTorch's own kernel, as runs before this option. The same update, rounded differently.")
 @option("--embed-dim", type=int)
 @option("--word-dim", type=int)
 @option("--glove", is_flag=True, help="Initialise word embeddings from GloVe 6B-50d (word dim 50).")

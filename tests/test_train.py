@@ -272,3 +272,44 @@ def test_what_resume_may_change_leaves_the_updates_alone(tiny_cache, tmp_path):
     for key, value in full["model"].items():
         assert torch.equal(value, moved["model"][key]), key
     assert json.loads((tmp_path / "moved" / "config.json").read_text())["run_dir"] == str(tmp_path / "moved")
+
+
+@pytest.mark.parametrize("scale", [0.01, 100.0])  # within the max norm, and far above it
+def test_clip_gradients_is_clip_grad_norm_bit_for_bit(scale):
+    from pipeline.train import clip_gradients
+
+    g = torch.Generator().manual_seed(3)
+    ours = [torch.nn.Parameter(torch.randn(shape, generator=g)) for shape in ((7, 5), (5,), (3, 4, 2))]
+    theirs = [torch.nn.Parameter(q.detach().clone()) for q in ours]
+    for a, b in zip(ours, theirs):
+        a.grad = torch.randn(a.shape, generator=g) * scale
+        b.grad = a.grad.clone()
+    clip_gradients(ours, 2.0)
+    torch.nn.utils.clip_grad_norm_(theirs, 2.0)
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a.grad, b.grad)
+    assert (torch.linalg.vector_norm(torch.cat([q.grad.flatten() for q in ours])) <= 2.0 + 1e-5)
+
+
+def test_adam_kernels_make_the_same_updates_and_old_runs_resume_with_their_own(tiny_cache, tmp_path):
+    from pipeline.checkpoint import save_checkpoint
+
+    opts = dict(loss="sh", epochs=1)
+    fused = Trainer(_config(tiny_cache, tmp_path / "fused", **opts), echo=lambda *a: None)
+    assert fused.optimizer.defaults["fused"] is True  # the default kernel
+    fused.fit()
+    plain = Trainer(_config(tiny_cache, tmp_path / "plain", adam_kernel="default", **opts), echo=lambda *a: None)
+    assert not plain.optimizer.defaults["fused"]
+    plain.fit()
+    a, b = (load_checkpoint(tmp_path / name / "last.pt")["model"] for name in ("fused", "plain"))
+    for key in a:  # 8 steps: the kernels round differently, nothing more
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
+    with pytest.raises(VseError, match="--adam-kernel must be one of fused, default, not 'adamw'"):
+        _config(tiny_cache, tmp_path / "x", adam_kernel="adamw").check()
+    # a checkpoint written before the option existed resumes with PyTorch's default kernel
+    state = load_checkpoint(tmp_path / "plain" / "last.pt")
+    del state["train_config"]["adam_kernel"]
+    save_checkpoint(state, tmp_path / "plain" / "last.pt")
+    resumed = Trainer(_config(tiny_cache, tmp_path / "plain", loss="sh", epochs=2), resume=True,
+                      given={"epochs"}, echo=lambda *a: None)
+    assert resumed.cfg.adam_kernel == "default" and not resumed.optimizer.defaults["fused"]
