@@ -14,6 +14,9 @@ RUN_FILES = ("config.json", "metrics.jsonl", "best.pt", "last.pt")
 # Training options that name where or how a run was executed, not what it computes: runs whose
 # configs differ only in these and the seed are one configuration (seed groups in reports).
 NOT_CONFIGURATION = ("run_dir", "seed", "workers", "log_every", "preload", "device")
+# What a run written before an option existed used for it (its config.json and checkpoints
+# lack the key; the option's default today may be another value).
+OPTIONS_BEFORE_THEY_EXISTED = {"adam_kernel": "default"}
 
 
 def config_id(config: dict) -> str:
@@ -69,7 +72,7 @@ def read_config(run_dir) -> dict:
         raise VseError(f"unreadable run config ({str(exc).splitlines()[0][:120]})", path) from exc
     if not isinstance(values, dict):
         raise VseError("run config is not a JSON object", path)
-    return values
+    return {**OPTIONS_BEFORE_THEY_EXISTED, **values}
 
 
 def validation_log_lines(path) -> list[tuple[str, dict | None]]:

@@ -121,6 +121,21 @@ def test_config_id_ignores_seed_and_execution_options_only():
     assert config_id(base) != config_id({**base, "lr": 1e-3})
 
 
+def test_a_run_from_before_an_option_reads_as_the_value_it_used(tmp_path):
+    """config.json written before --adam-kernel existed: such runs used PyTorch's default
+    kernel, so they group with new runs of adam_kernel 'default', not with 'fused' ones."""
+    import json
+
+    from pipeline.runs import read_config
+
+    new = TrainConfig(features="x.h5", run_dir="runs/a", adam_kernel="default").to_dict()
+    old = {k: v for k, v in new.items() if k != "adam_kernel"}
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    assert read_config(tmp_path)["adam_kernel"] == "default"
+    assert config_id(read_config(tmp_path)) == config_id(new)
+    assert config_id(read_config(tmp_path)) != config_id({**new, "adam_kernel": "fused"})
+
+
 # ---------------------------------------------------------------------------- sweep --seeds
 
 
