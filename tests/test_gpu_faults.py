@@ -334,9 +334,10 @@ class HostReads:
         counter = self
 
         def wrapper(tensor, *args, **kwargs):
-            caller = Path(sys._getframe(1).f_code.co_filename)
+            frame = sys._getframe(1)
+            caller = Path(frame.f_code.co_filename)
             if ROOT / "pipeline" in caller.parents and counter._syncs(name, tensor, args):
-                counter.calls.append(f"{name} in {caller.name}:{sys._getframe(1).f_lineno}")
+                counter.calls.append(f"{name} in {caller.name}:{frame.f_lineno} ({frame.f_code.co_name})")
             return method(tensor, *args, **kwargs)
 
         return wrapper
@@ -361,7 +362,24 @@ def test_one_host_sync_per_training_step(tiny_cache, tmp_path, monkeypatch, loss
     with monkeypatch.context() as m:
         reads = HostReads(m, keep=[batch.captions[i] for i in batch.host_captions])
         trainer.step(batch)
-    assert [call.split(":")[0] for call in reads.calls] == ["item in train.py"]
+    # the loss, read once; on a CPU also the clipping coefficient (free there: no device to
+    # wait for; on a GPU clip_gradients reads nothing, see the next test)
+    assert [call.split(":")[0] + call.split(" ")[-1] for call in reads.calls] == [
+        "__bool__ in train.py(clip_gradients)", "item in train.py(step)"]
+
+
+def test_gradient_clipping_reads_nothing_back_from_a_device(monkeypatch):
+    """On any device but the CPU (here "meta", which has no data to read) clip_gradients
+    scales the gradients as clip_grad_norm_ does, without a host read."""
+    from pipeline.train import clip_gradients
+
+    parameters = [torch.nn.Parameter(torch.empty(4, 3, device="meta")) for _ in range(2)]
+    for q in parameters:
+        q.grad = torch.empty(4, 3, device="meta")
+    with monkeypatch.context() as m:
+        reads = HostReads(m)
+        clip_gradients(parameters, 2.0)
+    assert reads.calls == []
 
 
 def test_caption_lengths_stay_on_the_host():

@@ -298,7 +298,8 @@ def test_adam_kernels_make_the_same_updates_and_old_runs_resume_with_their_own(t
     fused = Trainer(_config(tiny_cache, tmp_path / "fused", **opts), echo=lambda *a: None)
     assert fused.optimizer.defaults["fused"] is True  # the default kernel
     fused.fit()
-    plain = Trainer(_config(tiny_cache, tmp_path / "plain", adam_kernel="default", **opts), echo=lambda *a: None)
+    plain = Trainer(_config(tiny_cache, tmp_path / "plain", adam_kernel="default", **opts),
+                    echo=lambda *a: None)
     assert not plain.optimizer.defaults["fused"]
     plain.fit()
     a, b = (load_checkpoint(tmp_path / name / "last.pt")["model"] for name in ("fused", "plain"))
