@@ -49,8 +49,8 @@ def _split_list(ctx, param, value):
               help="Images per forward pass (× crops); changing it recomputes the shards (their "
                    "features depend on the batch in the last float bits).")
 @click.option("--workers", type=int, callback=_at_least(0), default=None,
-              help="Image-loading processes [default: onnxruntime: one per core, each decoding and "
-                   "running a one-thread session; torch: cores - 1, at most 8]. 0: all in this process.")
+              help="Image-loading processes [default: onnxruntime: one per core, at most 8, each decoding "
+                   "and running its own session; torch: cores - 1, at most 8]. 0: all in this process.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
               help="Who runs the CNN: auto = onnxruntime on a CPU when installed (about 8× torch), "

@@ -89,7 +89,7 @@ class OnnxRuntimeEngine:
     """The backbone's exported graph in an ONNX Runtime CPU session (same call as TorchEngine).
 
     ``in_loader_workers``: extraction runs this engine inside each DataLoader worker, one
-    thread per worker (``single_threaded``), next to that worker's decoding, instead of one
+    thread per worker (``with_threads``), next to that worker's decoding, instead of one
     multi-threaded session fed by the workers.  On 2 cores a decoding worker beside a
     2-thread session slows every call by about the decode time (the session waits for its
     descheduled thread), which held end to end at 0.7 of the forward alone; one single-thread
@@ -115,11 +115,11 @@ class OnnxRuntimeEngine:
                 pass
         self.session = _session(self.source, threads)
 
-    def single_threaded(self) -> OnnxRuntimeEngine:
-        """The same graph in a new session with one intra-op thread (one per loader worker)."""
+    def with_threads(self, threads: int) -> OnnxRuntimeEngine:
+        """The same graph in a new session with ``threads`` intra-op threads (a loader worker's)."""
         copy = object.__new__(OnnxRuntimeEngine)
         copy.graph, copy.source = self.graph, self.source
-        copy.session = _session(self.source, threads=1)
+        copy.session = _session(self.source, threads=threads)
         return copy
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -57,7 +57,7 @@ class ExtractOptions:
     backbone: str = "efficientnet-lite0"
     crops: int = 1
     batch_size: int = 32  # images per forward pass (× crops network inputs)
-    workers: int | None = None  # DataLoader workers; None → runtime.default_workers()
+    workers: int | None = None  # DataLoader workers; None → loader_workers() chooses per engine
     device: str = "auto"
     shard_size: int = DEFAULT_SHARD_SIZE
     weights: str | None = None
@@ -189,12 +189,24 @@ def import_precomputed(dataset: Dataset, out, splits=None, shard_size: int = DEF
 # ---------------------------------------------------------------------------- the compute loop
 
 
+MAX_ENGINE_WORKERS = 8  # each holds a session and its batches (Lite2 10C: about 1 GB of its own)
+
+
 def loader_workers(options: ExtractOptions, engine) -> int:
-    """``--workers``, else: one per thread (``torch.get_num_threads()``) for an engine that runs
-    in the workers, ``runtime.default_workers()`` (one core left to the engine) for the others."""
+    """``--workers``, else: for an engine that runs in the workers one per thread torch would
+    use (``torch.get_num_threads()``: the cores, or OMP_NUM_THREADS), at most
+    MAX_ENGINE_WORKERS; for the others ``runtime.default_workers()`` (a core left to the engine)."""
     if options.workers is not None:
         return options.workers
-    return torch.get_num_threads() if engine.in_loader_workers else runtime.default_workers()
+    if engine.in_loader_workers:
+        return min(torch.get_num_threads(), MAX_ENGINE_WORKERS)
+    return runtime.default_workers()
+
+
+def engine_threads_per_worker(workers: int) -> int:
+    """Intra-op threads of each worker's session: the threads torch would use, shared out
+    (1 up to MAX_ENGINE_WORKERS cores; more on larger machines, so no core idles)."""
+    return max(1, torch.get_num_threads() // max(1, workers))
 
 
 class _PreparedImages(torch.utils.data.Dataset):
@@ -216,10 +228,10 @@ class _PreparedImages(torch.utils.data.Dataset):
 
 class _EncodedBatches(torch.utils.data.Dataset):
     """Item ``k`` → (rows of batch ``k``, their features, error messages): decode, crops and
-    the engine all in the loader worker, whose ``_own_engine`` gave it a one-thread copy."""
+    the engine all in the loader worker, whose ``_own_engine`` gave it its own session."""
 
-    def __init__(self, images: _PreparedImages, batches: list[list[int]], engine):
-        self.images, self.batches, self.engine = images, batches, engine
+    def __init__(self, images: _PreparedImages, batches: list[list[int]], engine, threads: int):
+        self.images, self.batches, self.engine, self.threads = images, batches, engine, threads
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -234,7 +246,7 @@ class _EncodedBatches(torch.utils.data.Dataset):
 
 def _own_engine(worker_id: int) -> None:
     dataset = torch.utils.data.get_worker_info().dataset
-    dataset.engine = dataset.engine.single_threaded()
+    dataset.engine = dataset.engine.with_threads(dataset.threads)
 
 
 def _compute_shards(forward, plan: CropPlan, paths, image_ids, writer: ShardedWriter,
@@ -251,7 +263,8 @@ def _compute_shards(forward, plan: CropPlan, paths, image_ids, writer: ShardedWr
     images = _PreparedImages(paths, plan)
     if forward.in_loader_workers and workers:
         loader = torch.utils.data.DataLoader(
-            _EncodedBatches(images, batches, forward), batch_size=None, num_workers=workers,
+            _EncodedBatches(images, batches, forward, engine_threads_per_worker(workers)),
+            batch_size=None, num_workers=workers,
             worker_init_fn=_own_engine, prefetch_factor=PREFETCH_BATCHES)
 
         def encode(features):

@@ -113,7 +113,7 @@ def test_a_graph_that_cannot_be_cached_runs_from_memory(tmp_path):
         expected = backbone.module(x)
     torch.testing.assert_close(engine(x), expected, atol=engines.EXPORT_TOLERANCE, rtol=0)
     # a loader worker's one-thread copy runs from the same bytes
-    torch.testing.assert_close(engine.single_threaded()(x), expected, atol=engines.EXPORT_TOLERANCE, rtol=0)
+    torch.testing.assert_close(engine.with_threads(1)(x), expected, atol=engines.EXPORT_TOLERANCE, rtol=0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a file"]
 
 

@@ -379,3 +379,19 @@ def test_torchrun_two_ranks_equal_one_process(tmp_path):
     with FeatureCache(tmp_path / "one.h5") as one, FeatureCache(tmp_path / "two.h5") as two:
         assert one.image_ids == two.image_ids and one.captions == two.captions
         assert one.features[...].tobytes() == two.features[...].tobytes()
+
+
+def test_an_engine_in_the_workers_gets_every_core_and_no_more(monkeypatch):
+    """ONNX Runtime runs in the loader workers: one per core up to MAX_ENGINE_WORKERS, the
+    cores beyond that as threads of their sessions; torch keeps a core for itself."""
+    from pipeline import extract, runtime
+    from pipeline.engines import OnnxRuntimeEngine, TorchEngine
+
+    ort, torch_engine = object.__new__(OnnxRuntimeEngine), object.__new__(TorchEngine)
+    for cores, workers, threads in ((1, 1, 1), (2, 2, 1), (8, 8, 1), (16, 8, 2), (12, 8, 1)):
+        monkeypatch.setattr(torch, "get_num_threads", lambda cores=cores: cores)
+        assert extract.loader_workers(ExtractOptions(), ort) == workers
+        assert extract.engine_threads_per_worker(workers) == threads
+    assert extract.loader_workers(ExtractOptions(workers=0), ort) == 0  # all in the main process
+    assert extract.loader_workers(ExtractOptions(workers=3), ort) == 3
+    assert extract.loader_workers(ExtractOptions(), torch_engine) == runtime.default_workers()
