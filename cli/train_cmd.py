@@ -18,6 +18,7 @@ from pipeline.backbones import BACKBONE_NAMES
 from pipeline.datasets import IMAGE_DATASET_KINDS
 from pipeline.errors import VseError
 from pipeline.losses import LOSS_NAMES
+from pipeline.models import PROJECTIONS
 from pipeline.train import ADAM_KERNELS
 
 # Loss-specific flags → the option names of pipeline.losses.build_loss.
@@ -143,11 +144,11 @@ def _read_config_file(path: str) -> dict:
 @option("--glove", is_flag=True, help="Initialise word embeddings from GloVe 6B-50d (word dim 50).")
 @option("--min-word-count", type=int)
 @option("--no-img-norm", "img_norm", flag_value=False, help="VSE0 variant: images not L2-normalised.")
-@option("--projection", type=click.Choice(["linear", "mlp"]))
+@option("--projection", type=click.Choice(PROJECTIONS))
 @option("--text-features", type=click.Path(dir_okay=False),
         help="Caption-feature file from `vse encode-text`: a head over these frozen vectors replaces "
              "the GRU (both sides in memory).")
-@option("--text-projection", type=click.Choice(["linear", "mlp"]), help="--text-features: the caption head.")
+@option("--text-projection", type=click.Choice(PROJECTIONS), help="--text-features: the caption head.")
 @option("--val-split")
 @option("--val-images", type=int)
 @option("--val-every", type=int, help="Validate every N iterations (0: epoch ends only).")

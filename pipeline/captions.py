@@ -23,9 +23,8 @@ import torch
 from .cache import caption_fingerprint, check_caption_fingerprint
 from .caption_features import CaptionFeatures
 from .errors import VseError
+from .runs import OPTIONS_BEFORE_THEY_EXISTED
 from .text import TokenizedCaptions, Vocabulary
-
-DEFAULT_MAX_TOKENS = 100  # TrainConfig.max_caption_tokens of checkpoints that predate it
 
 
 class CaptionEncoder(Protocol):
@@ -54,7 +53,7 @@ class GRUCaptions:
 
     host_inputs = (1,)  # the lengths stay on the CPU: pack_padded_sequence reads them there
 
-    def __init__(self, vocab: Vocabulary, captions, max_tokens: int = DEFAULT_MAX_TOKENS,
+    def __init__(self, vocab: Vocabulary, captions, max_tokens: int,
                  tokens: TokenizedCaptions | None = None):
         self.vocab = vocab
         self.tokens = tokens if tokens is not None else TokenizedCaptions.encode(vocab, captions, max_tokens)
@@ -140,8 +139,12 @@ def checkpoint_captions(state: dict, captions, cache_path=None, text_features=No
     if text_features:
         raise VseError(f"{checkpoint or 'the checkpoint'} embeds tokens with its GRU: it takes no "
                        "--text-features", text_features)
-    max_tokens = state["train_config"].get("max_caption_tokens", DEFAULT_MAX_TOKENS)
+    max_tokens = _max_tokens(state)
     return GRUCaptions(Vocabulary(state["vocab"]), captions, max_tokens)
+
+
+def _max_tokens(state: dict) -> int:
+    return {**OPTIONS_BEFORE_THEY_EXISTED, **state["train_config"]}["max_caption_tokens"]
 
 
 def caption_key(state: dict, text_features=None) -> tuple:
@@ -152,4 +155,4 @@ def caption_key(state: dict, text_features=None) -> tuple:
         path = Path(text_features or entry["path"]).resolve()
         return ("vectors", str(path), entry["model_identity"])
     words = hashlib.sha1("\n".join(state["vocab"]).encode("utf-8")).hexdigest()
-    return ("tokens", words, state["train_config"].get("max_caption_tokens", DEFAULT_MAX_TOKENS))
+    return ("tokens", words, _max_tokens(state))

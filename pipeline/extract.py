@@ -17,9 +17,9 @@ refused (the error names the engine that continues the run), which keeps a resum
 byte-identical to an uninterrupted one.  Images are decoded and resized in DataLoader
 worker processes (one decode per image, whatever the number of crops).  With the torch
 engine the main process computes one batch while the workers decode the next ones; ONNX
-Runtime (``in_loader_workers``) runs inside the workers instead, one single-thread session
-per worker and one worker per thread torch would use, so every core decodes and computes
-its own batches and the main process only writes shards (bench/extract.py measures both).
+Runtime (``in_loader_workers``) runs inside the workers instead, a session per worker and a
+worker per core (``loader_workers``), so every core decodes and computes its own batches
+and the main process only writes shards (bench/extract.py measures both).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ RUN_FILES = ("config.json", "metrics.jsonl", "best.pt", "last.pt")
 NOT_CONFIGURATION = ("run_dir", "seed", "workers", "log_every", "preload", "device")
 # What a run written before an option existed used for it (its config.json and checkpoints
 # lack the key; the option's default today may be another value).
-OPTIONS_BEFORE_THEY_EXISTED = {"adam_kernel": "default"}
+OPTIONS_BEFORE_THEY_EXISTED = {"adam_kernel": "default", "max_caption_tokens": 100}
 
 
 def config_id(config: dict) -> str:

@@ -123,9 +123,23 @@ def test_onnxruntime_in_loader_workers_gives_the_features_of_one_session(tmp_pat
     Bit-identical here; the tolerance is the engines' (threads may change float sums)."""
     reference, _ = _extract(tmp_path / "main.h5", onnx_dir, engine="onnxruntime", crops=10, workers=0)
     monkeypatch.setattr(engines, "ORT_BATCH", 7)  # 2 images × 10 crops = 20 inputs: 3 calls
+    from pipeline import extract
+
+    made, real_init = [], extract._EncodedBatches.__init__
+
+    def init(self, *args):  # the batches the workers encode are built here, in this process
+        made.append(args[-1])
+        real_init(self, *args)
+
+    monkeypatch.setattr(extract._EncodedBatches, "__init__", init)
     got, attrs = _extract(tmp_path / "workers.h5", onnx_dir, engine="onnxruntime", crops=10, workers=2)
+    assert made == [extract.engine_threads_per_worker(2)]  # the engine ran in the workers
     assert attrs["engine"] == "onnxruntime" and got.shape == reference.shape
     np.testing.assert_allclose(got, reference, atol=engines.EXPORT_TOLERANCE, rtol=0)
+    engine = engines.build_engine("onnxruntime", load_backbone("tiny"), torch.device("cpu"), onnx_dir)
+    x = torch.randn(20, 3, 64, 64, generator=torch.Generator().manual_seed(4))
+    whole = torch.cat([engine(x[i:i + 1]) for i in range(20)])  # one input per call
+    torch.testing.assert_close(engine(x), whole, atol=engines.EXPORT_TOLERANCE, rtol=0)  # calls of 7
 
 
 def test_a_broken_graph_file_is_named_not_used(tmp_path):
