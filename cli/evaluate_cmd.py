@@ -130,9 +130,8 @@ def _judge_split(emb, judgments, features, root, dataset_kind, device) -> dict:
     loaded = judgments.load()
     if root:
         from pipeline.datasets import load_dataset
-        from pipeline.extract import select_images
 
-        index = select_images(load_dataset(dataset_kind, root))[1]
+        index = load_dataset(dataset_kind, root).select()[1]
         return _report_matched(*judge_split(emb, index, loaded, device, token_file_near(root)))
     from pipeline.cache import FeatureCache
 

@@ -28,6 +28,7 @@ import numpy as np
 from . import __version__
 from .errors import VseError
 from .fsutil import atomic_h5, guard_output
+from .index import CaptionIndex, IndexedRows, caption_fingerprint
 
 FORMAT = "vse-features"
 FORMAT_VERSION = 1
@@ -38,41 +39,8 @@ _READ_BLOCK_ROWS = 8192
 _SPARE_FILES = 256  # beyond the shards: libraries, DataLoader pipes, outputs
 
 
-@dataclass
-class CacheIndex:
-    """Everything in a cache except the features: which rows, captions and splits."""
-
-    image_ids: list[str]
-    captions: list[str]
-    caption_image: np.ndarray
-    splits: dict[str, np.ndarray]
-
-    def __post_init__(self):
-        self.caption_image = np.asarray(self.caption_image, dtype=np.int64)
-        self.splits = {k: np.asarray(v, dtype=np.int64) for k, v in self.splits.items()}
-        n = len(self.image_ids)
-        if len(self.captions) != len(self.caption_image):
-            raise ValueError("captions and caption_image differ in length")
-        for name, rows in [("caption_image", self.caption_image), *self.splits.items()]:
-            if rows.size and (rows.min() < 0 or rows.max() >= n):
-                raise ValueError(f"{name} holds image indices outside 0..{n - 1}")
-
-
 def config_fingerprint(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
-
-
-def caption_fingerprint(captions) -> str:
-    """The identity of a caption list: sha256 over the caption texts in order (each utf-8,
-    length-prefixed, so no two lists share a digest by concatenation).  Feature caches,
-    relevance files and caption-feature files carry it as the ``caption_fingerprint``
-    attribute; a file made for other captions is refused by comparing it."""
-    digest = hashlib.sha256()
-    for caption in captions:
-        raw = str(caption).encode("utf-8")
-        digest.update(len(raw).to_bytes(8, "little"))
-        digest.update(raw)
-    return digest.hexdigest()
 
 
 def check_caption_fingerprint(expected: str, found_attrs, path, what: str, made_for) -> None:
@@ -92,18 +60,6 @@ def check_caption_fingerprint(expected: str, found_attrs, path, what: str, made_
     source = found_attrs.get("features_file")
     raise VseError(f"{what} was made for other captions{f' (from {source})' if source else ''} than "
                    f"those of {made_for}; rebuild it from {made_for}", path)
-
-
-def captions_of_images(caption_image, images, num_images: int) -> tuple[np.ndarray, np.ndarray]:
-    """The captions of ``images``, grouped image by image in the given order (each image's
-    captions in their original order), and the position in ``images`` of each one's image.
-    The one definition of "the captions of a split": caches, extraction and evaluation."""
-    position = np.full(num_images, -1, dtype=np.int64)
-    position[np.asarray(images, dtype=np.int64)] = np.arange(len(images))
-    local = position[np.asarray(caption_image, dtype=np.int64)]
-    rows = np.flatnonzero(local >= 0)
-    rows = rows[np.argsort(local[rows], kind="stable")]
-    return rows, local[rows]
 
 
 def shards_dir(out) -> Path:
@@ -214,7 +170,7 @@ class ShardedWriter:
         if stale:
             self.out.unlink(missing_ok=True)
 
-    def finish(self, index: CacheIndex, attrs: dict) -> Path:
+    def finish(self, index: CaptionIndex, attrs: dict) -> Path:
         """Check every shard, write the combined file atomically, remove leftovers."""
         if len(index.image_ids) != self.num_rows:
             raise ValueError(f"{len(index.image_ids)} image ids for {self.num_rows} rows")
@@ -273,10 +229,10 @@ def write_cache(path, features, image_ids, captions, caption_image, splits, attr
     for i, (start, stop) in enumerate(writer.bounds):
         inside = bad_images[(bad_images >= start) & (bad_images < stop)]
         writer.write_shard(i, np.asarray(features[start:stop], dtype=np.float32), inside)
-    return writer.finish(CacheIndex(list(image_ids), list(captions), caption_image, splits), attrs)
+    return writer.finish(CaptionIndex(image_ids, captions, caption_image, splits, location=path), attrs)
 
 
-def _write_index(f: h5py.File, index: CacheIndex) -> None:
+def _write_index(f: h5py.File, index: CaptionIndex) -> None:
     f.create_dataset("image_ids", data=np.array(index.image_ids, dtype=object), dtype=_STRING)
     f.create_dataset("captions", data=np.array(index.captions, dtype=object), dtype=_STRING)
     f.create_dataset("caption_image", data=index.caption_image)
@@ -350,7 +306,7 @@ class CacheReport:
         return f"ok: {self.num_rows} rows, no NaN/Inf, no missing or unexplained all-zero rows{bad}"
 
 
-class FeatureCache:
+class FeatureCache(IndexedRows):
     """A feature cache opened read-only and validated (else ``VseError`` naming the problem).
 
     ``features`` is the lazy h5py dataset; ``read(rows)`` fetches rows in any order.
@@ -388,26 +344,30 @@ class FeatureCache:
         self.features = f["features"]
         if self.features.ndim != 2:
             raise VseError(f"features must be 2-d, found shape {self.features.shape}", self.path)
-        self.image_ids = list(f["image_ids"].asstr()[()])
-        self.captions = list(f["captions"].asstr()[()])
-        self.caption_image = np.asarray(f["caption_image"][()], dtype=np.int64)
-        self._splits = {name: np.asarray(ds[()], dtype=np.int64) for name, ds in f["splits"].items()}
+        image_ids = list(f["image_ids"].asstr()[()])
+        captions = list(f["captions"].asstr()[()])
+        caption_image = np.asarray(f["caption_image"][()], dtype=np.int64)
+        splits = {name: np.asarray(ds[()], dtype=np.int64) for name, ds in f["splits"].items()}
         self.bad_images = (np.asarray(f["bad_images"][()], dtype=np.int64) if "bad_images" in f
                            else np.zeros(0, dtype=np.int64))
         n, d = self.features.shape
-        expected = {"image_ids": (len(self.image_ids), n),
+        expected = {"image_ids": (len(image_ids), n),
                     "num_images attribute": (self.attrs.get("num_images"), n),
                     "feature_dim attribute": (self.attrs.get("feature_dim"), d),
-                    "caption_image": (len(self.caption_image), len(self.captions)),
-                    "num_captions attribute": (self.attrs.get("num_captions"), len(self.captions))}
+                    "caption_image": (len(caption_image), len(captions)),
+                    "num_captions attribute": (self.attrs.get("num_captions"), len(captions))}
         for what, (found, wanted) in expected.items():
             if found != wanted:
                 raise VseError(f"inconsistent cache: {what} is {found}, expected {wanted}", self.path)
-        for name, rows in [("caption_image", self.caption_image), ("bad_images", self.bad_images),
-                           *((f"splits/{k}", v) for k, v in self._splits.items())]:
+        for name, rows in [("caption_image", caption_image), ("bad_images", self.bad_images),
+                           *((f"splits/{k}", v) for k, v in splits.items())]:
             if rows.size and (rows.min() < 0 or rows.max() >= n):
                 raise VseError(f"inconsistent cache: {name} has image indices outside 0..{n - 1}",
                                self.path)
+        self.index = CaptionIndex(image_ids, captions, caption_image, splits, location=self.path)
+        if "caption_fingerprint" in self.attrs:  # computed once, when the cache was written
+            # (a cache written before vse stored it computes it when asked)
+            self.index.fingerprint = self.attrs["caption_fingerprint"]
         if self.features.is_virtual:
             self._check_sources()
 
@@ -445,32 +405,8 @@ class FeatureCache:
         return int(self.features.shape[1])
 
     @property
-    def caption_fingerprint(self) -> str:
-        """``caption_fingerprint(self.captions)``: the stored attribute, or computed for a
-        cache written before vse stored it."""
-        if "caption_fingerprint" not in self.attrs:
-            self.attrs["caption_fingerprint"] = caption_fingerprint(self.captions)
-        return self.attrs["caption_fingerprint"]
-
-    @property
     def num_images(self) -> int:
         return int(self.features.shape[0])
-
-    @property
-    def split_names(self) -> list[str]:
-        return list(self._splits)
-
-    def split(self, name: str) -> np.ndarray:
-        """Image rows of split ``name``, in split order."""
-        if name not in self._splits:
-            raise VseError(f"no split {name!r} (splits: {', '.join(self._splits) or 'none'})",
-                           self.path)
-        return self._splits[name]
-
-    def split_captions(self, name: str) -> np.ndarray:
-        """Caption indices of the images of split ``name``: image by image in split order,
-        each image's captions in cache order."""
-        return captions_of_images(self.caption_image, self.split(name), self.num_images)[0]
 
     def read(self, rows) -> np.ndarray:
         """Features of ``rows`` (any order, repeats allowed) as a float32 array."""

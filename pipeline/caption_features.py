@@ -27,9 +27,10 @@ import h5py
 import numpy as np
 
 from . import __version__, runtime
-from .cache import FeatureCache, caption_fingerprint
+from .cache import FeatureCache
 from .errors import VseError
 from .fsutil import atomic_h5
+from .index import caption_fingerprint
 
 FORMAT = "vse-caption-features"
 FORMAT_VERSION = 1

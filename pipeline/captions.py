@@ -20,9 +20,10 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from .cache import caption_fingerprint, check_caption_fingerprint
+from .cache import check_caption_fingerprint
 from .caption_features import CaptionFeatures
 from .errors import VseError
+from .index import caption_fingerprint
 from .runs import OPTIONS_BEFORE_THEY_EXISTED
 from .text import TokenizedCaptions, Vocabulary
 

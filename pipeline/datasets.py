@@ -34,6 +34,7 @@ import numpy as np
 from PIL import Image
 
 from .errors import VseError
+from .index import CaptionIndex
 
 # The dataset layouts `--dataset` accepts (readers: ``load_dataset``); the ones with image files
 # (RC training, evaluation on images, relevance on a dataset's captions) are IMAGE_DATASET_KINDS.
@@ -122,47 +123,24 @@ class ConcatenatedRows:
         return out if dtype is None else out.astype(dtype)
 
 
-@dataclass
-class Dataset:
-    """Images, captions and splits.
+@dataclass(kw_only=True)
+class Dataset(CaptionIndex):
+    """Images, captions and splits: a ``CaptionIndex`` (captions grouped by image, splits of
+    image indices in the order of the split file) with the images' files.
 
-    Captions are ordered by image: with the 5-caption protocol captions 5k..5k+4 belong to
-    image k, and in general ``caption_image[j]`` is the index of caption j's image.
-    ``splits[name]`` holds image indices (int64, in the order of the split file).
     ``image_paths`` may be ``None`` for feature-only datasets (VSE++ precomputed features).
     """
 
     name: str
     root: Path
-    image_ids: list[str]
     image_paths: list[Path] | None
-    captions: list[str]
-    caption_image: np.ndarray
-    splits: dict[str, np.ndarray]
     report: LoadReport = field(default_factory=LoadReport)
     features: np.ndarray | ConcatenatedRows | None = None  # precomputed-feature datasets
 
     def __post_init__(self):
-        self.caption_image = np.asarray(self.caption_image, dtype=np.int64)
-        self.splits = {k: np.asarray(v, dtype=np.int64) for k, v in self.splits.items()}
-
-    @property
-    def num_images(self) -> int:
-        return len(self.image_ids)
-
-    @property
-    def num_captions(self) -> int:
-        return len(self.captions)
-
-    @property
-    def captions_per_image(self) -> int | None:
-        """k when every image has exactly k captions laid out k·i..k·i+k-1, else None."""
-        n, m = self.num_images, self.num_captions
-        if n == 0 or m % n:
-            return None
-        k = m // n
-        expected = np.repeat(np.arange(n, dtype=np.int64), k)
-        return k if np.array_equal(self.caption_image, expected) else None
+        if self.location is None:
+            self.location = self.root
+        super().__post_init__()
 
     def subset(self, split: str) -> Dataset:
         """The images of one split (in split order) with their captions, as a Dataset.
@@ -170,24 +148,16 @@ class Dataset:
         The result has a single split ``split`` covering all its images.  Precomputed
         features of those images are read into memory.
         """
-        if split not in self.splits:
-            known = ", ".join(self.splits) or "none"
-            raise VseError(f"no split {split!r} (splits: {known})", self.root)
-        images = self.splits[split]
-        position = np.full(self.num_images, -1, dtype=np.int64)
-        position[images] = np.arange(len(images))
-        caption_position = position[self.caption_image]
-        captions = np.flatnonzero(caption_position >= 0)
-        captions = captions[np.argsort(caption_position[captions], kind="stable")]
+        images, _, index = CaptionIndex.subset(self, split)
         return Dataset(
             name=self.name,
             root=self.root,
-            image_ids=[self.image_ids[i] for i in images],
+            image_ids=index.image_ids,
             image_paths=None if self.image_paths is None
             else [self.image_paths[i] for i in images],
-            captions=[self.captions[j] for j in captions],
-            caption_image=caption_position[captions],
-            splits={split: np.arange(len(images))},
+            captions=index.captions,
+            caption_image=index.caption_image,
+            splits=index.splits,
             report=self.report,
             features=None if self.features is None else self.features[images],
         )

@@ -35,14 +35,7 @@ from tqdm import tqdm
 
 from . import distributed, runtime
 from .backbones import load_backbone
-from .cache import (
-    DEFAULT_SHARD_SIZE,
-    CacheIndex,
-    ShardedWriter,
-    captions_of_images,
-    guard_cache_outputs,
-    shards_dir,
-)
+from .cache import DEFAULT_SHARD_SIZE, ShardedWriter, guard_cache_outputs, shards_dir
 from .crops import CropPlan
 from .datasets import Dataset, open_image
 from .engines import build_engine, engine_precision, engine_version, resolve_engine
@@ -90,27 +83,6 @@ class ExtractResult:
         return self.images_computed / self.seconds if self.seconds else 0.0
 
 
-def select_images(dataset: Dataset, splits=None) -> tuple[np.ndarray, CacheIndex]:
-    """Rows of the cache (dataset image indices of the requested splits, in dataset order)
-    and the cache's index: ids, captions of those images (grouped by row), splits → rows."""
-    names = list(dataset.splits) if splits is None else list(splits)
-    unknown = [s for s in names if s not in dataset.splits]
-    if unknown or not names:
-        raise VseError(f"no split {', '.join(map(repr, unknown)) or 'at all'} in the dataset "
-                       f"(splits: {', '.join(dataset.splits) or 'none'})", dataset.root)
-    rows = np.unique(np.concatenate([dataset.splits[s] for s in names]))
-    if rows.size == 0:
-        raise VseError(f"the splits {', '.join(names)} hold no images", dataset.root)
-    position = np.full(dataset.num_images, -1, dtype=np.int64)
-    position[rows] = np.arange(len(rows))
-    kept, caption_image = captions_of_images(dataset.caption_image, rows, dataset.num_images)
-    index = CacheIndex(image_ids=[dataset.image_ids[r] for r in rows],
-                       captions=[dataset.captions[j] for j in kept],
-                       caption_image=caption_image,
-                       splits={s: position[dataset.splits[s]] for s in names})
-    return rows, index
-
-
 def extract_features(dataset: Dataset, out, splits=None, options: ExtractOptions = ExtractOptions(),
                      dataset_kind: str | None = None) -> ExtractResult:
     """Run ``options.backbone`` over the images of ``splits`` and write the cache ``out``."""
@@ -124,7 +96,7 @@ def extract_features(dataset: Dataset, out, splits=None, options: ExtractOptions
     distributed.init_from_env(device)
     backbone = load_backbone(options.backbone, options.weights)
     plan = CropPlan(options.crops, backbone.preprocessing)
-    rows, index = select_images(dataset, splits)
+    rows, index = dataset.select(splits)
     engine = resolve_engine(options.engine, device)
     p = backbone.preprocessing
     attrs = {"engine": engine, "engine_version": engine_version(engine),
@@ -161,7 +133,7 @@ def import_precomputed(dataset: Dataset, out, splits=None, shard_size: int = DEF
     """Copy precomputed features (VSE++ ``*_ims.npy``) into the cache format, no CNN."""
     if dataset.features is None:
         raise VseError("this dataset has no precomputed features", dataset.root)
-    rows, index = select_images(dataset, splits)
+    rows, index = dataset.select(splits)
     feature_dim = int(dataset.features.shape[1])
     attrs = {"backbone": "precomputed", "weights_sha256": "", "crops": 0, "image_size": 0,
              "resize": 0, "mean": [], "std": [], "dataset": dataset_kind or dataset.name,

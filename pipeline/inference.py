@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .cache import FeatureCache, captions_of_images
+from .cache import FeatureCache
 from .captions import CaptionEncoder, checkpoint_captions
 from .checkpoint import load_checkpoint
 from .errors import VseError
@@ -26,15 +26,6 @@ class SplitEmbeddings:
     similarity: str
 
 
-def split_rows(cache: FeatureCache, split: str, max_images: int | None = None):
-    """Cache rows of a split's images (first ``max_images``) and the caption rows of those images."""
-    images = cache.split(split)
-    if max_images is not None:
-        images = images[:max_images]
-    caption_rows, local = captions_of_images(cache.caption_image, images, len(cache.image_ids))
-    return images, caption_rows, local
-
-
 @torch.no_grad()
 def encode_split(model: VSEModel, cache: FeatureCache, captions: CaptionEncoder, split: str,
                  device: torch.device, max_images: int | None = None, batch_size: int = 512,
@@ -45,7 +36,7 @@ def encode_split(model: VSEModel, cache: FeatureCache, captions: CaptionEncoder,
     was_training = model.training
     model.eval()
     try:
-        image_rows, caption_rows, caption_image = split_rows(cache, split, max_images)
+        image_rows, caption_rows, caption_image = cache.split_rows(split, max_images)
         image_chunks, caption_chunks = [], []
         for a in range(0, len(image_rows), batch_size):
             feats = cache.read(image_rows[a:a + batch_size])

@@ -185,21 +185,6 @@ def _count(text: str, what: str, lineno: int, path: Path) -> int:
 # ---------------------------------------------------------------------------- caption keys
 
 
-def caption_keys(image_ids, caption_image) -> list[str]:
-    """Caption j's key ``<image id>#<n>``: n = j's position among its image's captions in list
-    order (Flickr8k.token.txt numbers each image's captions 0..4 in file order, and the
-    readers keep that order). The one key→row mapping of this module."""
-    caption_image = np.asarray(caption_image, dtype=np.int64)
-    if caption_image.size == 0:
-        return []
-    order = np.argsort(caption_image, kind="stable")
-    counts = np.bincount(caption_image, minlength=len(image_ids))
-    starts = np.cumsum(counts) - counts
-    position = np.empty(len(caption_image), dtype=np.int64)
-    position[order] = np.arange(len(caption_image)) - starts[caption_image[order]]
-    return [f"{image_ids[i]}#{n}" for i, n in zip(caption_image.tolist(), position.tolist())]
-
-
 @dataclass
 class SplitIdentity:
     """Who the rows of an evaluated split are: image ids (N,), caption keys and texts (M,)."""
@@ -210,9 +195,9 @@ class SplitIdentity:
 
 
 def split_identity(index, image_rows, caption_rows) -> SplitIdentity:
-    """Ids and keys of a split's rows of ``index`` (a FeatureCache, CacheIndex or RC index:
-    anything with ``image_ids``, ``captions`` and ``caption_image``)."""
-    keys = caption_keys(index.image_ids, index.caption_image)
+    """Ids and keys of a split's rows of ``index`` (a ``CaptionIndex``, or what holds one:
+    a FeatureCache, RC's image index)."""
+    keys = getattr(index, "index", index).caption_keys
     return SplitIdentity([index.image_ids[r] for r in np.asarray(image_rows).tolist()],
                          [keys[r] for r in np.asarray(caption_rows).tolist()],
                          [index.captions[r] for r in np.asarray(caption_rows).tolist()])
@@ -606,42 +591,6 @@ def format_relevance_agreement(results: dict) -> str:
     return "\n".join(lines)
 
 
-@dataclass
-class _CaptionIndex:
-    """What a feature cache (or the cache `vse extract` would write for a dataset) says about
-    its rows: ids, captions grouped by image, splits; with the cache's ``split(name)``."""
-
-    path: Path
-    attrs: dict
-    image_ids: list[str]
-    captions: list[str]
-    caption_image: np.ndarray
-    splits: dict[str, np.ndarray]
-
-    @classmethod
-    def of_cache(cls, features) -> _CaptionIndex:
-        from .cache import FeatureCache
-
-        with FeatureCache(features) as cache:
-            return cls(cache.path, cache.attrs, cache.image_ids, cache.captions, cache.caption_image,
-                       {name: cache.split(name) for name in cache.split_names})
-
-    @classmethod
-    def of_dataset(cls, kind: str, root) -> _CaptionIndex:
-        from .datasets import load_dataset
-        from .extract import select_images
-
-        dataset = load_dataset(kind, root)
-        index = select_images(dataset)[1]
-        return cls(Path(dataset.root), {"dataset_root": str(dataset.root)}, index.image_ids, index.captions,
-                   index.caption_image, index.splits)
-
-    def split(self, name: str) -> np.ndarray:
-        if name not in self.splits:
-            raise VseError(f"no split {name!r} (splits: {', '.join(self.splits) or 'none'})", self.path)
-        return self.splits[name]
-
-
 def score_relevance_methods(judgments: Judgments, *, features=None, root=None, dataset_kind: str = "flickr8k",
                             split: str = "test", fit_splits=("train",), methods=(), relevance_files=(),
                             k: int = 400, cbow_threshold: float | None = None, seed: int = 0,
@@ -653,25 +602,23 @@ def score_relevance_methods(judgments: Judgments, *, features=None, root=None, d
     report."""
     import time
 
-    from .cache import caption_fingerprint
-    from .inference import split_rows
     from .relevance import compute_relevance_vectors, read_relevance
     from .relevance.stage import DEFAULT_CBOW_THRESHOLD
 
     if out is not None:
         _check_report_target(out)
-    index = _CaptionIndex.of_cache(features) if features else _CaptionIndex.of_dataset(dataset_kind, root)
-    image_rows, caption_rows, caption_image = split_rows(index, split)
+    index, dataset_root = _caption_index(features, dataset_kind, root)
+    image_rows, caption_rows, caption_image = index.split_rows(split)
     identity = split_identity(index, image_rows, caption_rows)
     matched = match_judgments(judgments, identity)
-    token_file = token_file_near(index.attrs.get("dataset_root"))
+    token_file = token_file_near(dataset_root)
     if token_file is not None:
         check_caption_keys(identity, token_file, matched.keys)
     echo(f"judgments: {matched.summary()}")
     judged = np.unique(matched.caption)
     column = np.searchsorted(judged, matched.caption)
     split_captions = [index.captions[r] for r in caption_rows]
-    fit_rows = np.concatenate([split_rows(index, s)[1] for s in fit_splits] or [np.zeros(0, np.int64)])
+    fit_rows = np.concatenate([index.split_rows(s)[1] for s in fit_splits] or [np.zeros(0, np.int64)])
     threshold = DEFAULT_CBOW_THRESHOLD if cbow_threshold is None else cbow_threshold
 
     def score(vectors, coarse=None, gate=None) -> dict:
@@ -698,7 +645,7 @@ def score_relevance_methods(judgments: Judgments, *, features=None, root=None, d
         stored = read_relevance(path)
         stored_digest = stored.attrs.get("caption_fingerprint")
         if stored.num_captions != len(index.captions) or (
-                stored_digest is not None and stored_digest != caption_fingerprint(index.captions)):
+                stored_digest is not None and stored_digest != index.fingerprint):
             raise VseError(f"relevance file was made for other captions ({stored.num_captions} captions, "
                            f"the cache has {len(index.captions)})", path)
         name = f"{stored.method} ({Path(path).name})"
@@ -753,3 +700,17 @@ def _relevance_fn(vectors, coarse=None, threshold=None):
                                 None if gate is None else gate[cols], threshold).numpy()
 
     return rel
+
+
+def _caption_index(features, dataset_kind: str, root):
+    """The caption index of a feature cache, or of the cache `vse extract` would write for a
+    dataset; and the dataset folder (where a token file may be)."""
+    if features:
+        from .cache import FeatureCache
+
+        with FeatureCache(features) as cache:
+            return cache.index, cache.attrs.get("dataset_root")
+    from .datasets import load_dataset
+
+    dataset = load_dataset(dataset_kind, root)
+    return dataset.select()[1], str(dataset.root)

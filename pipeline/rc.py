@@ -36,7 +36,7 @@ from .checkpoint import load_checkpoint
 from .crops import CropPlan
 from .datasets import load_dataset, open_image
 from .errors import VseError
-from .extract import select_images
+from .index import IndexedRows
 from .inference import SplitEmbeddings, encode_split
 from .models import ModelConfig, PixelBackbone, VSEModel, join_state
 from .runtime import default_workers
@@ -101,26 +101,17 @@ def resized_crop_box(height: int, width: int, rng: np.random.Generator) -> tuple
     return (height - h) // 2, (width - w) // 2, h, w
 
 
-class ImageIndex:
-    """The RC counterpart of a ``FeatureCache``: the rows, captions and splits `vse extract`
-    writes for this dataset (all its splits, so caption indices — and relevance files — agree
-    with a default cache), and ``read(rows)`` → uint8 centre crops instead of features."""
+class ImageIndex(IndexedRows):
+    """The RC counterpart of a ``FeatureCache``: the index `vse extract` writes for this
+    dataset (all its splits, so caption indices — and relevance files — agree with a default
+    cache), and ``read(rows)`` → uint8 centre crops instead of features."""
 
     def __init__(self, dataset, preprocessing: Preprocessing, attrs: dict):
-        rows, index = select_images(dataset)
+        rows, self.index = dataset.select()
         self.path = Path(dataset.root)
         self.paths = [dataset.image_paths[r] for r in rows]
-        self.image_ids = index.image_ids
-        self.captions = index.captions
-        self.caption_image = index.caption_image
         self.attrs = attrs
-        self._splits = index.splits
         self._centre = CropPlan(1, preprocessing)
-
-    def split(self, name: str) -> np.ndarray:
-        if name not in self._splits:
-            raise VseError(f"no split {name!r} (splits: {', '.join(self._splits) or 'none'})", self.path)
-        return self._splits[name]
 
     def read(self, rows) -> np.ndarray:
         """Centre crops of ``rows`` (decoded in threads: PIL releases the GIL while decoding)."""

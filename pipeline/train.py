@@ -408,11 +408,10 @@ class Trainer:
             return None
         if not self.cfg.relevance:
             raise VseError(f"loss {self.cfg.loss!r} needs --relevance FILE (made by `vse relevance`)")
-        from .cache import caption_fingerprint
         from .relevance import BatchRelevance
 
         return BatchRelevance(self.cfg.relevance, num_captions=len(self.index.captions),
-                              caption_fingerprint=caption_fingerprint(self.index.captions),
+                              caption_fingerprint=self.index.caption_fingerprint,
                               captions_from=self.source.location)
 
     def _restore(self, state: dict) -> None:

@@ -8,8 +8,9 @@ import h5py
 import numpy as np
 import pytest
 
-from pipeline.cache import FORMAT, CacheIndex, FeatureCache, ShardedWriter, shards_dir, write_cache
+from pipeline.cache import FORMAT, FeatureCache, ShardedWriter, shards_dir, write_cache
 from pipeline.errors import VseError
+from pipeline.index import CaptionIndex
 
 N, D = 23, 6
 
@@ -160,7 +161,7 @@ def test_a_shard_counts_only_when_complete_right_sized_and_of_this_config(tmp_pa
     with pytest.raises(ValueError):
         writer.write_shard(2, np.ones((2, 3)))
     with pytest.raises(VseError, match="shard is missing or incomplete"):
-        writer.finish(CacheIndex([f"i{k}" for k in range(7)], [], [], {}), {})
+        writer.finish(CaptionIndex([f"i{k}" for k in range(7)], [], [], {}), {})
     assert not writer.out.exists()  # the combined file appears only when every shard is there
 
 
@@ -168,7 +169,7 @@ def test_finish_removes_leftovers_and_stale_combined_files(tmp_path):
     big = ShardedWriter(tmp_path / "w.h5", 9, 3, 3, {"run": 0})
     for i in range(3):
         big.write_shard(i, np.zeros((3, 3)) + i, bad_rows=[3 * i])
-    big.finish(CacheIndex([f"i{k}" for k in range(9)], [], [], {}), {})
+    big.finish(CaptionIndex([f"i{k}" for k in range(9)], [], [], {}), {})
     (shards_dir(big.out) / ".shard-00001.h5.1234.tmp").write_bytes(b"killed mid-write")
 
     writer = _writer(tmp_path)
@@ -176,7 +177,7 @@ def test_finish_removes_leftovers_and_stale_combined_files(tmp_path):
     assert not writer.out.exists()  # from another configuration
     for i, (start, stop) in enumerate(writer.bounds):
         writer.write_shard(i, np.full((stop - start, 3), i + 1.0))
-    writer.finish(CacheIndex([f"i{k}" for k in range(7)], ["a", "b"], [0, 6],
+    writer.finish(CaptionIndex([f"i{k}" for k in range(7)], ["a", "b"], [0, 6],
                              {"all": np.arange(7)}), {"backbone": "x"})
     assert sorted(p.name for p in shards_dir(writer.out).iterdir()) == [
         "shard-00000.h5", "shard-00001.h5", "shard-00002.h5"]

@@ -10,10 +10,10 @@ from conftest import DEMO_DATA, SHARED_FLICKR8K
 from scipy.stats import kendalltau, spearmanr
 
 from pipeline.errors import VseError
+from pipeline.index import caption_keys
 from pipeline.judgments import (
     SplitIdentity,
     auc,
-    caption_keys,
     check_caption_keys,
     grouped_kendall_tau_b,
     grouped_ndcg,

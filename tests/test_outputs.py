@@ -213,7 +213,8 @@ def _same_count_other_captions(tiny_cache, path) -> Path:
 def test_caches_and_relevance_files_carry_the_caption_fingerprint(tiny_cache, tmp_path):
     import h5py
 
-    from pipeline.cache import FeatureCache, caption_fingerprint
+    from pipeline.cache import FeatureCache
+    from pipeline.index import caption_fingerprint
 
     with FeatureCache(tiny_cache) as cache:
         expected = caption_fingerprint(cache.captions)

@@ -11,10 +11,11 @@ from click.testing import CliRunner
 from conftest import demo_captions, learnable_features, write_feature_cache
 
 from cli.main import cli
-from pipeline.cache import FeatureCache, caption_fingerprint
+from pipeline.cache import FeatureCache
 from pipeline.caption_features import CaptionFeatures, encode_text, parts_dir
 from pipeline.checkpoint import load_checkpoint
 from pipeline.errors import VseError
+from pipeline.index import caption_fingerprint
 from pipeline.losses import LOSS_NAMES
 from pipeline.models import VectorTextEncoder
 from pipeline.train import TrainConfig, Trainer
