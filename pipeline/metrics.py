@@ -428,28 +428,38 @@ def _top_k_kendall_tau_b(scores, relevance, ks, tie_break: str = "low") -> list[
 # ---------------------------------------------------------------------------- general formulas
 
 
-def kendall_tau_b(x, y) -> torch.Tensor:
+def kendall_tau_b(x, y, lengths=None) -> torch.Tensor:
     """Kendall's tau-b (Kendall 1945, ties corrected; what scipy.stats.kendalltau returns)
-    between ``x[r]`` and ``y[r]`` for each row r of two (rows, k) arrays: a (rows,) float64
-    tensor, nan where undefined (every x or every y of the row tied, or k < 2).
+    between ``x[r]`` and ``y[r]`` for each row r of two (rows, k) arrays of finite values: a
+    (rows,) float64 tensor, nan where undefined (every x or every y of the row tied, or fewer
+    than 2 items). ``lengths`` (rows,): row r holds only its first ``lengths[r]`` items (the
+    rest is padding, ignored).
 
-    Knight's O(k log k) form, as scipy computes it: with the k pairs sorted by (x, y)
-    descending, n0 = k(k-1)/2 pairs, n1 / n2 / n3 pairs tied in x / in y / in both, and
+    Knight's O(k log k) form, as scipy computes it: with the n pairs sorted by (x, y)
+    descending, n0 = n(n-1)/2 pairs, n1 / n2 / n3 pairs tied in x / in y / in both, and
     D = #{i < j: y_i < y_j} (the discordant pairs),
     tau-b = (n0 - n1 - n2 + n3 - 2 D) / sqrt((n0 - n1) (n0 - n2)).
-    All counts are exact integers; memory is O(rows · k).
+    All counts are exact integers; memory is O(rows · k). Padding becomes (+inf, +inf): it
+    sorts first, adds no discordant pair, and its p(p-1)/2 pairs tied among themselves (in x,
+    in y, in both) are taken off again.
     """
     x, y = torch.as_tensor(x), torch.as_tensor(y)
     k = x.shape[1]
+    n = torch.full((x.shape[0],), k, dtype=torch.long, device=x.device)
+    if lengths is not None:
+        n = torch.as_tensor(lengths, dtype=torch.long, device=x.device)
+        padding = torch.arange(k, device=x.device)[None, :] >= n[:, None]
+        x, y = x.masked_fill(padding, math.inf), y.masked_fill(padding, math.inf)
     by_y = torch.sort(y, dim=1, descending=True, stable=True).indices
     by_x_then_y = by_y.gather(1, torch.sort(x.gather(1, by_y), dim=1, descending=True,
                                             stable=True).indices)
     x, y = x.gather(1, by_x_then_y), y.gather(1, by_x_then_y)
+    padded_pairs = (k - n) * (k - n - 1) // 2
     x_changes = _changes(x)
-    tied_x = _tied_pairs(x_changes)
-    tied_y = _tied_pairs(_changes(torch.sort(y, dim=1).values))
-    tied_both = _tied_pairs(x_changes | _changes(y))
-    pairs = k * (k - 1) // 2
+    tied_x = _tied_pairs(x_changes) - padded_pairs
+    tied_y = _tied_pairs(_changes(torch.sort(y, dim=1).values)) - padded_pairs
+    tied_both = _tied_pairs(x_changes | _changes(y)) - padded_pairs
+    pairs = n * (n - 1) // 2
     numerator = pairs - tied_x - tied_y + tied_both - 2 * _ascending_pairs(y)
     untied = ((pairs - tied_x) * (pairs - tied_y)).double()
     tau = numerator.double() / untied.sqrt()

@@ -29,7 +29,8 @@ def split_embeddings(n=12, seed=0):
     rng = np.random.default_rng(seed)
     images = rng.integers(-2, 3, (n, 4)).astype(np.float32)
     captions = rng.integers(-2, 3, (5 * n, 4)).astype(np.float32)
-    return SplitEmbeddings(images, captions, np.repeat(np.arange(n), 5), np.arange(n), np.arange(5 * n), "cosine")
+    return SplitEmbeddings(images, captions, np.repeat(np.arange(n), 5), np.arange(n), np.arange(5 * n),
+                           "cosine")
 
 
 def judged(tmp_path, n=12, seed=0):
@@ -130,7 +131,8 @@ def test_the_table_is_well_formed():
     assert len(keys) == len(set(keys))
     assert {m.group for m in METRICS} == set(METRIC_GROUPS)
     assert {m.direction for m in METRICS} == {"i2t", "t2i", "both"}
-    assert metric_of("human_t2i_ndcg@10").label == "NDCG@10" and metric_of("t2i_cs@1000").label == "Image CS@1000"
+    assert metric_of("human_t2i_ndcg@10").label == "NDCG@10"
+    assert metric_of("t2i_cs@1000").label == "Image CS@1000"
     assert [m.key for m in METRICS if not m.higher_is_better] == ["i2t_medr", "i2t_meanr", "t2i_medr",
                                                                   "t2i_meanr", "epochs_to_best"]
 
@@ -151,6 +153,11 @@ def test_the_one_tau_b_equals_scipy_on_ties_and_the_judgments_use_it():
         assert (math.isnan(value) and math.isnan(expected)) or value == pytest.approx(expected, abs=1e-15)
     # n0 = 10, ties in x: 2, in y: 2, in both: 0; concordant 5, discordant 1 → 4 / sqrt(8 · 8)
     assert got[0] == pytest.approx(0.5, abs=1e-15) and math.isnan(got[1])
+    # rows of different lengths: what lies past a row's length is ignored, whatever it holds
+    padded_x, padded_y = np.c_[x, [[9.0], [9.0], [-1.0]]], np.c_[y, [[9.0], [-5.0], [2.0]]]
+    short = kendall_tau_b(padded_x, padded_y, [5, 5, 3]).numpy()
+    assert short[0] == got[0] and math.isnan(short[1])
+    assert short[2] == pytest.approx(kendalltau(x[2, :3], y[2, :3]).statistic, abs=1e-15)
     # grouped: the same numbers, group by group, whatever the order of the items
     groups = np.repeat([7, 3, 5], 5)
     order = np.random.default_rng(0).permutation(15)

@@ -33,16 +33,11 @@ TAU_MIN_JUDGED = 3  # per query: at least this many judged candidates and 2 dist
 def grouped_kendall_tau_b(groups, x, y, min_size: int = TAU_MIN_JUDGED) -> tuple[np.ndarray, np.ndarray]:
     """``pipeline.metrics.kendall_tau_b`` between ``x`` and ``y`` within each group: ``(group
     ids, tau)``, tau nan where the group has fewer than ``min_size`` items, fewer than 2
-    distinct ``y``, or is undefined (all ``x`` tied, as scipy). Groups of one size are one
-    batch of rows."""
+    distinct ``y``, or is undefined (all ``x`` tied, as scipy). Finite values."""
     groups, x, y = np.asarray(groups), np.asarray(x, np.float64), np.asarray(y, np.float64)
     ids, padded_x, padded_y, valid = _pad_groups(groups, x, y)
-    counts = valid.sum(axis=1)
-    tau = np.full(len(ids), np.nan)
-    for size in np.unique(counts):
-        rows = np.flatnonzero(counts == size)  # their items fill columns 0..size-1
-        tau[rows] = kendall_tau_b(torch.from_numpy(padded_x[rows, :size]),
-                                  torch.from_numpy(padded_y[rows, :size])).numpy()
+    counts = valid.sum(axis=1)  # each group's items fill its row's first columns
+    tau = kendall_tau_b(torch.from_numpy(padded_x), torch.from_numpy(padded_y), counts).numpy()
     distinct_y = np.array([len(np.unique(row[m])) for row, m in zip(padded_y, valid)]) if len(ids) else counts
     tau[(counts < min_size) | (distinct_y < 2)] = np.nan
     return ids, tau
