@@ -2,8 +2,10 @@
 #   make demo   — create .venv, install, run extract → relevance → train → evaluate on data/
 #   make test   — create .venv, install, run the test suite
 # Real data (full Flickr8k, hours on a CPU, minutes on a GPU), FLICKR8K=../shared/data/flickr8k:
-#   make f8k-vsepp   — VSE0 (sh) vs VSE++ (mh), the paper's 30-epoch schedule    (issue 3 table)
-#   make f8k-losses  — mh, ladder, LSEH, ConVSE, ConVSE++ with CS@K and epochs to best (issue 4)
+#   make f8k-vsepp   — VSE0 (sh) vs VSE++ (mh), the paper's 30-epoch schedule
+#                      (a recorded run: bench/results/f8k_sh_vs_mh/)
+#   make f8k-losses  — mh, ladder, LSEH, ConVSE, ConVSE++ with CS@K and epochs to best
+#                      (a recorded run: bench/results/f8k_losses/)
 #   make f8k-fast    — every loss in cached-text mode, 5 seeds, mean ± std, significance, human
 #                      judgments (experiments/f8k_fast.yaml; bench/results/f8k_fast/)
 

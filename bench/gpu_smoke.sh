@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU smoke run (issue 15): the whole pipeline once on a CUDA device, small, with timings.
+# GPU smoke run: the whole pipeline once on a CUDA device, small, with timings.
 #
 #   bash bench/gpu_smoke.sh                       # from the repo root, the venv at .venv
 #   VSE_SMOKE_DEVICE=cpu bash bench/gpu_smoke.sh  # the same steps on the CPU (checks the script)

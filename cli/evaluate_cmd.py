@@ -53,15 +53,15 @@ def _parse_ks(ctx, param, value):
 def evaluate_command(embeddings, checkpoint, run_patterns, features, root, dataset_kind, text_features, split,
                      protocol, order, relevance, cs_ks, device, amp, as_json, out, checkpoint_name, judgments,
                      overwrite):
-    """Recall@K, median/mean rank and rsum (PROTOCOL.md), both directions."""
+    """Recall@K, median/mean rank and rsum (docs/PROTOCOL.md), both directions."""
     from pipeline.cache import FeatureCache
     from pipeline.evaluation import (
-        JSON_KEYS,
         cs_note,
         embed_checkpoint,
         evaluate_npz,
         evaluate_split_embeddings,
         format_table,
+        json_metrics,
         relevance_for_cache,
     )
     from pipeline.runtime import resolve_device
@@ -90,7 +90,7 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
         metrics = evaluate_npz(embeddings, protocol, dev, order)
         title = f"{embeddings} ({protocol})"
         if judgments:
-            from pipeline.judgments import judge_npz
+            from pipeline.evaluation import judge_npz
 
             metrics.update(_report_matched(*judge_npz(embeddings, judgments.load(), order, dev)))
     else:
@@ -112,10 +112,7 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
         if judgments:
             metrics.update(_judge_split(emb, judgments, features, root, dataset_kind, dev))
     if as_json:
-        out = {k: float(metrics[k]) for k in JSON_KEYS}
-        out.update({k: float(v) for k, v in metrics.items() if "_cs@" in k})
-        out.update({k: _json_number(v) for k, v in metrics.items() if k.startswith("human_")})
-        click.echo(json.dumps(out))
+        click.echo(json.dumps(json_metrics(metrics)))
     else:
         from pipeline.judgments import format_human
 
@@ -125,7 +122,8 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
 def _judge_split(emb, judgments, features, root, dataset_kind, device) -> dict:
     """Human-judgment metrics of a checkpoint's split embeddings; caption keys are rebuilt from
     the cache (or dataset) order and checked against Flickr8k.token.txt when it is at hand."""
-    from pipeline.judgments import judge_split, token_file_near
+    from pipeline.evaluation import judge_split
+    from pipeline.judgments import token_file_near
 
     loaded = judgments.load()
     if root:
@@ -143,13 +141,6 @@ def _judge_split(emb, judgments, features, root, dataset_kind, device) -> dict:
 def _report_matched(metrics: dict, matched) -> dict:
     click.echo(f"judgments: {matched.summary()}", err=True)
     return metrics
-
-
-def _json_number(value):
-    if isinstance(value, int):
-        return value  # counts stay integers
-    value = float(value)
-    return None if value != value else value  # NaN (undefined) as null
 
 
 def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device, out, checkpoint_name,

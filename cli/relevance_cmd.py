@@ -81,16 +81,18 @@ def relevance(features, method, out, k, neighbours, fit_split, batch_size, devic
 @click.option("--device", default="auto", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the JSON here.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an existing --out that is not a vse relevance-human report (refused otherwise).")
 @judgment_options(required=True)
 def relevance_human(features, root, dataset_kind, split, fit_split, methods, relevance_files, k,
-                    cbow_threshold, seed, batch_size, device, as_json, out, judgments):
+                    cbow_threshold, seed, batch_size, device, as_json, out, overwrite, judgments):
     """Score relevance methods as predictors of human judgments (ladder rule: an image's
     relevance to a caption is the max over the image's own captions)."""
     import json
     import shlex
     import sys
 
-    from pipeline.judgments import score_relevance_methods
+    from pipeline.relevance.human import format_relevance_agreement, score_relevance_methods
 
     if bool(features) == bool(root):
         raise click.UsageError("give --features CACHE.h5 or --root DATASET_DIR")
@@ -103,13 +105,12 @@ def relevance_human(features, root, dataset_kind, split, fit_split, methods, rel
                                      dataset_kind=dataset_kind, split=split, fit_splits=fit_splits,
                                      methods=methods, relevance_files=relevance_files, k=k,
                                      cbow_threshold=cbow_threshold, seed=seed, batch_size=batch_size,
-                                     device=device, out=out, echo=lambda m: click.echo(m, err=True),
+                                     device=device, out=out, overwrite=overwrite,
+                                     echo=lambda m: click.echo(m, err=True),
                                      command=" ".join(["vse", *map(shlex.quote, sys.argv[1:])]))
     if as_json:
         click.echo(json.dumps(report, indent=1))
     else:
-        from pipeline.judgments import format_relevance_agreement
-
         click.echo(format_relevance_agreement(report["methods"]))
 
 

@@ -19,6 +19,7 @@ from .captions import CaptionEncoder, caption_key
 from .errors import VseError
 from .evaluation import evaluate_split_embeddings
 from .inference import LoadedModel, check_features_match, encode_split, load_model
+from .metrics import metric_keys
 from .runs import best_record, config_id, epochs_to_best, read_validation_log, run_names
 
 # Columns describing a run, in the order results.csv lists them (metrics follow).
@@ -198,6 +199,5 @@ def validation_rows(run_dirs) -> list[dict]:
             continue
         best = best_record(records) or {}
         rows.append({"run": name, **describe_config(config), "epochs_to_best": epochs_to_best(records),
-                     **{k: best.get(k) for k in ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5",
-                                                 "t2i_r10", "rsum", "mrecall")}})
+                     **{k: best.get(k) for k in metric_keys("recall", "sum")}})
     return rows

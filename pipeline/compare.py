@@ -15,11 +15,11 @@ import torch
 
 from .batch_eval import RunEvaluator
 from .errors import VseError
-from .metrics import similarity_ranks
+from .metrics import metric_keys, similarity_ranks
 from .runs import run_names
 from .stats import DEFAULT_PERMUTATIONS, paired_permutation_test
 
-COMPARED = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum")
+COMPARED = (*metric_keys("recall"), "rsum")  # what the paired test over queries covers
 
 
 def compare_runs(run_a, run_b, *, device: torch.device, split: str = "test", features=None,

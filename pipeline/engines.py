@@ -6,7 +6,7 @@
   dynamic batch, fixed input size) and run by ONNX Runtime's CPU provider with one intra-op
   thread per core torch would use (``torch.get_num_threads()``: the cores, or OMP_NUM_THREADS).
   Its fused kernels run EfficientNet-Lite0 about 8× faster
-  than torch eager on a CPU (issue 13), with features equal to torch's within 1e-4.
+  than torch eager on a CPU (bench/results/extract.json), with features equal to torch's within 1e-4.
 - ``auto``: ``onnxruntime`` on the CPU when the ``onnx`` extra is installed, else ``torch``.
 
 ONNX Runtime gets at most ``ORT_BATCH`` network inputs per call: a 10-crop batch of 32

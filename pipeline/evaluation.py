@@ -1,4 +1,5 @@
-"""Evaluation entry points: saved embeddings (npz) or a checkpoint on a feature cache."""
+"""Evaluation entry points: saved embeddings (npz) or a checkpoint on a feature cache; the
+retrieval metrics, CS@K and agreement with human judgments; their printed table and JSON."""
 
 from __future__ import annotations
 
@@ -12,10 +13,16 @@ import torch
 from .cache import FeatureCache
 from .errors import VseError
 from .inference import SplitEmbeddings, check_features_match, encode_split, load_model
-from .metrics import coherent_scores, evaluate_embeddings
-
-JSON_KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "i2t_medr", "i2t_meanr",
-             "t2i_r1", "t2i_r5", "t2i_r10", "t2i_medr", "t2i_meanr", "rsum")
+from .judgments import Judgments, MatchedJudgments, SplitIdentity, human_metrics, match_judgments, match_split
+from .metrics import (
+    CAPTIONS_PER_IMAGE,
+    DIRECTIONS,
+    METRICS,
+    coherent_scores,
+    evaluate_embeddings,
+    is_metric,
+    metric_of,
+)
 
 
 def load_embeddings_npz(path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -38,7 +45,7 @@ def load_embeddings_npz(path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None
     if images.ndim != 2 or captions.ndim != 2 or images.shape[1] != captions.shape[1]:
         raise VseError(f"images {images.shape} and captions {captions.shape} must be 2-D "
                        "with the same width", path)
-    if caption_image is None and len(captions) != 5 * len(images):
+    if caption_image is None and len(captions) != CAPTIONS_PER_IMAGE * len(images):
         raise VseError(f"{len(captions)} captions for {len(images)} images: expected 5 per image "
                        "(or store a caption_image array)", path)
     return images, captions, caption_image
@@ -116,15 +123,74 @@ def coherent_score_report(emb: SplitEmbeddings, relevance, ks, order: bool = Fal
     return coherent_scores(emb.images, emb.captions[first], rel, ks, order=order, device=device)
 
 
+def judge_split(emb: SplitEmbeddings, index, judgments: Judgments, device=None,
+                token_file=None) -> tuple[dict, MatchedJudgments]:
+    """Human-judgment metrics of split embeddings whose rows index ``index`` (a FeatureCache,
+    CaptionIndex or RC index). With ``token_file`` the rebuilt keys of the judged captions are
+    checked against it first."""
+    matched = match_split(emb, index, judgments, token_file)
+    metrics = human_metrics(emb.images, emb.captions, emb.caption_image, matched,
+                            order=emb.similarity, device=device)
+    return metrics, matched
+
+
+def judge_npz(path, judgments: Judgments, order: bool = False, device=None) -> tuple[dict, MatchedJudgments]:
+    """Human-judgment metrics of an embeddings npz that stores ``image_ids`` (N,) and
+    ``caption_keys`` (M,) string arrays beside ``images`` and ``captions``."""
+    images, captions, caption_image = load_embeddings_npz(path)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            missing = [k for k in ("image_ids", "caption_keys") if k not in npz.files]
+            if missing:
+                raise VseError(f"--judgments needs the npz to name its rows: it lacks {', '.join(missing)} "
+                               "(string arrays: image ids (N,), caption keys <image>#<n> (M,))", path)
+            image_ids, keys = npz["image_ids"], npz["caption_keys"]
+    except (OSError, ValueError) as exc:
+        problem = str(exc).splitlines()[0][:120]
+        raise VseError(f"cannot read image_ids / caption_keys ({problem})", path) from exc
+    if image_ids.shape != (len(images),) or keys.shape != (len(captions),) or \
+            image_ids.dtype.kind != "U" or keys.dtype.kind != "U":
+        raise VseError(f"image_ids {image_ids.shape} {image_ids.dtype} and caption_keys {keys.shape} "
+                       f"{keys.dtype} must be string arrays of {len(images)} and {len(captions)} rows", path)
+    if caption_image is None:
+        caption_image = np.repeat(np.arange(len(images)), CAPTIONS_PER_IMAGE)
+    matched = match_judgments(judgments, SplitIdentity(image_ids.tolist(), keys.tolist()))
+    return human_metrics(images, captions, caption_image, matched, order=order, device=device), matched
+
+
+def json_metrics(metrics: dict) -> dict:
+    """`vse evaluate --json`: the metrics of ``metrics`` that the table (``metrics.METRICS``)
+    puts in JSON, in the order they were computed; counts stay integers, an undefined value
+    (NaN) is null."""
+    return {k: _json_number(v) for k, v in metrics.items() if is_metric(k) and metric_of(k).in_json}
+
+
+def _json_number(value):
+    if isinstance(value, int):
+        return value  # counts stay integers
+    value = float(value)
+    return None if value != value else value  # NaN (undefined) as null
+
+
 def format_table(metrics: dict, title: str = "") -> str:
-    """A readable two-direction table (R@1/5/10, medr, meanr) plus rsum and CS@K if present."""
+    """A readable two-direction table (the recall and rank metrics of ``metrics.METRICS``),
+    rsum and M-Recall, and CS@K if present."""
+    columns = {d: [m for m in METRICS if m.direction == d and m.group in ("recall", "rank")]
+               for d in DIRECTIONS}
+    widths = [max(7, len(m.short) + 3) for m in columns["i2t"]]
     lines = [title] if title else []
-    lines.append(f"{'':22s}{'R@1':>7s}{'R@5':>7s}{'R@10':>7s}{'medr':>7s}{'meanr':>8s}")
-    for direction, name in (("i2t", "image→text (captions)"), ("t2i", "text→image (images)")):
-        lines.append(f"{name:22s}" + "".join(f"{metrics[f'{direction}_r{k}']:7.1f}" for k in (1, 5, 10))
-                     + f"{metrics[f'{direction}_medr']:7.0f}{metrics[f'{direction}_meanr']:8.1f}")
-    lines.append(f"rsum {metrics['rsum']:.1f}   M-Recall {metrics['rsum'] / 6:.2f}")
-    cs = sorted(k for k in metrics if "_cs@" in k)
+    lines.append(" " * 22 + "".join(f"{m.short:>{w}s}" for m, w in zip(columns["i2t"], widths)))
+    for direction, name in DIRECTIONS.items():
+        retrieved = "captions" if direction == "i2t" else "images"
+        cells = [f"{m.format(metrics[m.key]):>{w}s}" for m, w in zip(columns[direction], widths)]
+        lines.append(f"{f'{name} ({retrieved})':22s}" + "".join(cells))
+    lines.append(_inline(metrics, ("rsum", "mrecall")))
+    cs = sorted(k for k in metrics if is_metric(k) and metric_of(k).group == "cs")
     if cs:
-        lines.append("   ".join(f"{k} {metrics[k]:.3f}" for k in cs))
+        lines.append(_inline(metrics, cs))
     return "\n".join(lines)
+
+
+def _inline(metrics: dict, keys) -> str:
+    """``name value   name value …`` of ``keys``."""
+    return "   ".join(f"{metric_of(k).short} {metric_of(k).format(metrics[k], 'n/a')}" for k in keys)

@@ -121,15 +121,16 @@ def _unlink_quietly(path: Path) -> None:
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _SNIFF_BYTES = 1 << 16
+_JSON_FORMAT = re.compile(r'\s*\{\s*"format"\s*:\s*"([^"\\]*)"')  # {"format": "TAG", ...
 RESULTS_FORMAT = "vse-results"  # a results.csv (pipeline.report): its header starts "run," and has rsum
 
 
 def output_format(path) -> str | None:
     """The format tag of a file vse writes, read without running anything: an HDF5 file's
     ``format`` attribute, a pickle's (joblib) leading ``"format": TAG`` item, a PNG's
-    ``format`` text chunk, a PDF's ``/Creator``, an HTML page's ``<meta name="generator">``,
-    ``RESULTS_FORMAT`` for a CSV whose header starts with ``run`` and has ``rsum``. None for
-    anything else (a file vse did not write)."""
+    ``format`` text chunk, a PDF's ``/Creator``, an HTML page's ``<meta name="generator">``, a
+    JSON object's leading ``"format": TAG`` item, ``RESULTS_FORMAT`` for a CSV whose header
+    starts with ``run`` and has ``rsum``. None for anything else (a file vse did not write)."""
     path = Path(path)
     try:
         with open(path, "rb") as fh:
@@ -147,7 +148,8 @@ def output_format(path) -> str | None:
     if head[:1] == b"\x80":  # pickle protocol 2+ (joblib)
         return _pickle_format(head)
     text = head.decode("utf-8", errors="replace")
-    match = re.search(r'<meta name="generator" content="([^"]*)"', text[:4096])
+    match = (_JSON_FORMAT.match(text)
+             or re.search(r'<meta name="generator" content="([^"]*)"', text[:4096]))
     if match:
         return match.group(1)
     header = text.split("\n", 1)[0].rstrip("\r").split(",")

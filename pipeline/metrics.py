@@ -1,4 +1,6 @@
-"""Retrieval metrics and the coherent score, exactly as ``shared/docs/PROTOCOL.md`` defines them.
+"""Retrieval metrics and the coherent score, exactly as ``docs/PROTOCOL.md`` defines them, the
+table of every metric's name (``METRICS``), and the general formulas the human-judgment
+metrics share (Kendall's tau-b, Spearman's rho, NDCG@K, ROC AUC).
 
 Pure torch/numpy, no file I/O.  Everything is vectorised over queries; the only Python
 loops run over blocks of queries.  A score matrix of up to ``FULL_MATRIX_ELEMENTS`` (COCO
@@ -21,6 +23,7 @@ Conventions:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -33,8 +36,6 @@ DEFAULT_BLOCK = 1024
 FULL_MATRIX_ELEMENTS = 5000 * 25000
 CAPTIONS_PER_IMAGE = 5
 RECALL_KS = (1, 5, 10)
-METRIC_KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "i2t_medr", "i2t_meanr",
-               "t2i_r1", "t2i_r5", "t2i_r10", "t2i_medr", "t2i_meanr", "rsum", "mrecall")
 PROTOCOLS = ("single", "5fold", "5k")
 COCO_FOLDS = 5
 COCO_FOLD_SIZE = 1000
@@ -46,6 +47,138 @@ SIMILARITIES = ("cosine", "order", "order-norm")
 ORDER_BLOCK_ELEMENTS = 1 << 22
 # CS@K: which of the candidates tied in score at the K-th place are kept (lower / higher index).
 TIE_BREAKS = ("low", "high")
+
+
+# ---------------------------------------------------------------------------- the metric table
+
+# The two retrieval directions, as keys name them and as tables print them.
+DIRECTIONS = {"i2t": "image→text", "t2i": "text→image"}
+METRIC_GROUPS = ("recall", "rank", "sum", "cs", "human", "count", "training")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric: every command that computes, prints, tabulates or compares metrics reads
+    its name, headers, direction and format from ``METRICS``.
+
+    ``key``: the name results carry (results.csv column, JSON key); ``{k}`` stands for the K
+    of a family (``i2t_cs@{k}``: CS@100, CS@1000 …). ``label``: its column header in `vse
+    report`'s tables. ``short``: its name in `vse evaluate`'s printed table. ``direction``:
+    ``i2t`` (image→text, caption retrieval), ``t2i`` or ``both``. ``group``: one of
+    ``METRIC_GROUPS`` (``recall`` R@K, ``rank`` median / mean rank, ``sum`` rsum and
+    M-Recall, ``cs`` the coherent score, ``human`` agreement with people, ``count`` how many
+    pairs or queries a human metric saw, ``training`` what the validation log says).
+    ``decimals``: printed decimals; ``whole``: a whole value prints without them (a median
+    rank; a mean of medians over folds or seeds keeps its decimal). ``in_json``: in `vse
+    evaluate --json` (M-Recall, = rsum / 6, never was)."""
+
+    key: str
+    label: str
+    short: str
+    direction: str
+    group: str
+    higher_is_better: bool = True
+    decimals: int = 1
+    whole: bool = False
+    in_json: bool = True
+
+    def format(self, value, missing: str = "") -> str:
+        """``value`` as tables print it; ``missing`` for None or NaN (undefined)."""
+        if value is None or value != value:  # NaN, of any float type
+            return missing
+        if self.whole and float(value).is_integer():
+            return f"{value:.0f}"
+        return f"{value:.{self.decimals}f}"
+
+
+def recall_key(direction: str, k: int) -> str:
+    """The key of R@K in one direction (``i2t_r1``)."""
+    return f"{direction}_r{k}"
+
+
+def _retrieval_metrics(d: str) -> tuple[Metric, ...]:
+    return (*(Metric(recall_key(d, k), f"R@{k}", f"R@{k}", d, "recall") for k in RECALL_KS),
+            Metric(f"{d}_medr", "Med r", "medr", d, "rank", higher_is_better=False, whole=True),
+            Metric(f"{d}_meanr", "Mean r", "meanr", d, "rank", higher_is_better=False))
+
+
+def _human_metrics(direction: str) -> tuple[Metric, ...]:
+    """docs/PROTOCOL.md, "Human judgments": tau-b, NDCG@K, plausible-match R@K, R-precision."""
+    prefix = f"human_{direction}_"
+    return (Metric(prefix + "tau", "tau", "tau", direction, "human", decimals=3),
+            Metric(prefix + "ndcg@{k}", "NDCG@{k}", "ndcg@{k}", direction, "human", decimals=3),
+            Metric(prefix + "r@{k}", "R@{k}", "r@{k}", direction, "human"),
+            Metric(prefix + "rprec", "R-P", "rprec", direction, "human"))
+
+
+def _human_counts(direction: str) -> tuple[Metric, ...]:
+    return tuple(Metric(f"human_{direction}_{what}", what, what, direction, "count", decimals=0)
+                 for what in ("queries", "tau_queries"))
+
+
+METRICS: tuple[Metric, ...] = (
+    *_retrieval_metrics("i2t"),
+    *_retrieval_metrics("t2i"),
+    Metric("rsum", "rsum", "rsum", "both", "sum"),
+    Metric("mrecall", "M-Recall", "M-Recall", "both", "sum", decimals=2, in_json=False),
+    Metric("i2t_cs@{k}", "Caption CS@{k}", "i2t_cs@{k}", "i2t", "cs", decimals=3),
+    Metric("t2i_cs@{k}", "Image CS@{k}", "t2i_cs@{k}", "t2i", "cs", decimals=3),
+    *_human_metrics("i2t"),
+    *_human_metrics("t2i"),
+    Metric("human_spearman", "Spearman", "Spearman", "both", "human", decimals=3),
+    *_human_counts("i2t"),
+    *_human_counts("t2i"),
+    Metric("human_pairs", "pairs", "pairs", "both", "count", decimals=0),
+    Metric("human_unmatched", "unmatched", "unmatched", "both", "count", decimals=0),
+    Metric("epochs_to_best", "Epochs to best", "epochs to best", "both", "training", higher_is_better=False,
+           decimals=0),  # LSEH's efficiency measure: epochs to the best validation M-Recall
+)
+_BY_KEY = {m.key: m for m in METRICS}
+_POSITION = {m.key: i for i, m in enumerate(METRICS)}
+
+
+def metric_keys(*groups: str) -> tuple[str, ...]:
+    """Keys of the table's metrics of ``groups``, in table order."""
+    unknown = set(groups) - set(METRIC_GROUPS)
+    if unknown:
+        raise ValueError(f"unknown metric groups {sorted(unknown)}")
+    return tuple(m.key for m in METRICS if m.group in groups)
+
+
+def _family(key: str) -> tuple[str, int | None]:
+    """(table key, K): ``i2t_cs@100`` → (``i2t_cs@{k}``, 100); ``rsum`` → (``rsum``, None)."""
+    if key in _BY_KEY:
+        return key, None
+    family, at, k = key.rpartition("@")
+    if at and k.isdigit() and f"{family}@{{k}}" in _BY_KEY:
+        return f"{family}@{{k}}", int(k)
+    return key, None
+
+
+def is_metric(key: str) -> bool:
+    """Whether ``key`` names a metric of the table (a family's member with its K included)."""
+    return _family(key)[0] in _BY_KEY
+
+
+def metric_of(key: str) -> Metric:
+    """The definition of ``key``, with K filled in for a family's member (``i2t_cs@100``)."""
+    family, k = _family(key)
+    if family not in _BY_KEY:
+        raise KeyError(f"{key!r} is not a metric of pipeline.metrics.METRICS")
+    found = _BY_KEY[family]
+    if k is None:
+        return found
+    return replace(found, key=key, label=found.label.format(k=k), short=found.short.format(k=k))
+
+
+def metric_order(key: str) -> tuple[int, int]:
+    """Sort key of metric keys: table order, then K (``ndcg@10`` after ``tau``, R@5 before R@10)."""
+    family, k = _family(key)
+    return _POSITION[family], k or 0
+
+
+# The retrieval metrics of one evaluation (``retrieval_metrics``), in results.csv's order.
+METRIC_KEYS = metric_keys("recall", "rank", "sum")
 
 
 # ---------------------------------------------------------------------------- ranks
@@ -164,12 +297,12 @@ def retrieval_metrics(i2t_ranks, t2i_ranks) -> dict[str, float]:
             raise VseError(f"{direction} ranks must be a non-empty 1-D array, "
                            f"got shape {ranks.shape}")
         for k in RECALL_KS:
-            metrics[f"{direction}_r{k}"] = 100.0 * int(np.count_nonzero(ranks < k)) / ranks.size
+            metrics[recall_key(direction, k)] = 100.0 * int(np.count_nonzero(ranks < k)) / ranks.size
         metrics[f"{direction}_medr"] = float(np.floor(np.median(ranks)) + 1)
         metrics[f"{direction}_meanr"] = float(np.mean(ranks) + 1)
-    metrics["rsum"] = sum(metrics[f"{d}_r{k}"] for d in ("i2t", "t2i") for k in RECALL_KS)
+    metrics["rsum"] = sum(metrics[key] for key in metric_keys("recall"))
     metrics["mrecall"] = metrics["rsum"] / 6
-    return metrics
+    return {key: metrics[key] for key in METRIC_KEYS}  # the table's order (results.csv's)
 
 
 def evaluate_embeddings(images, captions, caption_image=None, protocol: str = "single", *,
@@ -233,7 +366,7 @@ def coherent_score(scores, relevance, k: int, *, tie_break: str = "low") -> floa
                        f"shape {tuple(scores.shape)}")
     _check_k(k, scores.shape[1])
     taus = _top_k_kendall_tau_b(scores, relevance, [k], tie_break)[0]
-    return _mean_defined(taus)
+    return mean_defined(taus)
 
 
 def coherent_scores(img_emb, cap_emb, relevance_ref, ks=(100, 1000), *, order: bool | str = False,
@@ -274,19 +407,12 @@ def coherent_scores(img_emb, cap_emb, relevance_ref, ks=(100, 1000), *, order: b
             for per_k, block_taus in zip(taus, _top_k_kendall_tau_b(scores, rel, ks, tie_break)):
                 per_k.append(block_taus)
         for k, per_k in zip(ks, taus):
-            result[f"{direction}_cs@{k}"] = _mean_defined(torch.cat(per_k))
+            result[f"{direction}_cs@{k}"] = mean_defined(torch.cat(per_k))
     return result
 
 
 def _top_k_kendall_tau_b(scores, relevance, ks, tie_break: str = "low") -> list[torch.Tensor]:
-    """Per row, tau-b over the top-k candidates, for each k in ``ks`` (nan where undefined).
-
-    Knight's O(k log k) form, as scipy computes it: with the k pairs sorted by (x, y)
-    descending, n0 = k(k-1)/2 pairs, n1 / n2 / n3 pairs tied in x / in y / in both, and
-    D = #{i < j: y_i < y_j} (the discordant pairs),
-    tau-b = (n0 - n1 - n2 + n3 - 2 D) / sqrt((n0 - n1) (n0 - n2)).
-    All counts are exact integers; memory is O(rows · k).
-    """
+    """Per row, ``kendall_tau_b`` over the top-k candidates, for each k in ``ks``."""
     if tie_break not in TIE_BREAKS:
         raise VseError(f"tie_break must be one of {', '.join(TIE_BREAKS)}, got {tie_break!r}")
     if tie_break == "low":
@@ -296,23 +422,96 @@ def _top_k_kendall_tau_b(scores, relevance, ks, tie_break: str = "low") -> list[
         ranked = scores.shape[1] - 1 - flipped[:, :max(ks)]
     x_all = scores.gather(1, ranked)  # non-increasing along each row
     y_all = relevance.gather(1, ranked)
-    result = []
-    for k in ks:
-        x, y = x_all[:, :k], y_all[:, :k]
-        by_y = torch.sort(y, dim=1, descending=True, stable=True).indices
-        by_x_then_y = by_y.gather(1, torch.sort(x.gather(1, by_y), dim=1, descending=True,
-                                                stable=True).indices)
-        x, y = x.gather(1, by_x_then_y), y.gather(1, by_x_then_y)
-        x_changes = _changes(x)
-        tied_x = _tied_pairs(x_changes)
-        tied_y = _tied_pairs(_changes(torch.sort(y, dim=1).values))
-        tied_both = _tied_pairs(x_changes | _changes(y))
-        pairs = k * (k - 1) // 2
-        numerator = pairs - tied_x - tied_y + tied_both - 2 * _ascending_pairs(y)
-        untied = ((pairs - tied_x) * (pairs - tied_y)).double()
-        tau = numerator.double() / untied.sqrt()
-        result.append(torch.where(untied > 0, tau, torch.nan))
-    return result
+    return [kendall_tau_b(x_all[:, :k], y_all[:, :k]) for k in ks]
+
+
+# ---------------------------------------------------------------------------- general formulas
+
+
+def kendall_tau_b(x, y, lengths=None) -> torch.Tensor:
+    """Kendall's tau-b (Kendall 1945, ties corrected; what scipy.stats.kendalltau returns)
+    between ``x[r]`` and ``y[r]`` for each row r of two (rows, k) arrays of finite values: a
+    (rows,) float64 tensor, nan where undefined (every x or every y of the row tied, or fewer
+    than 2 items). ``lengths`` (rows,): row r holds only its first ``lengths[r]`` items (the
+    rest is padding, ignored).
+
+    Knight's O(k log k) form, as scipy computes it: with the n pairs sorted by (x, y)
+    descending, n0 = n(n-1)/2 pairs, n1 / n2 / n3 pairs tied in x / in y / in both, and
+    D = #{i < j: y_i < y_j} (the discordant pairs),
+    tau-b = (n0 - n1 - n2 + n3 - 2 D) / sqrt((n0 - n1) (n0 - n2)).
+    All counts are exact integers; memory is O(rows · k). Padding becomes (+inf, +inf): it
+    sorts first, adds no discordant pair, and its p(p-1)/2 pairs tied among themselves (in x,
+    in y, in both) are taken off again.
+    """
+    x, y = torch.as_tensor(x), torch.as_tensor(y)
+    k = x.shape[1]
+    n = torch.full((x.shape[0],), k, dtype=torch.long, device=x.device)
+    if lengths is not None:
+        n = torch.as_tensor(lengths, dtype=torch.long, device=x.device)
+        padding = torch.arange(k, device=x.device)[None, :] >= n[:, None]
+        x, y = x.masked_fill(padding, math.inf), y.masked_fill(padding, math.inf)
+    by_y = torch.sort(y, dim=1, descending=True, stable=True).indices
+    by_x_then_y = by_y.gather(1, torch.sort(x.gather(1, by_y), dim=1, descending=True,
+                                            stable=True).indices)
+    x, y = x.gather(1, by_x_then_y), y.gather(1, by_x_then_y)
+    padded_pairs = (k - n) * (k - n - 1) // 2
+    x_changes = _changes(x)
+    tied_x = _tied_pairs(x_changes) - padded_pairs
+    tied_y = _tied_pairs(_changes(torch.sort(y, dim=1).values)) - padded_pairs
+    tied_both = _tied_pairs(x_changes | _changes(y)) - padded_pairs
+    pairs = n * (n - 1) // 2
+    numerator = pairs - tied_x - tied_y + tied_both - 2 * _ascending_pairs(y)
+    untied = ((pairs - tied_x) * (pairs - tied_y)).double()
+    tau = numerator.double() / untied.sqrt()
+    return torch.where(untied > 0, tau, torch.nan)
+
+
+def spearman(x, y) -> float:
+    """Spearman's rho: Pearson correlation of the average ranks (nan if either is constant)."""
+    from scipy.stats import rankdata
+
+    rx, ry = rankdata(x), rankdata(y)
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    denominator = math.sqrt(float(rx @ rx) * float(ry @ ry))
+    return float(rx @ ry) / denominator if denominator > 0 else math.nan
+
+
+def auc(scores, positive) -> float:
+    """Area under the ROC curve of ``scores`` separating ``positive`` from the rest: the
+    probability that a random positive scores above a random negative, ties counted 1/2."""
+    from scipy.stats import rankdata
+
+    positive = np.asarray(positive, dtype=bool)
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    if not n_pos or not n_neg:
+        return math.nan
+    ranks = rankdata(scores)
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def ndcg(scores, gains, k: int) -> np.ndarray:
+    """NDCG@k (Järvelin & Kekäläinen 2002) of each row's candidates ranked by ``scores``
+    (descending; tied scores put the lower gain first, against the query):
+    DCG@k = sum_{r=1..k} gain_r / log2(r + 1), divided by the DCG@k of the gains in ideal
+    order; nan where every gain is 0. (rows, L) arrays; a row shorter than L is padded with
+    score -inf and gain 0."""
+    s, g = np.asarray(scores, np.float64), np.asarray(gains, np.float64)
+    by_gain = np.argsort(g, axis=1, kind="stable")
+    s1, g1 = np.take_along_axis(s, by_gain, 1), np.take_along_axis(g, by_gain, 1)
+    ranked = np.take_along_axis(g1, np.argsort(-s1, axis=1, kind="stable"), 1)[:, :k]
+    ideal = -np.sort(-g, axis=1)[:, :k]
+    discount = 1.0 / np.log2(np.arange(2, ranked.shape[1] + 2))
+    dcg, idcg = ranked @ discount, ideal @ discount
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(idcg > 0, dcg / idcg, np.nan)
+
+
+def mean_defined(values) -> float:
+    """The mean of the defined (not NaN) values, NaN when none is: how per-query values
+    (CS@K's and the human metrics' tau-b, NDCG) become one number."""
+    values = torch.as_tensor(values)
+    defined = values[~torch.isnan(values)]
+    return float(defined.mean()) if defined.numel() else math.nan
 
 
 def _changes(values) -> torch.Tensor:
@@ -350,11 +549,6 @@ def _ascending_pairs(values) -> torch.Tensor:
         total += (below * real.view(-1, 2, width)[:, 1]).sum(dim=(1, 2))
         width *= 2
     return total
-
-
-def _mean_defined(taus: torch.Tensor) -> float:
-    defined = taus[~torch.isnan(taus)]
-    return float(defined.mean()) if defined.numel() else math.nan
 
 
 def _check_k(k, num_candidates: int) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,29 +24,34 @@ from pathlib import Path
 from .batch_eval import RUN_COLUMNS
 from .errors import VseError
 from .fsutil import atomic_path
-from .metrics import METRIC_KEYS
+from .metrics import METRIC_KEYS, is_metric, metric_keys, metric_of, metric_order
 from .stats import ALPHA, mean_std, welch_greater
 
 TEXT_COLUMNS = {"run", "loss", "loss_options", "backbone", "train_set", "features", "split",
                 "protocol", "checkpoint", "config_id"}
-LOWER_IS_BETTER = ("_medr", "_meanr", "epochs_to_best")
-EPOCHS_COLUMN = ("Training", [("Epochs to best", "epochs_to_best")])  # LSEH's efficiency measure
 FORMATS = ("md", "latex", "csv")
 BOLD_MODES = ("significant", "best", "none")
 # Columns that describe one run rather than its configuration: left out of a seed group's key.
 PER_RUN_COLUMNS = ("run", "seed", "checkpoint", "checkpoint_iteration", "epochs_to_best", "best_val_mrecall",
                    "config_id", "images")
+# Each layout's metrics (keys of pipeline.metrics.METRICS; a family such as human_i2t_r@{k}
+# brings every K the rows have). Headers, groups, formats and which way is better come from
+# the metric table; CS@K columns follow when the rows have them.
 LAYOUTS = {
-    "paper": [("Caption Retrieval", [("R@1", "i2t_r1"), ("R@10", "i2t_r10"), ("Med r", "i2t_medr")]),
-              ("Image Retrieval", [("R@1", "t2i_r1"), ("R@10", "t2i_r10"), ("Med r", "t2i_medr")])],
-    "recall": [("Caption Retrieval", [("R@1", "i2t_r1"), ("R@5", "i2t_r5"), ("R@10", "i2t_r10")]),
-               ("Image Retrieval", [("R@1", "t2i_r1"), ("R@5", "t2i_r5"), ("R@10", "t2i_r10")]),
-               ("", [("rsum", "rsum")])],
-    "human": [("", [("rsum", "rsum")])],  # after the human_* columns the rows have (_human_groups)
+    "paper": ("i2t_r1", "i2t_r10", "i2t_medr", "t2i_r1", "t2i_r10", "t2i_medr"),
+    "recall": (*metric_keys("recall"), "rsum"),
+    "human": (*metric_keys("human"), "rsum"),
 }
-HUMAN_TITLES = {"i2t": "Caption Retrieval (human)", "t2i": "Image Retrieval (human)"}
-HUMAN_HEADERS = {"tau": "tau", "ndcg": "NDCG", "r": "R", "rprec": "R-P", "spearman": "Spearman"}
-HUMAN_THREE_DECIMALS = ("_tau", "_spearman", "_ndcg@")
+EPOCHS = "epochs_to_best"  # the --epochs-to-best column
+# The title of a metric's column group, by group and direction (Caption Retrieval = i2t).
+TITLES = {("recall", "i2t"): "Caption Retrieval", ("recall", "t2i"): "Image Retrieval",
+          ("rank", "i2t"): "Caption Retrieval", ("rank", "t2i"): "Image Retrieval",
+          ("human", "i2t"): "Caption Retrieval (human)", ("human", "t2i"): "Image Retrieval (human)",
+          ("cs", "i2t"): "Coherent Score", ("cs", "t2i"): "Coherent Score", ("training", "both"): "Training"}
+# The same titles as markdown headers' prefixes.
+SHORT_TITLES = {"Caption Retrieval": "Caption", "Image Retrieval": "Image", "Coherent Score": "",
+                "Training": "", "Caption Retrieval (human)": "Caption (human)",
+                "Image Retrieval (human)": "Image (human)"}
 
 
 # ---------------------------------------------------------------------------- results.csv
@@ -109,56 +113,43 @@ def _cell(column: str, value: str):
 
 def table_columns(rows, layout: str = "paper",
                   epochs: bool = False) -> list[tuple[str, list[tuple[str, str]]]]:
-    """Column groups (title, [(header, key)]): the layout's, CS@K when rows have it, and the
-    epochs to the best validation M-Recall when ``epochs``."""
+    """Column groups (title, [(header, key)]): the layout's metrics that some row has, CS@K
+    when rows have it, and the epochs to the best validation M-Recall when ``epochs``."""
     if layout not in LAYOUTS:
         raise VseError(f"unknown table layout {layout!r} (expected {', '.join(LAYOUTS)})")
-    groups = [(title, [(h, k) for h, k in cols if any(row.get(k) is not None for row in rows)])
-              for title, cols in LAYOUTS[layout]]
-    if layout == "human":
-        groups = _human_groups(rows) + groups
-    cs = sorted({k for row in rows for k in row if "_cs@" in k},
-                key=lambda k: (int(k.split("@")[1]), k))
-    if cs:
-        groups.append(("Coherent Score",
-                       [(("Caption" if k.startswith("i2t") else "Image") + f" CS@{k.split('@')[1]}", k)
-                        for k in cs]))
+    keys = [k for entry in LAYOUTS[layout] for k in _present(entry, rows)]
+    keys += sorted({k for row in rows for k in row if is_metric(k) and metric_of(k).group == "cs"},
+                   key=lambda k: (int(k.split("@")[1]), k))
     if epochs:
-        groups.append(EPOCHS_COLUMN)
-    return [(title, cols) for title, cols in groups if cols]
-
-
-def _human_groups(rows) -> list[tuple[str, list[tuple[str, str]]]]:
-    """The human-judgment columns of ``rows`` (docs/PROTOCOL.md, Human judgments)."""
-    from .judgments import human_key_order
-
-    present = {k for row in rows for k in row if k.startswith("human_") and row.get(k) is not None}
-    groups = []
-    for direction, title in HUMAN_TITLES.items():
-        keys = sorted((k for k in present
-                       if k.startswith(f"human_{direction}_") and not k.endswith("queries")),
-                      key=human_key_order)
-        groups.append((title, [(_human_header(k.split("_", 2)[2]), k) for k in keys]))
-    if "human_spearman" in present:
-        groups.append(("", [(HUMAN_HEADERS["spearman"], "human_spearman")]))
+        keys.append(EPOCHS)
+    groups: list[tuple[str, list[tuple[str, str]]]] = []
+    for key in keys:
+        metric = metric_of(key)
+        title = TITLES.get((metric.group, metric.direction), "")
+        if not groups or groups[-1][0] != title:
+            groups.append((title, []))
+        groups[-1][1].append((metric.label, key))
     return groups
 
 
-def _human_header(name: str) -> str:
-    metric, at, k = name.partition("@")
-    return HUMAN_HEADERS[metric] + at + k
+def _present(entry: str, rows) -> list[str]:
+    """A layout entry's keys that some row has a value of: the key itself, or a family's
+    members in K order."""
+    if "{k}" not in entry:
+        return [entry] if any(row.get(entry) is not None for row in rows) else []
+    prefix = entry.split("{k}")[0]
+    found = {k for row in rows for k in row
+             if k.startswith(prefix) and k[len(prefix):].isdigit() and row.get(k) is not None}
+    return sorted(found, key=metric_order)
 
 
 def format_value(key: str, value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    if "_cs@" in key or (key.startswith("human_") and any(t in key for t in HUMAN_THREE_DECIMALS)):
-        return f"{value:.3f}"
-    if key == "epochs_to_best":
-        return f"{value:.0f}"
-    if key.endswith(LOWER_IS_BETTER):
-        return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
-    return f"{value:.1f}"
+    """A cell of ``key`` (a metric of ``metrics.METRICS``) as the table prints it; "" when missing."""
+    return metric_of(key).format(value)
+
+
+def _lower_is_better(key: str) -> bool:
+    return not metric_of(key).higher_is_better
 
 
 def best_cells(rows, keys) -> set[tuple[int, str]]:
@@ -169,7 +160,7 @@ def best_cells(rows, keys) -> set[tuple[int, str]]:
         values = [(i, float(text)) for i, text in printed if text]
         if len(values) < 2:
             continue
-        pick = min if key.endswith(LOWER_IS_BETTER) else max
+        pick = min if _lower_is_better(key) else max
         target = pick(v for _, v in values)
         best.update((i, key) for i, v in values if v == target)
     return best
@@ -233,7 +224,7 @@ def significant_cells(groups: list[SeedGroup], keys) -> set[tuple[int, str]]:
         ranked = [(g.mean(key), i) for i, g in enumerate(groups) if g.samples.get(key)]
         if len(ranked) < 2:
             continue
-        lower = key.endswith(LOWER_IS_BETTER)
+        lower = _lower_is_better(key)
         ranked.sort(key=lambda t: t[0], reverse=not lower)
         (_, best), (_, runner_up) = ranked[0], ranked[1]
         a, b = groups[best].samples[key], groups[runner_up].samples[key]
@@ -308,9 +299,7 @@ def _bold(text: str, fmt: str) -> str:
 
 
 def _markdown_table(groups, labels, cells) -> str:
-    short = {"Caption Retrieval": "Caption", "Image Retrieval": "Image", "Coherent Score": "", "Training": "",
-             HUMAN_TITLES["i2t"]: "Caption (human)", HUMAN_TITLES["t2i"]: "Image (human)"}
-    header = ["Model"] + [" ".join(p for p in (short.get(title, title), h) if p)
+    header = ["Model"] + [" ".join(p for p in (SHORT_TITLES.get(title, title), h) if p)
                           for title, cols in groups for h, _ in cols]
     lines = ["| " + " | ".join(header) + " |",
              "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]

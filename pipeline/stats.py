@@ -10,7 +10,7 @@ Two questions, two tests (docs/PROTOCOL.md, "Seeds and significance"):
   sign at random; the p-value is the share of flips whose |difference| reaches the observed
   one (two-sided), with the observed assignment counted (Phipson & Smyth 2010).
 
-Pure numpy/scipy; no file I/O.
+Pure numpy/scipy (metric names from pipeline.metrics); no file I/O.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import math
 
 import numpy as np
 
+from .metrics import RECALL_KS, recall_key
+
 ALPHA = 0.05                 # significance level of the bold marks in `vse report`
 DEFAULT_PERMUTATIONS = 10_000
-RECALL_KS = (1, 5, 10)
 _PERMUTATION_BLOCK = 500
 
 
@@ -53,10 +54,8 @@ def welch_greater(better, worse) -> float:
 def recall_hits(i2t_ranks, t2i_ranks) -> dict[str, np.ndarray]:
     """Per-query hit indicators (0/1 float64) of R@1/5/10 in each direction, keyed like the
     metrics (``i2t_r1`` …): R@K is 100 × their mean."""
-    i2t, t2i = np.asarray(i2t_ranks), np.asarray(t2i_ranks)
-    hits = {f"i2t_r{k}": (i2t < k).astype(np.float64) for k in RECALL_KS}
-    hits.update({f"t2i_r{k}": (t2i < k).astype(np.float64) for k in RECALL_KS})
-    return hits
+    ranks = {"i2t": np.asarray(i2t_ranks), "t2i": np.asarray(t2i_ranks)}
+    return {recall_key(d, k): (r < k).astype(np.float64) for d, r in ranks.items() for k in RECALL_KS}
 
 
 def paired_permutation_test(ranks_a, ranks_b, permutations: int = DEFAULT_PERMUTATIONS,

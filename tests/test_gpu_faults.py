@@ -1,4 +1,4 @@
-"""Faults only a CUDA device or NCCL would show (issue 15), each reproduced on the CPU by faking
+"""Faults only a CUDA device or NCCL would show, each reproduced on the CPU by faking
 the device facts (``torch.cuda.*`` answers, ranks), plus checks that run only on a real GPU.
 
 1 CUDA RNG state per rank · 2 bf16 from compute capability · 3 the GRU in fp32 under autocast ·

@@ -490,4 +490,39 @@ def test_relevance_methods_scored_by_people_follow_the_ladder_rule(judged_run, t
     foreign = write(tmp_path, "notes.json", "{}")
     refused = _vse("relevance-human", "--features", cache, "--method", "cbow", "--judgments", judgments,
                    "--judgments-format", "csv", "--out", foreign)
-    assert refused.exit_code == 1 and "not overwritten" in refused.output and foreign.read_text() == "{}"
+    assert refused.exit_code == 1 and "--overwrite replaces it" in refused.output
+    assert foreign.read_text() == "{}"
+
+
+def test_relevance_human_out_refuses_a_foreign_file_and_replaces_its_own_report(judged_run, tmp_path):
+    import json
+
+    from pipeline.fsutil import output_format
+    from pipeline.relevance import build_relevance
+    from pipeline.relevance.human import REPORT_FORMAT
+
+    _, cache, judgments = judged_run
+    stored = tmp_path / "cbow.h5"
+    build_relevance(cache, "cbow", stored, device="cpu")
+    out = tmp_path / "report.json"
+    common = ["relevance-human", "--features", cache, "--judgments", judgments, "--judgments-format", "csv",
+              "--device", "cpu", "--out", out]
+    first = _vse(*common, "--relevance", stored)
+    assert first.exit_code == 0, first.output
+    assert output_format(out) == REPORT_FORMAT
+    report = json.loads(out.read_text())
+    assert list(report)[:2] == ["format", "command"] and report["judgments_format"] == "csv"
+    # its own earlier report is replaced
+    again = _vse(*common, "--relevance", stored, "--judgments-threshold", "0.9")
+    assert again.exit_code == 0, again.output
+    assert json.loads(out.read_text())["threshold"] == 0.9 and report["threshold"] == 0.5
+    # anything else is refused, untouched, before any work; --overwrite replaces it
+    for text in ("{}", '{"format": "vse-results"}\n', "notes\n"):
+        out.write_text(text)
+        refused = _vse(*common, "--relevance", stored)
+        assert refused.exit_code == 1 and out.read_text() == text
+        kind = "format 'vse-results'" if "vse-results" in text else "a file vse did not write"
+        assert refused.output.splitlines() == [
+            f"error: {out}: exists and is not a vse relevance-human report ({kind}); --overwrite replaces it"]
+    replaced = _vse(*common, "--relevance", stored, "--overwrite")
+    assert replaced.exit_code == 0 and json.loads(out.read_text())["format"] == REPORT_FORMAT

@@ -26,6 +26,19 @@ from .vectors import relevance_matrix
 DEFAULT_MAX_DEVICE_BYTES = 1 << 30
 
 
+def check_made_for(stored, path, num_captions: int | None = None, caption_fingerprint: str | None = None,
+                   captions_from=None) -> None:
+    """Refuse the relevance file ``stored`` (read from ``path``) unless it has ``num_captions``
+    rows and was made for the captions whose fingerprint is ``caption_fingerprint``, those of
+    ``captions_from`` (either check skipped when None)."""
+    if num_captions is not None and stored.num_captions != num_captions:
+        raise VseError(f"relevance file has {stored.num_captions} captions but the feature "
+                       f"cache has {num_captions}: made for another cache "
+                       f"({stored.attrs.get('features_file')})", path)
+    if caption_fingerprint is not None:
+        check_caption_fingerprint(caption_fingerprint, stored.attrs, path, "relevance file", captions_from)
+
+
 @runtime_checkable
 class RelevanceFn(Protocol):
     def __call__(self, caption_indices: torch.Tensor) -> torch.Tensor:
@@ -48,13 +61,7 @@ class BatchRelevance:
         self.method = "custom"
         if isinstance(source, (str, os.PathLike)):
             stored = read_relevance(source)
-            if num_captions is not None and stored.num_captions != num_captions:
-                raise VseError(f"relevance file has {stored.num_captions} captions but the feature "
-                               f"cache has {num_captions}: made for another cache "
-                               f"({stored.attrs.get('features_file')})", source)
-            if caption_fingerprint is not None:
-                check_caption_fingerprint(caption_fingerprint, stored.attrs, source, "relevance file",
-                                          captions_from)
+            check_made_for(stored, source, num_captions, caption_fingerprint, captions_from)
             self.method = stored.method
             source, coarse_vectors, cbow_threshold = (stored.vectors, stored.coarse_vectors,
                                                       stored.cbow_threshold)
