@@ -3,6 +3,7 @@
 authors' code is tests/test_vse_infty_golden.py."""
 
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -317,3 +318,14 @@ def test_size_augment_refuses_bad_input():
         size_augment(np.zeros((2, 3, 1)), [0, 3], rng=np.random.default_rng(), rule="grid")
     with pytest.raises(ValueError, match=r"\(B, K, D\)"):
         size_augment(np.zeros((2, 3)), rng=np.random.default_rng(), rule="grid")
+
+
+def test_the_protocol_lists_the_pool_names_and_points_to_tests_that_exist():
+    protocol = (ROOT / "docs" / "PROTOCOL.md").read_text(encoding="utf-8")
+    section = protocol.split("## VSE∞", 1)[1].split("\n## ", 1)[0]
+    text = " ".join(section.split())
+    assert f"`--image-pool`: {' | '.join(IMAGE_POOLS)};" in text
+    assert f"`--text-pool`: {' | '.join(TEXT_POOLS)};" in text
+    tests = " ".join(p.read_text(encoding="utf-8") for p in (ROOT / "tests").glob("test_*.py"))
+    named = re.findall(r"(?:`|::)(test_\w+)", section)
+    assert len(named) >= 5 and all(f"def {name}(" in tests for name in named), named
