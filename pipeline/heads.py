@@ -102,7 +102,9 @@ class GPO(nn.Module):
     0..n-1.  The weights depend on n only, not on the values: ``weights_for(n)``.
 
     One GRU pass computes the weights of every length 1..K at once (``weight_table``), K
-    sequences packed; a batch gathers its rows, so no length is read on the host.
+    sequences packed; a batch gathers its rows, so no length is read on the host.  The rank
+    encodings are computed on the parameters' device at each call (K × 32 values; the
+    authors keep a dict of them per length on the CPU, outside the state dict).
     """
 
     def __init__(self, dim: int | None = None, d_pe: int = GPO_PE_DIM, d_hidden: int = GPO_HIDDEN,
