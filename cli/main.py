@@ -30,6 +30,7 @@ def cli():
 def _register() -> None:
     # Each module defines click commands and a `register(group)` function.
     from cli import (
+        check_head_cmd,
         check_loss_cmd,
         compare_cmd,
         encode_text_cmd,
@@ -41,7 +42,7 @@ def _register() -> None:
     )
 
     for module in (extract_cmd, train_cmd, evaluate_cmd, relevance_cmd, report_cmd, compare_cmd,
-                   check_loss_cmd, encode_text_cmd):
+                   check_loss_cmd, check_head_cmd, encode_text_cmd):
         module.register(cli)
 
 

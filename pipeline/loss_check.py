@@ -253,9 +253,9 @@ def _guarded(name: str, check) -> CheckResult:
     return result
 
 
-def format_results(spec: str, results: list[CheckResult]) -> str:
+def format_results(spec: str, results: list[CheckResult], command: str = "check-loss") -> str:
     width = max(len(r.check) for r in results) + 2
-    lines = [f"check-loss {spec}", f"  {'check':{width}s}{'result':8s}detail"]
+    lines = [f"{command} {spec}", f"  {'check':{width}s}{'result':8s}detail"]
     for r in results:
         mark = "-" if r.ok is None else ("ok" if r.ok else "FAIL")
         lines.append(f"  {r.check:{width}s}{mark:8s}{r.detail}")

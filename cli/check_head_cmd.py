@@ -1,0 +1,37 @@
+"""`vse check-head POOL`: run the set-pool contract (pipeline.pool_check) on a built-in pool or
+a user's own (FILE.py:Class, package.module:Class) and print a table; exit 1 if a check fails."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from cli.train_cmd import _parse_loss_option
+
+
+@click.command("check-head")
+@click.argument("pool")
+@click.option("--pool-option", "pool_option", multiple=True, callback=_parse_loss_option,
+              help="A pool option, KEY=VALUE (JSON value), repeatable; the pool is built as "
+                   "Class(dim=E, **options).")
+@click.option("--sequence", is_flag=True,
+              help="The pool reads caption tokens in order: permuting the members is reported, not "
+                   "required to leave the output unchanged.")
+@click.option("--seed", type=int, default=0, show_default=True)
+def check_head_command(pool, pool_option, sequence, seed):
+    """Check that POOL (a built-in set pool, FILE.py:Class or package.module:Class) keeps the
+    set-pool contract: output (B, E) for several K and E, padding ignored, a set alone = in
+    the batch, invariance to permuting the members, gradient to every member and no padding,
+    lengths 1 and K, finite for large inputs, and its speed at B = 128, K = 36, E = 1024."""
+    from pipeline.loss_check import format_results
+    from pipeline.pool_check import run_pool_contract
+
+    results = run_pool_contract(pool, pool_option, sequence=sequence, seed=seed)
+    click.echo(format_results(pool, results, command="check-head"))
+    if any(r.ok is False for r in results):
+        sys.exit(1)
+
+
+def register(group: click.Group) -> None:
+    group.add_command(check_head_command)
