@@ -6,9 +6,9 @@ import json
 
 import click
 
-from cli.dataset_root import root_option
+from cli.dataset_root import csv_options, root_option
 from cli.judgment_options import judgment_options
-from pipeline.datasets import IMAGE_DATASET_KINDS
+from pipeline.datasets import IMAGE_DATASET_KINDS, CsvLayout
 
 
 def _parse_ks(ctx, param, value):
@@ -31,6 +31,7 @@ def _parse_ks(ctx, param, value):
 @root_option(prefix="RC checkpoint (--rc run): embed this dataset's images with the run's own CNN. ")
 @click.option("--dataset", "dataset_kind", type=click.Choice(IMAGE_DATASET_KINDS), default="flickr8k",
               show_default=True, help="--root: its layout.")
+@csv_options("dataset_kind")
 @click.option("--text-features", type=click.Path(dir_okay=False), default=None,
               help="Caption-feature file for a run trained with --text-features (default: the one it names).")
 @click.option("--split", default="test", show_default=True)
@@ -50,9 +51,9 @@ def _parse_ks(ctx, param, value):
               help="--runs: which checkpoint of each run.")
 @judgment_options
 @click.option("--overwrite", is_flag=True, help="--out: replace a file that is not a vse results table.")
-def evaluate_command(embeddings, checkpoint, run_patterns, features, root, dataset_kind, text_features, split,
-                     protocol, order, relevance, cs_ks, device, amp, as_json, out, checkpoint_name, judgments,
-                     overwrite):
+def evaluate_command(embeddings, checkpoint, run_patterns, features, root, dataset_kind, dataset_options,
+                     text_features, split, protocol, order, relevance, cs_ks, device, amp, as_json, out,
+                     checkpoint_name, judgments, overwrite):
     """Recall@K, median/mean rank and rsum (docs/PROTOCOL.md), both directions."""
     from pipeline.cache import FeatureCache
     from pipeline.evaluation import (
@@ -82,6 +83,8 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
         raise click.UsageError("--root goes with --checkpoint of an RC run, instead of --features")
     if text_features and (embeddings or root):
         raise click.UsageError("--text-features goes with --checkpoint (and --features) or --runs")
+    if dataset_options.get("layout", CsvLayout()) != CsvLayout() and not root:
+        raise click.UsageError("the --csv-* and --split-* options describe --root's CSV: give --root")
     if root and relevance:
         raise click.UsageError("--relevance rows follow a feature cache's captions: CS@K needs --features")
     if embeddings:
@@ -99,7 +102,8 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
         if root:
             from pipeline.rc import embed_rc_checkpoint
 
-            emb = embed_rc_checkpoint(checkpoint, dataset_kind, root, split, dev, amp=amp)
+            emb = embed_rc_checkpoint(checkpoint, dataset_kind, root, split, dev, amp=amp,
+                                      dataset_options=dataset_options)
         else:
             with FeatureCache(features) as cache:  # a relevance file of other captions: refused first
                 relevance = relevance_for_cache(relevance, cache) if relevance else None
@@ -110,7 +114,7 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
             click.echo(note, err=True)
         title = f"{checkpoint} on {root or features} [{split}, {len(emb.images)} images, {protocol}]"
         if judgments:
-            metrics.update(_judge_split(emb, judgments, features, root, dataset_kind, dev))
+            metrics.update(_judge_split(emb, judgments, features, root, dataset_kind, dev, dataset_options))
     if as_json:
         click.echo(json.dumps(json_metrics(metrics)))
     else:
@@ -119,7 +123,7 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
         click.echo("\n".join(filter(None, [format_table(metrics, title), format_human(metrics)])))
 
 
-def _judge_split(emb, judgments, features, root, dataset_kind, device) -> dict:
+def _judge_split(emb, judgments, features, root, dataset_kind, device, dataset_options=None) -> dict:
     """Human-judgment metrics of a checkpoint's split embeddings; caption keys are rebuilt from
     the cache (or dataset) order and checked against Flickr8k.token.txt when it is at hand."""
     from pipeline.evaluation import judge_split
@@ -129,7 +133,7 @@ def _judge_split(emb, judgments, features, root, dataset_kind, device) -> dict:
     if root:
         from pipeline.datasets import load_dataset
 
-        index = load_dataset(dataset_kind, root).select()[1]
+        index = load_dataset(dataset_kind, root, **(dataset_options or {})).select()[1]
         return _report_matched(*judge_split(emb, index, loaded, device, token_file_near(root)))
     from pipeline.cache import FeatureCache
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from cli.dataset_root import root_option
+from cli.dataset_root import csv_options, root_option
 from pipeline.backbones import BACKBONE_NAMES
 from pipeline.cache import DEFAULT_SHARD_SIZE, FeatureCache
 from pipeline.datasets import DATASET_KINDS
@@ -36,6 +36,7 @@ def _split_list(ctx, param, value):
 @click.option("--dataset", "kind", required=True, type=click.Choice(DATASET_KINDS),
               help="Layout of --root; vsepp-precomp copies VSE++ precomputed features (no CNN).")
 @root_option(required=True)
+@csv_options("kind")
 @click.option("--splits", callback=_split_list, default=None,
               help="Comma-separated splits to extract (default: all of the dataset's).")
 @click.option("--backbone", default="efficientnet-lite0", show_default=True,
@@ -65,7 +66,7 @@ def _split_list(ctx, param, value):
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--overwrite", is_flag=True,
               help="Replace an existing --out that is not a vse feature cache (refused otherwise).")
-def extract_command(kind, root, splits, backbone, crops, out, batch_size, workers, device,
+def extract_command(kind, root, dataset_options, splits, backbone, crops, out, batch_size, workers, device,
                     shard_size, weights, skip_bad_images, quiet, overwrite, engine):
     """Extract image features into a sharded HDF5 cache; rerun the same command to resume.
 
@@ -75,7 +76,7 @@ def extract_command(kind, root, splits, backbone, crops, out, batch_size, worker
     from pipeline.datasets import load_dataset
     from pipeline.extract import ExtractOptions, extract_features, import_precomputed
 
-    dataset = load_dataset(kind, root)
+    dataset = load_dataset(kind, root, **dataset_options)
     if kind == "vsepp-precomp":
         result = import_precomputed(dataset, out, splits, shard_size=shard_size, dataset_kind=kind,
                                     overwrite=overwrite)

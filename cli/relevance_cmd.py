@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from cli.dataset_root import csv_options, root_option
 from cli.judgment_options import judgment_options
 from pipeline.datasets import IMAGE_DATASET_KINDS
 from pipeline.relevance.stage import DEFAULT_CBOW_THRESHOLD, METHODS
@@ -62,10 +63,10 @@ def relevance(features, method, out, k, neighbours, fit_split, batch_size, devic
 @click.command("relevance-human")
 @click.option("--features", type=click.Path(dir_okay=False), default=None,
               help="Feature cache whose captions are scored (also what --relevance files were made for).")
-@click.option("--root", type=click.Path(file_okay=False), default=None,
-              help="Or a dataset folder (no cache needed): its captions and splits.")
+@root_option(prefix="Or instead of --features, a dataset (no cache needed): its captions and splits. ")
 @click.option("--dataset", "dataset_kind", type=click.Choice(IMAGE_DATASET_KINDS), default="flickr8k",
               show_default=True, help="--root: its layout.")
+@csv_options("dataset_kind")
 @click.option("--split", default="test", show_default=True, help="The judged split.")
 @click.option("--fit-split", default="train", show_default=True,
               help="Split(s) svd is fitted on, comma-separated.")
@@ -84,8 +85,8 @@ def relevance(features, method, out, k, neighbours, fit_split, batch_size, devic
 @click.option("--overwrite", is_flag=True,
               help="Replace an existing --out that is not a vse relevance-human report (refused otherwise).")
 @judgment_options(required=True)
-def relevance_human(features, root, dataset_kind, split, fit_split, methods, relevance_files, k,
-                    cbow_threshold, seed, batch_size, device, as_json, out, overwrite, judgments):
+def relevance_human(features, root, dataset_kind, dataset_options, split, fit_split, methods, relevance_files,
+                    k, cbow_threshold, seed, batch_size, device, as_json, out, overwrite, judgments):
     """Score relevance methods as predictors of human judgments (ladder rule: an image's
     relevance to a caption is the max over the image's own captions)."""
     import json
@@ -107,7 +108,8 @@ def relevance_human(features, root, dataset_kind, split, fit_split, methods, rel
                                      cbow_threshold=cbow_threshold, seed=seed, batch_size=batch_size,
                                      device=device, out=out, overwrite=overwrite,
                                      echo=lambda m: click.echo(m, err=True),
-                                     command=" ".join(["vse", *map(shlex.quote, sys.argv[1:])]))
+                                     command=" ".join(["vse", *map(shlex.quote, sys.argv[1:])]),
+                                     dataset_options=dataset_options)
     if as_json:
         click.echo(json.dumps(report, indent=1))
     else:

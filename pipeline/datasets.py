@@ -7,6 +7,7 @@ Readers (``load_dataset(kind, root, **opts)``):
 
 - ``flickr8k``       the official Flickr8k layout (token file + three split files).
 - ``karpathy``       Karpathy's split JSON (``dataset_{coco,flickr30k,flickr8k}.json``).
+- ``csv``            one (image path, caption) row per line, open_clip's convention (``CsvLayout``).
 - ``vsepp-precomp``  VSE++ precomputed features (``{split}_ims.npy`` + ``{split}_caps.txt``).
 
 Input policy, the same for every reader:
@@ -23,11 +24,16 @@ Input policy, the same for every reader:
 
 from __future__ import annotations
 
+import csv
+import hashlib
+import io
 import json
+import math
 import os
+import posixpath
 import re
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -37,9 +43,11 @@ from .errors import VseError
 from .index import CaptionIndex
 
 # The dataset layouts `--dataset` accepts (readers: ``load_dataset``); the ones with image files
-# (RC training, evaluation on images, relevance on a dataset's captions) are IMAGE_DATASET_KINDS.
-DATASET_KINDS = ("flickr8k", "karpathy", "vsepp-precomp")
-IMAGE_DATASET_KINDS = ("flickr8k", "karpathy")
+# (RC training, evaluation on images, relevance on a dataset's captions) are IMAGE_DATASET_KINDS:
+# all but the feature-only ones.
+DATASET_KINDS = ("flickr8k", "karpathy", "csv", "vsepp-precomp")
+FEATURE_ONLY_DATASET_KINDS = ("vsepp-precomp",)
+IMAGE_DATASET_KINDS = tuple(k for k in DATASET_KINDS if k not in FEATURE_ONLY_DATASET_KINDS)
 FLICKR8K_TOKEN_FILE = "Flickr8k.token.txt"
 FLICKR8K_SPLIT_FILES = {
     "train": "Flickr_8k.trainImages.txt",
@@ -136,6 +144,10 @@ class Dataset(CaptionIndex):
     image_paths: list[Path] | None
     report: LoadReport = field(default_factory=LoadReport)
     features: np.ndarray | ConcatenatedRows | None = None  # precomputed-feature datasets
+    # How the reader was told to read, and what it decided (csv: columns, separator, the
+    # seeded split's ratio and seed), as cache attributes: `vse extract` records them so the
+    # same reading can be repeated.
+    reader_attrs: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.location is None:
@@ -160,6 +172,7 @@ class Dataset(CaptionIndex):
             splits=index.splits,
             report=self.report,
             features=None if self.features is None else self.features[images],
+            reader_attrs=self.reader_attrs,
         )
 
     def summary(self) -> str:
@@ -192,7 +205,8 @@ def load_dataset(kind: str, root, **opts) -> Dataset:
 
 
 def _readers() -> dict:
-    return {"flickr8k": load_flickr8k, "karpathy": load_karpathy, "vsepp-precomp": load_vsepp_precomp}
+    return {"flickr8k": load_flickr8k, "karpathy": load_karpathy, "csv": load_csv,
+            "vsepp-precomp": load_vsepp_precomp}
 
 
 def load_flickr8k(root, *, image_dir=None, captions_per_image: int | None = 5) -> Dataset:
@@ -313,6 +327,325 @@ def load_karpathy(root, *, file: str | None = None, image_root=None, restval: bo
     return _assemble(name, json_path.parent, captions,
                      {i: image_root / i for i in captions}, split_lists,
                      captions_per_image, report)
+
+
+# ---------------------------------------------------------------------------- csv
+
+
+CSV_SPLITS = ("train", "dev", "test")
+# A split column's values: train/dev/test, and "val" for dev as in Karpathy's files.
+CSV_SPLIT_VALUES = {**{s: s for s in CSV_SPLITS},
+                    **{k: v for k, v in KARPATHY_SPLITS.items() if v in CSV_SPLITS}}
+CSV_SPLIT_KEY = "split"            # the split column read when the file has one
+CSV_SPLIT_RATIO = (0.8, 0.1, 0.1)  # train/dev/test shares of a seeded split, by image
+CSV_SPLIT_SEED = 0
+
+
+@dataclass(frozen=True)
+class CsvLayout:
+    """How a ``csv`` dataset file is read: open_clip's CSV convention (an image path column,
+    a caption column, a separator), with a split column or else a seeded split by image.
+
+    Field names are the command-line options' (``--csv-img-key`` → ``csv_img_key``) and those
+    of the feature-cache attributes `vse extract` records them in.  ``None`` is the default
+    behaviour; a value given is a demand: a named split or id column must exist, and a split
+    ratio or seed is refused for a file whose split column is read.
+    """
+
+    csv_img_key: str = "filepath"    # image path, relative to the CSV's folder
+    csv_caption_key: str = "title"
+    csv_separator: str = ","         # one character; "\\t" (backslash t) or "tab" for TSV
+    csv_split_key: str | None = None  # None: CSV_SPLIT_KEY when the file has it; "": no column
+    csv_id_key: str | None = None    # None: the image path is the image id
+    split_ratio: tuple[float, float, float] | None = None  # "0.8,0.1,0.1"; None: CSV_SPLIT_RATIO
+    split_seed: int | None = None    # None: CSV_SPLIT_SEED
+
+    def __post_init__(self):
+        for name in ("csv_img_key", "csv_caption_key"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise VseError(f"{option_flag(name)} must name a column, got {value!r}")
+            object.__setattr__(self, name, value.strip())
+        for name in ("csv_split_key", "csv_id_key"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise VseError(f"{option_flag(name)} must name a column, got {value!r}")
+            if value is not None:
+                value = value.strip()
+                object.__setattr__(self, name, value if value or name == "csv_split_key" else None)
+        if self.csv_img_key == self.csv_caption_key:
+            raise VseError(f"--csv-img-key and --csv-caption-key name the same column {self.csv_img_key!r}")
+        separator = self.csv_separator
+        separator = {"\\t": "\t", "tab": "\t"}.get(separator, separator) if isinstance(separator, str) else ""
+        if len(separator) != 1 or separator in '"\r\n' or separator.isalnum():
+            raise VseError("--csv-separator must be one character other than a letter, digit, quote or "
+                           f"line break (\\t for TSV), got {self.csv_separator!r}")
+        object.__setattr__(self, "csv_separator", separator)
+        if self.split_ratio is not None:
+            object.__setattr__(self, "split_ratio", parse_split_ratio(self.split_ratio))
+        if self.split_seed is not None and (isinstance(self.split_seed, bool)
+                                            or not isinstance(self.split_seed, int)):
+            raise VseError(f"--split-seed must be an integer, got {self.split_seed!r}")
+
+    @property
+    def seeded_split(self) -> tuple[tuple[float, float, float], int]:
+        """The ratio and seed of a seeded split (the defaults where none was given)."""
+        return (self.split_ratio or CSV_SPLIT_RATIO,
+                CSV_SPLIT_SEED if self.split_seed is None else self.split_seed)
+
+
+CSV_OPTION_NAMES = tuple(f.name for f in fields(CsvLayout))
+
+
+def option_flag(name: str) -> str:
+    """The command-line flag of a reader option: ``csv_img_key`` → ``--csv-img-key``."""
+    return "--" + name.replace("_", "-")
+
+
+def parse_split_ratio(value) -> tuple[float, float, float]:
+    """``"0.8,0.1,0.1"`` (or three numbers) → train/dev/test shares: each at least 0, train
+    above 0, summing to 1 (within 1e-6; a sum of 1.1 is a typo, not a ratio to rescale)."""
+    parts = value.split(",") if isinstance(value, str) else value
+    try:
+        shares = tuple(float(p) for p in parts)
+    except (TypeError, ValueError):
+        shares = ()
+    problem = None
+    if len(shares) != 3:
+        problem = "give three numbers train,dev,test"
+    elif not all(math.isfinite(s) and s >= 0 for s in shares):
+        problem = "shares must be finite and at least 0"
+    elif shares[0] == 0:
+        problem = "the train share must be above 0"
+    elif abs(sum(shares) - 1) > 1e-6:
+        problem = f"shares must sum to 1, these sum to {sum(shares):g}"
+    if problem:
+        raise VseError(f"--split-ratio {value if isinstance(value, str) else list(value)!r}: {problem} "
+                       "(e.g. 0.8,0.1,0.1)")
+    return shares
+
+
+def dataset_options(kind: str, **csv_values) -> dict:
+    """``load_dataset``'s options for ``kind`` from the csv options' values (``CsvLayout``'s
+    fields by name, ``None`` = not given): ``{"layout": CsvLayout(...)}`` for ``csv``; ``{}``
+    for the other kinds, which refuse a csv option given in one line.  The command line
+    (``cli.dataset_root.csv_options``) and RC training build their reader options here."""
+    unknown = sorted(set(csv_values) - set(CSV_OPTION_NAMES))
+    if unknown:
+        raise TypeError(f"not csv options: {', '.join(unknown)}")
+    given = {name: value for name, value in csv_values.items() if value is not None}
+    if kind != "csv":
+        if given:
+            raise VseError(f"{', '.join(map(option_flag, given))}: only for --dataset csv "
+                           f"(the {kind} layout has no such option)")
+        return {}
+    return {"layout": CsvLayout(**given)}
+
+
+def seeded_split(image_ids, ratio=CSV_SPLIT_RATIO, seed: int = CSV_SPLIT_SEED) -> dict[str, list[str]]:
+    """A train/dev/test split by image: images ranked by ``sha256("<seed>:<image id>")``, the
+    first round(n·train) of the ranking to train, the next round(n·(train + dev)) − that to dev,
+    the rest to test (halves round up).  It depends only on the set of ids and the seed — not on
+    the order of the rows — and adding an image moves at most one other across each boundary.
+    Each split lists its images in the order of ``image_ids``; empty splits are left out."""
+    image_ids = list(image_ids)
+    ranked = sorted(image_ids, key=lambda i: hashlib.sha256(f"{seed}:{i}".encode("utf-8")).digest())
+    n = len(image_ids)
+    bounds = [int(math.floor(c * n + 0.5)) for c in np.cumsum(ratio)[:-1]] + [n]
+    split_of = {}
+    for rank, image_id in enumerate(ranked):
+        split_of[image_id] = next(s for s, bound in zip(CSV_SPLITS, bounds) if rank < bound)
+    lists = {s: [i for i in image_ids if split_of[i] == s] for s in CSV_SPLITS}
+    return {s: names for s, names in lists.items() if names}
+
+
+def load_csv(root, *, layout: CsvLayout | None = None,
+             captions_per_image: int | None = None) -> Dataset:
+    """One (image path, caption) row per line, as open_clip trains from (``CsvLayout`` names
+    the columns and the separator; standard CSV quoting; the first row is the header).
+
+    ``root`` is the CSV file; image paths are relative to its folder (the dataset root), or
+    absolute inside it.  Image ids are those normalised relative paths, or the ``csv_id_key``
+    column's values (one id ↔ one file).  Rows of an image are grouped: its captions in file
+    order (keys ``<image id>#<n>``), images in the order of their first usable row.  Splits:
+    the split column (train/dev/test, ``val`` = dev; every row of an image in one split),
+    otherwise ``seeded_split`` by image, recorded in ``reader_attrs`` with its ratio and seed.
+    Unusable rows (field count unlike the header's, empty path or caption, a path that leaves
+    the folder, a missing image file, an id naming two files, a repeated (image, caption)
+    pair) are skipped and counted; a bad split value is refused naming its line.
+    """
+    layout = layout or CsvLayout()
+    path = _csv_file(root)
+    folder = path.parent
+    rows = _CsvRows(_decode_utf8(path), layout.csv_separator, path)
+    header = next((row for _, row in rows if any(value.strip() for value in row)), None)
+    if header is None:
+        raise VseError("empty file (no header row)", path)
+    header = [name.strip() for name in header]
+    columns = _CsvColumns(header, layout, path)
+    report = LoadReport()
+    captions, paths, split_of = _read_csv_rows(rows, columns, path, report)
+    if not captions:
+        problem = "no rows under the header" if not report.counts else (
+            "no usable rows (" + ", ".join(f"{k}: {n}" for k, n in sorted(report.counts.items()))
+            + f"; image paths are read relative to {folder})")
+        raise VseError(problem, path)
+    if columns.split is None:
+        ratio, seed = layout.seeded_split
+        split_lists = seeded_split(captions, ratio, seed)
+        split_attrs = {"split_ratio": list(ratio), "split_seed": seed}
+    else:
+        split_lists = {s: [i for i in captions if split_of[i] == s] for s in CSV_SPLITS}
+        split_lists = {s: names for s, names in split_lists.items() if names}
+        split_attrs = {}
+    dataset = _assemble(path.stem, folder, captions, {i: folder / paths[i] for i in captions},
+                        split_lists, captions_per_image, report)
+    dataset.reader_attrs = {
+        "dataset_file": str(path.resolve()), "csv_img_key": layout.csv_img_key,
+        "csv_caption_key": layout.csv_caption_key, "csv_separator": layout.csv_separator,
+        "csv_split_key": "" if columns.split is None else header[columns.split],
+        "csv_id_key": layout.csv_id_key or "", **split_attrs}
+    return dataset
+
+
+class _CsvRows:
+    """(first line number, fields) of each row of a CSV text; strict quoting: a quote left
+    open (which would swallow the rows after it) or text after a closing quote is a VseError
+    naming the line where the row starts."""
+
+    def __init__(self, text: str, separator: str, path: Path):
+        self.reader = csv.reader(io.StringIO(text, newline=""), delimiter=separator, strict=True)
+        self.path = path
+
+    def __iter__(self):
+        while True:
+            start = self.reader.line_num + 1
+            try:
+                row = next(self.reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                hint = "; a quote opened on this row is never closed" if "end of data" in str(exc) else ""
+                raise VseError(f"line {start}: not readable as CSV ({exc}{hint})", self.path) from None
+            yield start, row
+
+
+class _CsvColumns:
+    """Positions of a layout's columns in a header; VseError naming a missing one."""
+
+    def __init__(self, header: list[str], layout: CsvLayout, path: Path):
+        self.header, self.path, self.separator = header, path, layout.csv_separator
+        self.image = self.find(layout.csv_img_key, "--csv-img-key")
+        self.caption = self.find(layout.csv_caption_key, "--csv-caption-key")
+        self.id = None if layout.csv_id_key is None else self.find(layout.csv_id_key, "--csv-id-key")
+        key = layout.csv_split_key
+        if key is None:
+            self.split = self.find(CSV_SPLIT_KEY, "--csv-split-key") if CSV_SPLIT_KEY in header else None
+        else:
+            self.split = self.find(key, "--csv-split-key") if key else None
+        if self.split is not None and (layout.split_ratio is not None or layout.split_seed is not None):
+            raise VseError(f"--split-ratio/--split-seed make a seeded split, but the file's split column "
+                           f"{header[self.split]!r} is read (--csv-split-key '' ignores it)", path)
+
+    def find(self, name: str, flag: str) -> int:
+        found = [i for i, column in enumerate(self.header) if column == name]
+        if len(found) > 1:
+            raise VseError(f"column {name!r} ({flag}) appears {len(found)} times in the header", self.path)
+        if not found:
+            hint = (f"; a single column: is the separator {self.separator!r} right (--csv-separator)?"
+                    if len(self.header) == 1 else "")
+            raise VseError(f"no column {name!r} ({flag}); the header has "
+                           f"{', '.join(map(repr, self.header))}{hint}", self.path)
+        return found[0]
+
+
+def _read_csv_rows(rows: _CsvRows, columns: _CsvColumns, path: Path, report: LoadReport):
+    """Captions by image id (dict order: first usable row), each id's relative path, each
+    id's split (``None`` without a split column)."""
+    folder = path.parent
+    bases = list(dict.fromkeys([folder, folder.resolve()]))
+    exists = _FileLookup()
+    captions: dict[str, list[str]] = {}
+    path_of: dict[str, str] = {}   # image id → relative path
+    id_of: dict[str, str] = {}     # relative path → image id
+    split_of: dict[str, str] = {}
+    first_split_line: dict[str, int] = {}
+    seen: set[tuple[str, str]] = set()
+    width = len(columns.header)
+    for line, row in rows:
+        where = f"{path.name}:{line}"
+        if not any(value.strip() for value in row):
+            continue  # a blank line
+        if len(row) != width:
+            report.add("row_malformed", f"{where} ({len(row)} fields, the header has {width})")
+            continue
+        split = None
+        if columns.split is not None:
+            value = row[columns.split].strip()
+            split = CSV_SPLIT_VALUES.get(value.lower())
+            if split is None:
+                raise VseError(f"line {line}: split {value!r} is not one of train, dev, test (or val)", path)
+        name = row[columns.image].strip()
+        caption = row[columns.caption].strip()
+        if not name:
+            report.add("image_path_empty", where)
+            continue
+        relative = _csv_image_path(name, bases)
+        if relative is None:
+            report.add("unsafe_path", f"{name} ({where})")
+            continue
+        if not exists(folder / relative):
+            report.add("caption_missing_image", f"{relative} ({where})")
+            continue
+        image_id = relative if columns.id is None else row[columns.id].strip()
+        if not image_id:
+            report.add("image_id_empty", where)
+            continue
+        if path_of.get(image_id, relative) != relative or id_of.get(relative, image_id) != image_id:
+            report.add("image_id_conflict", f"{image_id} = {relative} ({where})")
+            continue
+        path_of[image_id], id_of[relative] = relative, image_id
+        if split is not None:
+            if split_of.setdefault(image_id, split) != split:
+                raise VseError(f"line {line}: image {image_id} is in the {split} split here but in "
+                               f"{split_of[image_id]} on line {first_split_line[image_id]} (every row of "
+                               "an image must name the same split)", path)
+            first_split_line.setdefault(image_id, line)
+        if not caption:
+            report.add("caption_empty", f"{image_id} ({where})")
+        elif (image_id, caption) in seen:
+            report.add("caption_duplicate", f"{image_id} ({where})")
+        else:
+            seen.add((image_id, caption))
+            captions.setdefault(image_id, []).append(caption)
+    return captions, path_of, split_of
+
+
+def _csv_file(root) -> Path:
+    path = Path(root).absolute()
+    if path.is_dir():
+        found = sorted(p.name for p in path.iterdir() if p.suffix.lower() in (".csv", ".tsv"))
+        raise VseError("a folder: --dataset csv takes the CSV file itself"
+                       + (f" (here: {', '.join(found[:5])})" if found else ""), path)
+    return _require_file(path)
+
+
+def _csv_image_path(name: str, folders) -> str | None:
+    """``name`` as a normalised path relative to the CSV's folder, or ``None`` when it leaves
+    it.  An absolute path is accepted when it lies inside the folder (as written, or with the
+    folder's symlinks resolved): the same rule as a relative one, which may not use ``..``."""
+    if name.startswith("/"):
+        absolute = Path(os.path.normpath(name))
+        for folder in folders:
+            if absolute.is_relative_to(folder) and absolute != folder:
+                name = absolute.relative_to(folder).as_posix()
+                break
+        else:
+            return None
+    if not _is_safe_relative(name):
+        return None
+    name = posixpath.normpath(name)
+    return None if name == "." else name
 
 
 def load_vsepp_precomp(root, *, splits=None,

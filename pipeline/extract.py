@@ -109,6 +109,9 @@ def extract_features(dataset: Dataset, out, splits=None, options: ExtractOptions
     config = {**{k: v for k, v in attrs.items() if k not in ("weights_file", "engine_version")},
               "rows_sha256": _digest(index.image_ids), "batch_size": options.batch_size,
               "shard_size": options.shard_size, "device_type": device.type}
+    # How the dataset was read (csv: columns, the seeded split's ratio and seed) is recorded, but
+    # outside the shards' configuration: features depend on the rows (rows_sha256), not on splits.
+    attrs.update(dataset.reader_attrs)
     writer = ShardedWriter(out, len(rows), backbone.feature_dim, options.shard_size, config,
                            options.overwrite)
     _refuse_other_engine(writer)

@@ -125,10 +125,12 @@ class ImageSource:
     """The pair source of RC mode (``batches.PairSource``): a dataset's images and a CNN."""
 
     def __init__(self, dataset_kind: str, root, backbone: str, *, weights=None, finetune: bool = False,
-                 freeze_bn: bool = True, crop: str = "random", seed: int = 0, batch_size: int = 128):
+                 freeze_bn: bool = True, crop: str = "random", seed: int = 0, batch_size: int = 128,
+                 dataset_options: dict | None = None):
         if crop not in CROP_MODES:
             raise VseError(f"--crop must be one of {', '.join(CROP_MODES)}, not {crop!r}")
-        dataset = load_dataset(dataset_kind, root)
+        # dataset_options: load_dataset's options for the kind (datasets.dataset_options: the csv layout)
+        dataset = load_dataset(dataset_kind, root, **(dataset_options or {}))
         if dataset.image_paths is None:
             raise VseError("--rc needs images; this dataset has only precomputed features", dataset.root)
         loaded = load_backbone(backbone, weights)
@@ -172,7 +174,7 @@ def freeze_unused_parameters(backbone: PixelBackbone, side: int) -> list[str]:
 
 def embed_rc_checkpoint(checkpoint, dataset_kind: str, root, split: str, device: torch.device,
                         max_images: int | None = None, batch_size: int = 128,
-                        amp: bool = False) -> SplitEmbeddings:
+                        amp: bool = False, dataset_options: dict | None = None) -> SplitEmbeddings:
     """Embeddings of a split of a dataset's images by an RC checkpoint (its own CNN weights,
     centre crops): how a fine-tuned model is evaluated, since no feature cache matches it."""
     state = load_checkpoint(checkpoint)
@@ -181,7 +183,8 @@ def embed_rc_checkpoint(checkpoint, dataset_kind: str, root, split: str, device:
                        checkpoint)
     config = state["train_config"]
     source = ImageSource(dataset_kind, root, state["backbone"]["name"],
-                         weights=config.get("backbone_weights"), finetune=False, batch_size=batch_size)
+                         weights=config.get("backbone_weights"), finetune=False, batch_size=batch_size,
+                         dataset_options=dataset_options)
     model = VSEModel(ModelConfig.from_dict(state["model_config"]), source.backbone)
     try:
         model.load_state_dict(join_state(state["model"], state["backbone"]["state"]))

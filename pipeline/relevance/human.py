@@ -82,7 +82,8 @@ def score_relevance_methods(judgments: Judgments, *, features=None, root=None, d
                             split: str = "test", fit_splits=("train",), methods=(), relevance_files=(),
                             k: int = 400, cbow_threshold: float | None = None, seed: int = 0,
                             batch_size: int = 256, device="auto", out=None, overwrite: bool = False,
-                            echo=print, command: str | None = None) -> dict:
+                            echo=print, command: str | None = None,
+                            dataset_options: dict | None = None) -> dict:
     """`vse relevance-human`: each relevance method (computed here on the split's captions, svd
     fitted on ``fit_splits``) and each stored relevance file of ``features``' cache, scored
     by ``relevance_agreement`` with the ladder rule. Returns (and writes to ``out``, refused
@@ -90,7 +91,7 @@ def score_relevance_methods(judgments: Judgments, *, features=None, root=None, d
     report; undefined values are None."""
     if out is not None:  # before the minutes of computing, not after
         guard_output(out, REPORT_FORMAT, "a vse relevance-human report", overwrite)
-    index, dataset_root = _caption_index(features, dataset_kind, root)
+    index, dataset_root = _caption_index(features, dataset_kind, root, dataset_options)
     image_rows, caption_rows, caption_image = index.split_rows(split)
     matched = match_rows(index, image_rows, caption_rows, judgments, token_file_near(dataset_root))
     echo(f"judgments: {matched.summary()}")
@@ -156,7 +157,7 @@ def _relevance_fn(vectors, coarse=None, threshold=None):
     return rel
 
 
-def _caption_index(features, dataset_kind: str, root):
+def _caption_index(features, dataset_kind: str, root, dataset_options: dict | None = None):
     """The caption index of a feature cache, or of the cache `vse extract` would write for a
     dataset; and the dataset folder (where a token file may be)."""
     if features:
@@ -166,5 +167,5 @@ def _caption_index(features, dataset_kind: str, root):
             return cache.index, cache.attrs.get("dataset_root")
     from ..datasets import load_dataset
 
-    dataset = load_dataset(dataset_kind, root)
+    dataset = load_dataset(dataset_kind, root, **(dataset_options or {}))
     return dataset.select()[1], str(dataset.root)
