@@ -177,7 +177,7 @@ class CaptionTokenFeatures(_CaptionFeatureFile):
         valid = positions < lengths[:, None]
         out = np.zeros((*valid.shape, self.dim), dtype=np.float32)
         # only the valid rows are gathered and widened (numpy's float16 → float32 is several
-        # times torch's on a CPU): about 2 ms for 128 captions of Flickr8k
+        # times torch's on a CPU): 1.6 ms for 128 captions of Flickr8k (README)
         out[valid] = self.tokens[(starts[:, None] + positions)[valid]]
         return torch.from_numpy(out), torch.from_numpy(lengths)
 
