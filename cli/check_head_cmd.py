@@ -7,12 +7,12 @@ import sys
 
 import click
 
-from cli.train_cmd import _parse_loss_option
+from cli.train_options import parse_key_values
 
 
 @click.command("check-head")
 @click.argument("pool")
-@click.option("--pool-option", "pool_option", multiple=True, callback=_parse_loss_option,
+@click.option("--pool-option", "pool_option", multiple=True, callback=parse_key_values,
               help="A pool option, KEY=VALUE (JSON value), repeatable; the pool is built as "
                    "Class(dim=E, **options).")
 @click.option("--sequence", is_flag=True,
@@ -31,7 +31,3 @@ def check_head_command(pool, pool_option, sequence, seed):
     click.echo(format_results(pool, results, command="check-head"))
     if any(r.ok is False for r in results):
         sys.exit(1)
-
-
-def register(group: click.Group) -> None:
-    group.add_command(check_head_command)

@@ -7,12 +7,12 @@ import sys
 
 import click
 
-from cli.train_cmd import _parse_loss_option
+from cli.train_options import parse_key_values
 
 
 @click.command("check-loss")
 @click.argument("loss")
-@click.option("--loss-option", "loss_option", multiple=True, callback=_parse_loss_option,
+@click.option("--loss-option", "loss_option", multiple=True, callback=parse_key_values,
               help="A loss option, KEY=VALUE (JSON value), repeatable.")
 @click.option("--no-distributed", is_flag=True, help="Skip the 2-process gloo check (spawns processes).")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -26,7 +26,3 @@ def check_loss_command(loss, loss_option, no_distributed, seed):
     click.echo(format_results(loss, results))
     if any(r.ok is False for r in results):
         sys.exit(1)
-
-
-def register(group: click.Group) -> None:
-    group.add_command(check_loss_command)

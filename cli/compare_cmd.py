@@ -28,7 +28,3 @@ def compare_command(run_a, run_b, split, features, checkpoint_name, permutations
     result = compare_runs(run_a, run_b, device=resolve_device(device), split=split, features=features,
                           checkpoint=checkpoint_name, permutations=permutations, seed=seed)
     click.echo(json.dumps(result, indent=2) if as_json else format_comparison(result))
-
-
-def register(group: click.Group) -> None:
-    group.add_command(compare_command)

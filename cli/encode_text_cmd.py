@@ -43,7 +43,3 @@ def encode_text(features, model, out, tokens, batch_size, part_size, device):
     for what, count in result.counts.items():
         if count:
             click.echo(f"note: {what.replace('_', ' ')}: {count} (zero vectors)")
-
-
-def register(group: click.Group) -> None:
-    group.add_command(encode_text)

@@ -183,9 +183,3 @@ def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device
     if result.skipped:
         summary += f", {len(result.skipped)} skipped"
     click.echo(summary + (f" → {out}" if out else ""), err=True)
-
-
-def register(group: click.Group) -> None:
-    group.add_command(evaluate_command)
-
-

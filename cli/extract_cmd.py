@@ -120,8 +120,3 @@ def info_command(path):
         if not report.ok:
             raise VseError(f"broken cache: {report.summary()}", cache.path)
         click.echo(f"check: {report.summary()}")
-
-
-def register(group) -> None:
-    group.add_command(extract_command)
-    group.add_command(info_command)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
+from collections.abc import MutableMapping
 
 import click
 
@@ -21,32 +23,61 @@ class VseGroup(click.Group):
             sys.exit(1)
 
 
+# Every command: name → "module:attribute". A command's module is imported only when the
+# command is run or its help is shown (click's lazily loaded subcommands), so `vse train --help`
+# reads no torch, and a broken optional dependency of one command never stops the others.
+COMMANDS = {
+    "extract": "cli.extract_cmd:extract_command",
+    "info": "cli.extract_cmd:info_command",
+    "encode-text": "cli.encode_text_cmd:encode_text",
+    "relevance": "cli.relevance_cmd:relevance",
+    "relevance-human": "cli.relevance_cmd:relevance_human",
+    "train": "cli.train_cmd:train_command",
+    "sweep": "cli.sweep_cmd:sweep_command",
+    "evaluate": "cli.evaluate_cmd:evaluate_command",
+    "report": "cli.report_cmd:report_command",
+    "compare": "cli.compare_cmd:compare_command",
+    "plot": "cli.report_cmd:plot_command",
+    "gallery": "cli.report_cmd:gallery_command",
+    "check-loss": "cli.check_loss_cmd:check_loss_command",
+    "check-head": "cli.check_head_cmd:check_head_command",
+}
+
+
+class LazyCommands(MutableMapping):
+    """The group's commands, each imported on first access from its ``"module:attribute"``."""
+
+    def __init__(self, specs: dict):
+        self._specs, self._loaded = dict(specs), {}
+
+    def __getitem__(self, name):
+        if name not in self._loaded:
+            module, _, attribute = self._specs[name].partition(":")
+            self._loaded[name] = getattr(importlib.import_module(module), attribute)
+        return self._loaded[name]
+
+    def __setitem__(self, name, command):
+        self._specs.setdefault(name, "")
+        self._loaded[name] = command
+
+    def __delitem__(self, name):
+        del self._specs[name]
+        self._loaded.pop(name, None)
+
+    def __iter__(self):
+        return iter(self._specs)
+
+    def __len__(self):
+        return len(self._specs)
+
+
 @click.group(cls=VseGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="vse")
 def cli():
     """Visual-semantic embedding toolkit: extract → relevance → train → evaluate → report."""
 
 
-def _register() -> None:
-    # Each module defines click commands and a `register(group)` function.
-    from cli import (
-        check_head_cmd,
-        check_loss_cmd,
-        compare_cmd,
-        encode_text_cmd,
-        evaluate_cmd,
-        extract_cmd,
-        relevance_cmd,
-        report_cmd,
-        train_cmd,
-    )
-
-    for module in (extract_cmd, train_cmd, evaluate_cmd, relevance_cmd, report_cmd, compare_cmd,
-                   check_loss_cmd, check_head_cmd, encode_text_cmd):
-        module.register(cli)
-
-
-_register()
+cli.commands = LazyCommands(COMMANDS)
 
 
 def main() -> None:  # console_scripts entry point

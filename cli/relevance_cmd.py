@@ -114,8 +114,3 @@ def relevance_human(features, root, dataset_kind, dataset_options, split, fit_sp
         click.echo(json.dumps(report, indent=1))
     else:
         click.echo(format_relevance_agreement(report["methods"]))
-
-
-def register(group: click.Group) -> None:
-    group.add_command(relevance)
-    group.add_command(relevance_human)

@@ -1,5 +1,5 @@
-"""`vse report`, `vse plot`, `vse gallery`, `vse sweep`: results tables, figures, an HTML
-gallery of retrievals, and grids of training runs."""
+"""`vse report`, `vse plot`, `vse gallery`: results tables, figures, and an HTML gallery of
+retrievals."""
 
 from __future__ import annotations
 
@@ -97,52 +97,3 @@ def gallery_command(checkpoint, features, images_root, split, n, k, embed, seed,
                    err=True)
     click.echo(f"gallery: {summary.path} ({summary.image_queries} image and "
                f"{summary.caption_queries} caption queries)")
-
-
-@click.command("sweep")
-@click.argument("config", type=click.Path(dir_okay=False))
-@click.option("--jobs", type=int, default=1, show_default=True,
-              help="Runs trained at the same time (processes).")
-@click.option("--resume", is_flag=True, help="Continue unfinished runs from their last.pt.")
-@click.option("--runs-dir", type=click.Path(file_okay=False), default=None,
-              help="Parent of the sweep folder (default: the file's runs_dir, else runs).")
-@click.option("--dry-run", is_flag=True, help="List the runs and their status; train nothing.")
-@click.option("--seeds", default=None, callback=lambda ctx, param, value: _int_list(value),
-              help="Repeat every grid point with these seeds, e.g. 0,1,2,3,4 (or 0-4).")
-def sweep_command(config, jobs, resume, runs_dir, dry_run, seeds):
-    """Train the grid of CONFIG (YAML: base: + grid:), skipping finished runs."""
-    from pipeline.sweep import load_sweep, plan, run_sweep
-
-    if jobs < 1:
-        raise click.UsageError("--jobs must be at least 1")
-    sweep = load_sweep(config, runs_dir, seeds)
-    if dry_run:
-        for run in plan(sweep).runs:
-            click.echo(f"{run.status:10s} {run.run_dir}" + (f"  ({run.detail})" if run.detail else ""))
-        return
-    run_sweep(sweep, jobs=jobs, resume=resume, echo=click.echo)
-    failed = [run for run in sweep.runs if run.status == "failed"]
-    if failed:
-        raise click.ClickException(f"{len(failed)} of {len(sweep.runs)} runs failed: "
-                                   + "; ".join(f"{r.name}: {r.detail}" for r in failed))
-    click.echo(f"sweep {sweep.name}: {sum(r.status in ('done', 'trained') for r in sweep.runs)} of "
-               f"{len(sweep.runs)} runs finished in {sweep.root}")
-
-
-def _int_list(value):
-    """'0,1,2' or '0-4' (inclusive) → a list of ints; None stays None."""
-    if value is None:
-        return None
-    out = []
-    try:
-        for part in value.split(","):
-            low, sep, high = part.strip().partition("-")
-            out.extend(range(int(low), int(high) + 1) if sep and low else [int(part)])
-    except ValueError:
-        raise click.BadParameter(f"expected integers like 0,1,2 or 0-4, got {value!r}") from None
-    return out
-
-
-def register(group: click.Group) -> None:
-    for command in (report_command, plot_command, gallery_command, sweep_command):
-        group.add_command(command)

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from . import registry
 from .errors import VseError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -189,11 +190,11 @@ def _tiny(weights: Path | None) -> Backbone:
                     None, digest.hexdigest())
 
 
-# THE registry of backbones: every list of names (CLI choices, errors) derives from it
-BUILDERS = {"efficientnet-lite0": _efficientnet_lite(0), "efficientnet-lite1": _efficientnet_lite(1),
-            "efficientnet-lite2": _efficientnet_lite(2), "resnet152": _resnet152, "vgg19": _vgg19,
-            "tiny": _tiny}
-BACKBONE_NAMES = tuple(BUILDERS)
+# the builders the registry names (pipeline.registry.BACKBONES: the one list of backbone names)
+efficientnet_lite0, efficientnet_lite1, efficientnet_lite2 = (_efficientnet_lite(k) for k in range(3))
+resnet152, vgg19, tiny = _resnet152, _vgg19, _tiny
+BUILDERS = registry.BACKBONES.resolved()
+BACKBONE_NAMES = registry.BACKBONES.names
 
 
 # ---------------------------------------------------------------------------- weights

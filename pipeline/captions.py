@@ -22,9 +22,9 @@ import torch
 
 from .cache import check_caption_fingerprint
 from .caption_features import CaptionFeatures
+from .config import with_old_defaults
 from .errors import VseError
 from .index import caption_fingerprint
-from .runs import OPTIONS_BEFORE_THEY_EXISTED
 from .text import TokenizedCaptions, Vocabulary
 
 
@@ -145,7 +145,7 @@ def checkpoint_captions(state: dict, captions, cache_path=None, text_features=No
 
 
 def _max_tokens(state: dict) -> int:
-    return {**OPTIONS_BEFORE_THEY_EXISTED, **state["train_config"]}["max_caption_tokens"]
+    return with_old_defaults(state["train_config"])["max_caption_tokens"]
 
 
 def caption_key(state: dict, text_features=None) -> tuple:

@@ -5,7 +5,7 @@ padded set into one vector.  Pure torch, no file I/O; the definitions are docs/P
 
 - Pools, one interface ``pool(x (B, K, E), lengths (B,)) → (B, E)``; members at positions
   ``>= length`` are padding whose values are never read: ``MeanPool``, ``MaxPool``, ``GPO``
-  (built by name or import path with ``build_pool``; the names are ``pool_names.SET_POOLS``).
+  (built by name or import path with ``build_pool``; the names are ``registry.SET_POOLS``).
 - ``SetImageHead``: per-member projection (fc, or fc + MLP) → pool → L2 norm
   (VSE∞'s ``EncoderImageAggr``).
 - ``BiGRUTextEncoder``: words → bidirectional GRU (directions averaged) → pool → L2 norm
@@ -27,8 +27,8 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from .errors import VseError
 from .models import TextEncoder, _pack, l2_normalize
-from .plugin_import import check_spec, class_file, import_module, is_import_path, plugin_class
-from .pool_names import SET_POOLS, SET_PROJECTIONS
+from .plugin_import import check_spec, class_file, is_import_path, plugin_class
+from .registry import SET_POOLS, SET_PROJECTIONS
 
 # VSE∞'s constants (lib/modules/aggr/gpo.py, lib/encoders.py)
 GPO_PE_DIM = 32          # d_pe: sin/cos encoding of a rank
@@ -160,12 +160,11 @@ class GPO(nn.Module):
 
 
 def pool_class(spec: str) -> type:
-    """The class of a built-in pool name (``pool_names.SET_POOLS``) or of an import path."""
+    """The class of a built-in pool name (``registry.SET_POOLS``) or of an import path."""
     check_spec(spec, tuple(SET_POOLS), "pool")
     if spec not in SET_POOLS:
         return plugin_class(spec, "pool")
-    module, _, name = SET_POOLS[spec].rpartition(":")
-    return getattr(import_module(module), name)
+    return SET_POOLS.get_part(spec)
 
 
 def build_pool(pool: str | nn.Module, dim: int, options: dict | None = None) -> nn.Module:
@@ -221,7 +220,7 @@ class SetImageHead(nn.Module):
 
     ``projection``: "linear" = fc(x) (VSE∞ over CNN grids); "linear+mlp" = fc(x) + MLP(x), MLP
     hidden embed/2 (VSE∞ over precomputed regions).  fc: uniform Xavier weight, zero bias.
-    ``pool``: a name of ``pool_names.SET_POOLS``, an import path, or a pool module.
+    ``pool``: a name of ``registry.SET_POOLS``, an import path, or a pool module.
     ``no_imgnorm``: skip the L2 norm; ``use_abs``: absolute values (order embeddings).
     """
 

@@ -16,9 +16,10 @@ from typing import NamedTuple
 from torch import nn
 
 from .errors import VseError
-from .losses import LOSS_NAMES, build_loss
+from .losses import build_loss
 from .metrics import SIMILARITIES
-from .plugin_import import check_spec, class_file, is_import_path, plugin_class
+from .plugin_import import class_file, is_import_path, plugin_class
+from .registry import LOSSES
 
 
 class LossTraits(NamedTuple):
@@ -27,9 +28,8 @@ class LossTraits(NamedTuple):
     collapse_value: float | None
 
 
-def check_loss_name(spec: str) -> None:
-    """VseError unless ``spec`` is a built-in name or has the form of an import path."""
-    check_spec(spec, LOSS_NAMES, "loss")
+# VseError unless ``spec`` is a built-in name or has the form of an import path
+check_loss_name = LOSSES.check
 
 
 def loss_class(spec: str) -> type:

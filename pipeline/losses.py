@@ -36,6 +36,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from . import registry
 from .metrics import image_caption_scores
 
 LADDER_DEFAULTS = {  # levels → (thetas, margins, betas), from the CVSE++ paper
@@ -434,7 +435,6 @@ def _is_int_at_least(value, low: int) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low
 
 
-LOSSES: dict[str, type[VseLoss]] = {cls.name: cls for cls in (
-    SumHingeLoss, MaxHingeLoss, OrderLoss, SemanticHardNegativeLoss, LadderLoss,
-    CrossModalInfoNCELoss, HardestNegativeContrastiveLoss, MultiViewNTXentLoss)}
-LOSS_NAMES = tuple(LOSSES)
+# the built-in losses by name, in the registry's order (pipeline.registry: the one list of names)
+LOSSES: dict[str, type[VseLoss]] = registry.LOSSES.resolved()
+LOSS_NAMES = registry.LOSSES.names

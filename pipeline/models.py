@@ -17,8 +17,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 from .metrics import SIMILARITIES  # the one list of similarity names
-
-PROJECTIONS = ("linear", "mlp")
+from .registry import PROJECTIONS
 
 
 @dataclass

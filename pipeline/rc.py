@@ -39,9 +39,9 @@ from .errors import VseError
 from .index import IndexedRows
 from .inference import SplitEmbeddings, encode_split
 from .models import ModelConfig, PixelBackbone, VSEModel, join_state
+from .registry import CROP_MODES
 from .runtime import default_workers
 
-CROP_MODES = ("random", "random-resized")
 RESIZED_CROP_AREA = (0.08, 1.0)
 RESIZED_CROP_ASPECT = (3 / 4, 4 / 3)
 

@@ -8,15 +8,10 @@ import json
 import os
 from pathlib import Path
 
+from .config import identity_values, with_old_defaults
 from .errors import VseError
 
 RUN_FILES = ("config.json", "metrics.jsonl", "best.pt", "last.pt")
-# Training options that name where or how a run was executed, not what it computes: runs whose
-# configs differ only in these and the seed are one configuration (seed groups in reports).
-NOT_CONFIGURATION = ("run_dir", "seed", "workers", "log_every", "preload", "device")
-# What a run written before an option existed used for it (its config.json and checkpoints
-# lack the key; the option's default today may be another value).
-OPTIONS_BEFORE_THEY_EXISTED = {"adam_kernel": "default", "max_caption_tokens": 100}
 
 
 def config_id(config: dict) -> str:
@@ -24,7 +19,7 @@ def config_id(config: dict) -> str:
     equal for the seeds of one configuration, different when any other option differs."""
     import hashlib
 
-    kept = {k: v for k, v in sorted(config.items()) if k not in NOT_CONFIGURATION}
+    kept = dict(sorted(identity_values(config).items()))
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -72,7 +67,7 @@ def read_config(run_dir) -> dict:
         raise VseError(f"unreadable run config ({str(exc).splitlines()[0][:120]})", path) from exc
     if not isinstance(values, dict):
         raise VseError("run config is not a JSON object", path)
-    return {**OPTIONS_BEFORE_THEY_EXISTED, **values}
+    return with_old_defaults(values)
 
 
 def validation_log_lines(path) -> list[tuple[str, dict | None]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .pool_names import SIZE_AUGMENT_RULES
+from .registry import SIZE_AUGMENT_RULES
 
 DROP_RATE = 0.2      # a member is dropped when its uniform draw is <= 0.2 (kept where > 0.2)
 GRID_KEEP_ALL = 0.2  # grid rule: a set whose own draw u is <= 0.2 keeps every member

@@ -32,9 +32,10 @@ import itertools
 import json
 import re
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from .config import TrainConfig, option_names
 from .errors import VseError
 from .fsutil import atomic_path
 from .runlock import RunLock
@@ -64,12 +65,13 @@ class Sweep:
         return self.runs_dir / self.name
 
 
-def load_sweep(path, runs_dir=None, seeds=None) -> Sweep:
+def load_sweep(path, runs_dir=None, seeds=None, overrides=None) -> Sweep:
     """Parse a sweep file and expand its grid (VseError naming the file when it is wrong).
 
     ``seeds`` (or the file's ``seeds:`` list) repeats every grid point with each seed: the
     last grid axis, so a configuration's seeds are listed together and `vse report` shows
-    their mean ± std."""
+    their mean ± std. ``overrides`` (training options, e.g. the command line's) replace the
+    file's ``base:`` values (their loss options merge into base's); they may not set a grid axis."""
     import yaml
 
     path = Path(path)
@@ -97,6 +99,16 @@ def load_sweep(path, runs_dir=None, seeds=None) -> Sweep:
         if "seed" in grid:
             raise VseError("give the seeds once: seeds (or --seeds) and a grid 'seed:' axis both set", path)
         grid = {**grid, "seed": seeds}
+    overrides = dict(overrides or {})
+    set_here = {k for k in overrides if k != "loss_options"}
+    set_here |= {LOSS_OPTION_PREFIX + k for k in overrides.get("loss_options") or {}}
+    clash = sorted(set_here & set(grid))
+    if clash:
+        raise VseError(f"{', '.join(clash)} is a grid axis of this sweep; an override would give every "
+                       "grid point the same value", path)
+    if "loss_options" in overrides:
+        overrides["loss_options"] = {**(base.get("loss_options") or {}), **overrides["loss_options"]}
+    base = {**base, **overrides}
     name = str(spec.get("name") or path.stem)
     if not _SAFE_NAME.fullmatch(name):
         raise VseError(f"sweep name {name!r} may hold only letters, digits, '.', '_' and '-'", path)
@@ -113,11 +125,9 @@ def load_sweep(path, runs_dir=None, seeds=None) -> Sweep:
 
 def _is_option(key: str) -> bool:
     """A TrainConfig field or ``loss_options.<option>``."""
-    from .train import TrainConfig
-
     if key.startswith(LOSS_OPTION_PREFIX):
         return len(key) > len(LOSS_OPTION_PREFIX)
-    return key in {f.name for f in fields(TrainConfig)} - {"run_dir"}
+    return key in set(option_names()) - {"run_dir"}
 
 
 def _is_bundle(key: str, value) -> bool:
@@ -148,8 +158,6 @@ def expand_grid(grid: dict, path=None) -> list[dict]:
 
 def run_config(base: dict, values: dict, path=None) -> dict:
     """``base`` with one grid point applied: TrainConfig fields replace, loss options merge."""
-    from .train import TrainConfig
-
     config = dict(base)
     loss_options = dict(config.get("loss_options") or {})
     for key, value in values.items():
@@ -202,7 +210,6 @@ def _text(value) -> str:
 def run_status(run: SweepRun) -> tuple[str, str]:
     """(new | unfinished | done, detail) from what the run folder holds."""
     from .checkpoint import load_checkpoint
-    from .train import TrainConfig
 
     epochs = int(run.config.get("epochs", TrainConfig.default("epochs")))
     marker = run.run_dir / DONE_MARKER
@@ -237,7 +244,7 @@ def train_run(config: dict, resume: bool, threads: int | None = None, echo=print
     """Train one run to the end and write its done marker; returns the Trainer's summary."""
     import torch
 
-    from .train import TrainConfig, Trainer
+    from .train import Trainer
 
     if threads:
         torch.set_num_threads(threads)

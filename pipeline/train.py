@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 import time
-import types
-import typing
 import warnings
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,14 +25,15 @@ from . import distributed as dist
 from .batches import Batch, CachedFeatures, LoadFailure, PairBatches, PairSource, batch_slices, epoch_order
 from .captions import CachedCaptionVectors, CaptionEncoder, GRUCaptions
 from .checkpoint import load_checkpoint, save_checkpoint
+from .config import TrainConfig, resume_config
 from .errors import VseError
 from .fsutil import atomic_path, remove_stale_temporaries, write_atomic
 from .inference import encode_split
-from .loss_plugins import check_loss_name, loss_traits, make_loss
+from .loss_plugins import loss_traits, make_loss
 from .metrics import evaluate_embeddings
-from .models import PROJECTIONS, ModelConfig, VSEModel, join_state
+from .models import ModelConfig, VSEModel, join_state
 from .runlock import RunLock
-from .runs import OPTIONS_BEFORE_THEY_EXISTED, validation_log_lines
+from .runs import validation_log_lines
 from .runtime import (
     autocast,
     configure_kernels,
@@ -50,178 +48,6 @@ from .runtime import (
     set_rng_state,
 )
 from .text import Vocabulary
-
-# The options a resumed run may change (README, `vse train`): they decide how long, how often
-# to validate and log, and where and how fast data is read, never which updates are made.
-# Every other option must equal the run's; --resume without them takes the run's own.
-RESUME_MAY_CHANGE = ("run_dir", "epochs", "val_every", "log_every", "workers", "preload", "device")
-# Adam's kernels: the same update, rounded differently.  "fused" (one pass over each
-# parameter: 1.0 ms against the default's 2.2 ms in an 11 ms cached-text step on 2 cores)
-# is the default since it exists here; "default" is PyTorch's own choice (a for-loop on the
-# CPU, foreach on a GPU), which every run before this option used: a checkpoint without the
-# option resumes with it.
-ADAM_KERNELS = ("fused", "default")
-
-
-@dataclass
-class TrainConfig:
-    """Every option of a run. Defaults are the VSE++ paper's (Faghri et al. 2018)."""
-
-    features: str = ""                  # feature cache (cached mode)
-    run_dir: str = ""
-    rc: bool = False                     # RC mode: images → crops → CNN every step
-    dataset: str = "flickr8k"            # RC: dataset kind and folder (pipeline.datasets)
-    root: str = ""
-    backbone: str = "efficientnet-lite0"  # RC: the CNN (pipeline.backbones)
-    backbone_weights: str | None = None
-    finetune: bool = False               # RC: train the CNN too (else frozen)
-    backbone_lr_factor: float = 1.0      # RC --finetune: CNN lr = lr × this
-    freeze_bn: bool = True               # RC --finetune: keep BatchNorm statistics fixed
-    crop: str = "random"                 # RC training crop: "random" | "random-resized"
-    loss: str = "mh"                     # a built-in name (losses.LOSSES) or FILE.py:Class
-    margin: float | None = None          # None = the loss's own default (PROTOCOL.md)
-    loss_options: dict = field(default_factory=dict)
-    relevance: str | None = None         # relevance file for lseh / ladder
-    epochs: int = 30
-    batch_size: int = 128                # per process; the global batch is world_size × this
-    lr: float = 2e-4
-    lr_decay_epoch: int = 15
-    lr_decay: float = 0.1
-    grad_clip: float = 2.0
-    adam_kernel: str = "fused"           # ADAM_KERNELS
-    embed_dim: int = 1024
-    word_dim: int = 300
-    glove: bool = False                  # initialise word embeddings from GloVe 6B-50d
-    min_word_count: int = 4
-    max_caption_tokens: int = 100
-    img_norm: bool = True
-    projection: str = "linear"           # "mlp" = ConVSE heads
-    text_features: str | None = None     # caption-feature file (`vse encode-text`): a head over
-    text_projection: str = "linear"      # these frozen vectors replaces the GRU ("linear" | "mlp")
-    train_split: str = "train"
-    val_split: str = "dev"
-    val_images: int = 1000
-    val_every: int = 500                 # iterations; validation also runs at each epoch end
-    seed: int = 0
-    workers: int | None = None           # loader processes; None: 0 cached, all cores but one RC
-    preload: bool = False                # load the whole feature array into RAM
-    device: str = "auto"
-    amp: bool = True
-    deterministic: bool = False          # GPU: reproducible (slower) kernels, for exact --resume
-    init_from: str | None = None
-    log_every: int = 10
-
-    def __post_init__(self):
-        for name, value in self.checked(vars(self)).items():
-            setattr(self, name, value)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "TrainConfig":
-        """Options not in ``values`` take the defaults above (the only place that holds them)."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise VseError(f"unknown training option(s): {', '.join(unknown)}")
-        return cls(**values)
-
-    @classmethod
-    def default(cls, name: str):
-        """The default of option ``name`` (what `vse train --help` shows)."""
-        field_ = next(f for f in fields(cls) if f.name == name)
-        return field_.default_factory() if field_.default is MISSING else field_.default
-
-    @classmethod
-    def checked(cls, values: dict) -> dict:
-        """``values`` (some options, by name) with the types of the annotations above and the
-        ranges of OPTION_RANGES checked: VseError naming the first wrong one. Numbers given for
-        float options become floats (also text such as '1e-3', which YAML 1.1 reads as text)."""
-        hints = typing.get_type_hints(cls)
-        out = {}
-        for name, value in values.items():
-            value = out[name] = _check_type(name, value, hints[name])
-            if name in OPTION_RANGES and value is not None:
-                bound, inclusive = OPTION_RANGES[name]
-                if value < bound or value == bound and not inclusive:
-                    raise VseError(f"{name} must be {'at least' if inclusive else 'more than'} {bound}, "
-                                   f"got {value!r}")
-        return out
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def check(self) -> None:
-        """Options that only make sense together (VseError otherwise)."""
-        check_loss_name(self.loss)
-        if self.rc:
-            if not self.root:
-                raise VseError("--rc needs --root, the dataset folder")
-            if self.features:
-                raise VseError("--rc reads images: give --features (cached) or --rc, not both")
-            if self.preload:
-                raise VseError("--preload loads a feature cache; it does not apply to --rc")
-        else:
-            if not self.features:
-                raise VseError("--features is required (or --rc with --dataset and --root)")
-            if self.finetune:
-                raise VseError("--finetune needs --rc: a feature cache has no CNN to train")
-        if self.text_features and self.glove:
-            raise VseError("--glove initialises the GRU's word embeddings; with --text-features "
-                           "there is no GRU")
-        if self.adam_kernel not in ADAM_KERNELS:
-            raise VseError(f"--adam-kernel must be one of {', '.join(ADAM_KERNELS)}, "
-                           f"not {self.adam_kernel!r}")
-        if self.text_projection not in PROJECTIONS:
-            raise VseError(f"--text-projection must be one of {', '.join(PROJECTIONS)}, "
-                           f"not {self.text_projection!r}")
-
-    def loss_kwargs(self) -> dict:
-        kwargs = dict(self.loss_options)
-        if self.margin is not None:
-            kwargs["margin"] = self.margin
-        return kwargs
-
-
-# Lowest value of each numeric option: (bound, whether the bound itself is allowed).
-OPTION_RANGES = {
-    "epochs": (1, True), "batch_size": (1, True), "lr": (0, False), "lr_decay_epoch": (1, True),
-    "lr_decay": (0, False), "grad_clip": (0, True), "embed_dim": (1, True), "word_dim": (1, True),
-    "min_word_count": (1, True), "max_caption_tokens": (1, True), "val_images": (1, True),
-    "val_every": (0, True), "seed": (0, True), "workers": (0, True), "log_every": (1, True),
-    "backbone_lr_factor": (0, True), "margin": (0, True),
-}
-_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "text",
-          dict: "a mapping of option names to values"}
-
-
-def _check_type(name: str, value, hint):
-    """``value`` as option ``name`` of annotation ``hint`` (VseError if it is not one)."""
-    allowed = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    if value is None and type(None) in allowed:
-        return None
-    kind = next(t for t in allowed if t is not type(None))
-    if kind is float and isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            pass
-    if kind is bool:
-        ok = isinstance(value, bool)
-    elif kind is int:
-        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-        value = int(value) if ok else value
-    elif kind is float:
-        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-        value = float(value) if ok else value
-        if ok and not math.isfinite(value):
-            raise VseError(f"{name} must be a finite number, got {value!r}")
-    elif kind is dict:
-        ok = isinstance(value, dict) and all(isinstance(key, str) for key in value)
-    else:
-        ok = isinstance(value, kind)
-    if not ok:
-        optional = " (or null)" if type(None) in allowed else ""
-        raise VseError(f"{name} must be {_KINDS[kind]}{optional}, got {value!r}")
-    return value
 
 
 @dataclass
@@ -320,25 +146,7 @@ class Trainer:
             raise VseError("--resume given but the run has no last.pt", self.run_dir)
         self.lock.acquire()  # no other process may write the run while it is read and continued
         state = load_checkpoint(last)
-        try:
-            saved = TrainConfig.from_dict({**OPTIONS_BEFORE_THEY_EXISTED, **state["train_config"]})
-        except VseError as exc:
-            raise VseError(f"its train_config: {exc}", last) from None
-        if given is not None:
-            values = saved.to_dict()
-            for name in given:
-                new = getattr(config, name)
-                values[name] = {**values[name], **new} if isinstance(new, dict) else new  # loss_options
-            config = TrainConfig.from_dict({**values, "run_dir": config.run_dir})
-        changed = [f.name for f in fields(TrainConfig) if getattr(config, f.name) != getattr(saved, f.name)]
-        refused = [name for name in changed if name not in RESUME_MAY_CHANGE]
-        if refused:
-            differences = ", ".join(f"{name} {getattr(config, name)!r} (the run's: {getattr(saved, name)!r})"
-                                    for name in refused)
-            raise VseError(f"--resume may not change {differences}; only {', '.join(RESUME_MAY_CHANGE)} "
-                           f"may change (start a new --run-dir to train with other options)", last)
-        kept = [f"{name} {getattr(config, name)!r} (was {getattr(saved, name)!r})"
-                for name in changed if name != "run_dir"]
+        config, _, kept = resume_config(state["train_config"], config, given, last)
         if kept:
             self.echo(f"resuming with {', '.join(kept)}")
         return state, config
@@ -633,7 +441,7 @@ def open_pair_source(cfg: TrainConfig) -> PairSource:
 
     return ImageSource(cfg.dataset, cfg.root, cfg.backbone, weights=cfg.backbone_weights,
                        finetune=cfg.finetune, freeze_bn=cfg.freeze_bn, crop=cfg.crop, seed=cfg.seed,
-                       batch_size=cfg.batch_size)
+                       batch_size=cfg.batch_size, dataset_options=cfg.dataset_options())
 
 
 class CollapseMonitor:

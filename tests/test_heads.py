@@ -1,4 +1,4 @@
-"""Set heads (pipeline.heads), their names (pipeline.pool_names) and size augmentation
+"""Set heads (pipeline.heads), their names (pipeline.registry) and size augmentation
 (pipeline.set_augment) against slow per-set implementations written here; the match with the
 authors' code is tests/test_vse_infty_golden.py."""
 
@@ -25,7 +25,7 @@ from pipeline.heads import (
     pool_class,
 )
 from pipeline.models import ModelConfig, TextEncoder
-from pipeline.pool_names import (
+from pipeline.registry import (
     IMAGE_POOLS,
     SET_POOLS,
     SET_PROJECTIONS,
@@ -54,7 +54,7 @@ def padded_batch(seed=0, batch=6, size=7, dim=5, lengths=(7, 3, 1, 5, 7, 2)):
 def test_the_names_resolve_to_the_pools_and_the_name_module_is_torch_free():
     assert IMAGE_POOLS == ("mean", "max", "gpo") and TEXT_POOLS == ("last", "mean", "max", "gpo")
     assert {n: pool_class(n) for n in SET_POOLS} == {"mean": MeanPool, "max": MaxPool, "gpo": GPO}
-    code = "import sys, pipeline.pool_names, pipeline.set_augment; print('torch' in sys.modules)"
+    code = "import sys, pipeline.registry, pipeline.set_augment; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

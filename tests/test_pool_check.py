@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from cli.main import cli
 from pipeline.errors import VseError
 from pipeline.pool_check import run_pool_contract
-from pipeline.pool_names import IMAGE_POOLS
+from pipeline.registry import IMAGE_POOLS
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "examples/attention_pool.py:AttentionPool"
