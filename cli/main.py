@@ -38,11 +38,12 @@ def _register() -> None:
         extract_cmd,
         relevance_cmd,
         report_cmd,
+        search_cmd,
         train_cmd,
     )
 
     for module in (extract_cmd, train_cmd, evaluate_cmd, relevance_cmd, report_cmd, compare_cmd,
-                   check_loss_cmd, check_head_cmd, encode_text_cmd):
+                   check_loss_cmd, check_head_cmd, encode_text_cmd, search_cmd):
         module.register(cli)
 
 
