@@ -86,13 +86,16 @@ def search(index_path, text, image, k, checkpoint, device, as_json):
     from pathlib import Path
 
     from pipeline.errors import VseError
-    from pipeline.search import decode_image, open_searcher
+    from pipeline.search import check_k, check_text, decode_image, open_searcher
 
     if (text is None) == (image is None):
         raise VseError("give one query: --text TEXT or --image FILE")
     # a local user may ask for any number of results and any file size; the pixel cap stays
     limits = dataclasses.replace(LIMITS, max_k=sys.maxsize, max_upload_bytes=sys.maxsize)
-    if image is not None:
+    check_k(k, limits)  # the query is checked before the model is loaded
+    if text is not None:
+        check_text(text, limits)
+    else:
         try:
             data = Path(image).read_bytes()
         except OSError as exc:

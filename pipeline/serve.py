@@ -14,8 +14,8 @@ route 404, wrong method 405, upload too large 413, not an image 415); anything u
 a 500 with a fixed message, the traceback only in the server's log.
 """
 
-from __future__ import annotations
-
+# no `from __future__ import annotations`: FastAPI reads the endpoints' annotations, whose
+# types are imported inside create_app (fastapi is imported only when serving)
 import base64
 import hashlib
 import io
@@ -117,15 +117,16 @@ def create_app(searcher: Searcher, *, image_root=None, thumb_size: int = DEFAULT
                 hit["image_url"] = "/image/" + _quote(hit["id"])
         return answer
 
-    async def read_limited(request: Request, cap: int) -> bytes:
+    async def read_limited(request: Request, cap: int, too_large: str) -> bytes:
+        """The body, or a 413 as soon as it is known to exceed ``cap`` bytes."""
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > cap:
-            raise QueryError(f"the request body is {declared} bytes; at most {cap}", 413)
+            raise QueryError(too_large, 413)
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
             if len(body) > cap:
-                raise QueryError(f"the request body is more than {cap} bytes", 413)
+                raise QueryError(too_large, 413)
         return bytes(body)
 
     @app.get("/", include_in_schema=False)
@@ -144,7 +145,7 @@ def create_app(searcher: Searcher, *, image_root=None, thumb_size: int = DEFAULT
 
     @app.post("/api/search")
     async def search_post(request: Request):
-        body = await read_limited(request, MAX_JSON_BYTES)
+        body = await read_limited(request, MAX_JSON_BYTES, f"the body is more than {MAX_JSON_BYTES} bytes")
         try:
             query = json.loads(body)
         except ValueError:
@@ -155,7 +156,8 @@ def create_app(searcher: Searcher, *, image_root=None, thumb_size: int = DEFAULT
 
     @app.post("/api/search/image")
     async def search_image(request: Request, k: str = "10"):
-        body = await read_limited(request, limits.max_upload_bytes + MULTIPART_SLACK)
+        body = await read_limited(request, limits.max_upload_bytes + MULTIPART_SLACK,
+                                  f"the upload is more than {limits.max_upload_bytes} bytes")
         if request.headers.get("content-type", "").startswith("multipart/form-data"):
             async def replay():
                 return {"type": "http.request", "body": body, "more_body": False}
