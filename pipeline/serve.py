@@ -41,7 +41,7 @@ def _csp(page: str) -> str:
         return " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()}'"
                         for body in re.findall(rf"<{tag}>(.*?)</{tag}>", page, flags=re.S))
     return (f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; "
-            "img-src 'self' blob:; connect-src 'self'; base-uri 'none'; form-action 'none'; "
+            "img-src 'self' blob: data:; connect-src 'self'; base-uri 'none'; form-action 'none'; "
             "frame-ancestors 'none'")
 
 
