@@ -123,7 +123,8 @@ def child_build(args) -> dict:
     result = build_index(args.embeddings, args.index, IndexOptions(kind=args.kind), overwrite=True)
     meta = result.meta
     return {"kind": meta["kind"], "kind_requested": args.kind, "params": meta["params"],
-            "seconds": round(result.seconds, 2), "faiss_seconds": meta["build"]["seconds"],
+            "seconds": round(result.seconds, 2), "add_seconds": meta["build"]["seconds"],
+            "tuning_seconds": meta["build"]["tuning_seconds"],
             "index_bytes": meta["files"]["index.faiss"]["bytes"],
             "items_bytes": meta["files"]["items.h5"]["bytes"],
             "recall_at_build": meta["recall"], "peak_rss_mb": peak_rss_mb()}

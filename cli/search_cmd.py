@@ -141,6 +141,9 @@ def serve(index_path, checkpoint, host, port, device, image_root, max_upload_mb,
     limits = dataclasses.replace(LIMITS, max_upload_bytes=int(max_upload_mb * 2 ** 20),
                                  max_chars=max_query_chars, max_k=max_k)
     searcher = open_searcher(index_path, checkpoint, device, limits)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(f"note: listening on {host}, not only this machine: the service has no authentication",
+                   err=True)
     info = searcher.index.info()
     click.echo(f"serving {info['count']} {info['of']} ({info['kind']}) of model "
                f"{info['checkpoint_sha256'][:12]} on http://{host}:{port}/", err=True)

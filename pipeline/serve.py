@@ -32,6 +32,7 @@ PAGE = Path(__file__).with_name("search_page.html")
 MAX_JSON_BYTES = 64 * 1024            # a POST /api/search body
 MULTIPART_SLACK = 64 * 1024           # form boundaries and headers around an uploaded image
 DEFAULT_HOST, DEFAULT_PORT, DEFAULT_THUMB = "127.0.0.1", 8000, 256
+INTERNAL_ERROR = "internal error (the server's log has the details)"
 log = logging.getLogger("vse.serve")
 
 
@@ -104,10 +105,7 @@ def create_app(searcher: Searcher, *, image_root=None, thumb_size: int = DEFAULT
         where = ".".join(str(p) for p in first.get("loc", ()))
         return error(400, f"{where}: {first.get('msg', 'invalid request')}".strip(": "))
 
-    @app.exception_handler(Exception)
-    async def unexpected(request, exc: Exception):
-        log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return error(500, "internal error (the server's log has the details)")
+    app.add_middleware(_CatchAll, response=lambda: error(500, INTERNAL_ERROR))
 
     def shown(answer: dict) -> dict:
         """Results for the page: an image's thumbnail URL instead of its path."""
@@ -185,6 +183,33 @@ def create_app(searcher: Searcher, *, image_root=None, thumb_size: int = DEFAULT
                         headers={"Cache-Control": "max-age=3600", "X-Content-Type-Options": "nosniff"})
 
     return app
+
+
+class _CatchAll:
+    """Answers an unexpected exception with ``response()`` (a JSON 500) and logs it, without
+    handing it on to the server: Starlette's own handler re-raises it, and uvicorn then closes
+    the connection, so a client's next request on it would fail."""
+
+    def __init__(self, app, response):
+        self.app, self.response = app, response
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracking_send(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            log.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
+            if started:  # too late for another answer
+                raise
+            await self.response()(scope, receive, send)
 
 
 def _quote(item_id: str) -> str:

@@ -219,6 +219,17 @@ def test_exact_top_k_in_chunks_equals_one_pass():
     assert recall_at(shifted, exact_top(x, q, 7)) == pytest.approx(6 / 7)
 
 
+def test_rows_are_read_in_the_order_asked_across_chunks(tmp_path, checkpoint, monkeypatch):
+    import pipeline.search_index as si
+
+    x, _ = clustered_file(tmp_path / "e.h5", checkpoint, n=50, queries=0)
+    monkeypatch.setattr(si, "CHUNK_ROWS", 7)
+    source = EmbeddingsFile(tmp_path / "e.h5")
+    assert [start for start, _ in source.chunks("images")] == list(range(0, 50, 7))
+    wanted = [49, 3, 21, 20, 3, 0, 34]
+    np.testing.assert_array_equal(source.rows("images", wanted), x[wanted])
+
+
 def test_captions_can_be_indexed(tmp_path, demo):
     embeddings, _ = demo
     result = run("index", embeddings, "--out", tmp_path / "idx", "--of", "captions")
