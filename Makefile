@@ -127,6 +127,7 @@ bench: $(VENV)/.installed
 	$(PY) bench/batch_eval.py
 	$(PY) bench/rc.py
 	$(PY) bench/scale.py
+	$(PY) bench/search.py
 
 clean:
 	rm -rf $(CACHE)/*.h5 $(CACHE)/*.shards $(RUNS)

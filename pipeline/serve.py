@@ -53,19 +53,32 @@ class _Images:
         index = searcher.index
         root = image_root if image_root is not None else index.meta.get("image_root")
         self.root = Path(root) if root else Path.cwd()
-        self.paths, self.size, self.limits = index.shown, size, searcher.limits
+        self.paths, self.size = index.shown, size
         self.thumbnail = lru_cache(maxsize=1024)(self._thumbnail)
 
     def _thumbnail(self, row: int) -> bytes:
-        from PIL import ImageOps
+        """A JPEG of at most ``size`` pixels a side. The file is the operator's, not an upload:
+        no size cap, but a JPEG is decoded at a reduced scale (``draft``) and an image past
+        PIL's decompression-bomb limit is refused."""
+        import warnings
+
+        from PIL import Image, ImageOps, UnidentifiedImageError
 
         path = Path(self.paths[row])
         path = path if path.is_absolute() else self.root / path
         try:
-            data = path.read_bytes()
-        except OSError:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                with Image.open(path) as image:
+                    image.draft("RGB", (self.size, self.size))
+                    image = ImageOps.exif_transpose(image).convert("RGB")
+        except FileNotFoundError:
             raise QueryError("the image file of this id is not there", 404) from None
-        image = ImageOps.exif_transpose(decode_image(data, self.limits, "the indexed image"))
+        except UnidentifiedImageError:
+            raise QueryError("the file of this id is not an image", 415) from None
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError,
+                Image.DecompressionBombWarning):
+            raise QueryError("the image file of this id cannot be read", 415) from None
         image.thumbnail((self.size, self.size))
         out = io.BytesIO()
         image.save(out, format="JPEG", quality=85)

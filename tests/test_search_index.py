@@ -238,7 +238,19 @@ def test_captions_can_be_indexed(tmp_path, demo):
     _, captions = demo_items(12)
     assert index.of == "captions" and index.count == sum(len(c) for c in captions)
     hit = index.hits(*[a[0] for a in index.search(EmbeddingsFile(embeddings).rows("captions", [4]), 1)])[0]
-    assert hit["text"] == [c for cs in captions for c in cs][4] and hit["score"] == pytest.approx(1, abs=1e-5)
+    texts = [c for cs in captions for c in cs]
+    assert hit["text"] == texts[4] and hit["score"] == pytest.approx(1, abs=1e-5)
+
+
+def test_search_prints_the_captions_of_a_caption_index(tmp_path, demo, standin):
+    embeddings, _ = demo
+    assert run("index", embeddings, "--out", tmp_path / "idx", "--of", "captions").exit_code == 0
+    _, captions = demo_items(12)
+    result = run("search", tmp_path / "idx", "--text", captions[2][1], "-k", 3)
+    assert result.exit_code == 0, result.output
+    first = result.output.splitlines()[0].split(maxsplit=3)
+    assert first[:2] == ["1", "1.0000"] and first[3] == captions[2][1]
+    assert len(result.output.splitlines()) == 3
 
 
 # ---------------------------------------------------------------------------- refusals at build

@@ -215,14 +215,17 @@ def test_a_caption_index_returns_texts_and_has_no_images(demo):
         assert response.status_code == 404 and "captions" in response.json()["error"]
 
 
-def test_a_missing_image_file_is_a_404(tmp_path):
+def test_indexed_files_missing_broken_or_larger_than_an_upload(tmp_path):
     checkpoint = tmp_path / "m.pt"
     checkpoint.write_bytes(b"m")
     sha = file_sha256(checkpoint)
-    vectors = np.eye(2, 4, dtype=np.float32)
+    vectors = np.eye(3, 4, dtype=np.float32)
     write_embeddings(tmp_path / "e.h5", checkpoint_sha256=sha,
-                     images=(vectors, ["gone", "text"], ["gone.jpg", "t.jpg"]))
+                     images=(vectors, ["gone", "text", "big"], ["gone.jpg", "t.jpg", "big.jpg"]))
     (tmp_path / "t.jpg").write_text("not an image")
+    noise = np.random.default_rng(0).integers(0, 256, (1200, 1600, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(tmp_path / "big.jpg", quality=95)
+    assert (tmp_path / "big.jpg").stat().st_size > LIMITS.max_upload_bytes  # the operator's file: shown
     build_index(tmp_path / "e.h5", tmp_path / "idx", image_root=tmp_path)
     searcher = Searcher(SearchIndex(tmp_path / "idx"), StandInEmbedder(sha, 4), LIMITS)
     with running(create_app(searcher)) as url, httpx.Client(base_url=url) as client:
@@ -230,6 +233,8 @@ def test_a_missing_image_file_is_a_404(tmp_path):
         assert gone.status_code == 404 and gone.json() == {"error": "the image file of this id is not there"}
         text = client.get("/image/text")
         assert text.status_code == 415 and "not an image" in text.json()["error"]
+        big = client.get("/image/big")
+        assert big.status_code == 200 and Image.open(io.BytesIO(big.content)).size == (256, 192)
 
 
 def test_vse_serve_binds_localhost_and_checks_the_model(demo, monkeypatch, tmp_path):
