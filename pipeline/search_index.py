@@ -421,6 +421,8 @@ def build_index(embeddings, out, options: IndexOptions = IndexOptions(), *, imag
         raise VseError(f"/{group} holds no vectors", source.path)
     ids, shown = source.items(group)
     kind = choose_kind(options, count)
+    if kind != "flat" and count < 2:
+        raise VseError(f"an approximate index of {count} item makes no sense: use --kind flat", source.path)
     params = resolved_params(kind, options, count, dim)
     log(f"{count} {group} x {dim}: {kind} index {json.dumps(params) if params else ''}".rstrip())
 
@@ -443,11 +445,14 @@ def build_index(embeddings, out, options: IndexOptions = IndexOptions(), *, imag
         sample = np.sort(rng.choice(count, params["train_size"], replace=False))
         log(f"training ivfpq on {len(sample)} vectors")
         index.train(source.rows(group, sample))
+    reported = 0
     for start, chunk in source.chunks(group):
         index.add(chunk)
         if exact is not None:
             exact.update(start, chunk)
-        log(f"added {start + len(chunk)} / {count}")
+        if start + len(chunk) - reported >= count / 10 or start + len(chunk) == count:
+            reported = start + len(chunk)
+            log(f"added {reported} / {count}")
     if index.ntotal != count:  # pragma: no cover - FAISS contract
         raise VseError(f"FAISS holds {index.ntotal} vectors after adding {count}", source.path)
     build_seconds = time.perf_counter() - started  # reading, training, adding (and the exact top-k)
@@ -465,10 +470,13 @@ def build_index(embeddings, out, options: IndexOptions = IndexOptions(), *, imag
         log(f"recall@{k} {record['value']:.4f} at {name}={params[name]} ({len(queries)} queries from "
             f"{queries_from})")
         if not record["target_met"]:
+            tried = record["by_" + name]
+            how = (f"--{name.replace('_', '-')} {params[name]} as given" if fixed else
+                   f"{name} {params[name]}, the best of {len(tried)} tried up to {max(map(int, tried))}")
+            helps = ("ivfpq loses it to quantisation: more --pq-m or --kind hnsw" if kind == "ivfpq"
+                     else "a larger --hnsw-m or --ef-construction helps")
             notes.append(f"recall@{k} {record['value']:.3f} is below the target {options.recall_target} "
-                         f"at every {name} tried ({'fixed' if fixed else 'largest tried'}: {params[name]})"
-                         + ("; ivfpq loses it to quantisation: more --pq-m or --kind hnsw"
-                            if kind == "ivfpq" else "; a larger --hnsw-m or --ef-construction helps"))
+                         f"({how}); {helps}")
     tuning_seconds = time.perf_counter() - tuning_started
 
     meta = {

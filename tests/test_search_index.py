@@ -289,6 +289,16 @@ def test_vectors_that_are_not_unit_rows_or_ids_that_repeat_are_refused(tmp_path,
     one_line_error(run("index", tmp_path / "b.h5", "--out", tmp_path / "i5", "--hnsw-m", 0), "--hnsw-m")
 
 
+def test_one_item_is_indexed_exactly_only(tmp_path, checkpoint):
+    one = unit_rows(np.ones((1, 8)))
+    write_embeddings(tmp_path / "e.h5", checkpoint_sha256=file_sha256(checkpoint),
+                     images=(one, ["a"], ["a.jpg"]))
+    one_line_error(run("index", tmp_path / "e.h5", "--out", tmp_path / "i", "--kind", "hnsw"), "--kind flat")
+    assert run("index", tmp_path / "e.h5", "--out", tmp_path / "i").exit_code == 0
+    index = SearchIndex(tmp_path / "i")
+    assert [h["id"] for h in index.hits(*[a[0] for a in index.search(one, 5)])] == ["a"]
+
+
 def test_out_is_guarded_and_replaced_only_when_complete(tmp_path, demo, monkeypatch):
     embeddings, _ = demo
     foreign = tmp_path / "notes.txt"
