@@ -9,44 +9,41 @@ import sys
 import click
 
 from pipeline.search import QueryLimits
-from pipeline.search_index import GROUPS, KINDS, RECALL_AT, IndexOptions, option_default
+from pipeline.search_index import GROUPS, KINDS, RECALL_AT, IndexOptions
+from pipeline.search_index import option_default as default
 from pipeline.serve import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_THUMB
 
 LIMITS = QueryLimits()
-
-
-def _default(name):
-    return option_default(name)
 
 
 @click.command("index")
 @click.argument("embeddings", type=click.Path(dir_okay=False))
 @click.option("--out", required=True, type=click.Path(file_okay=True),
               help="Index folder to write (index.faiss, items.h5, meta.json).")
-@click.option("--of", "of", type=click.Choice(GROUPS), default=_default("of"), show_default=True,
+@click.option("--of", "of", type=click.Choice(GROUPS), default=default("of"), show_default=True,
               help="Which group of the embeddings file to index.")
-@click.option("--kind", type=click.Choice(("auto", *KINDS)), default=_default("kind"), show_default=True,
+@click.option("--kind", type=click.Choice(("auto", *KINDS)), default=default("kind"), show_default=True,
               help="flat: exact; hnsw: graph, approximate, fast; ivfpq: compressed, approximate, small. "
                    "auto: flat below --exact-below items, hnsw from there on.")
-@click.option("--exact-below", type=int, default=_default("exact_below"), show_default=True,
+@click.option("--exact-below", type=int, default=default("exact_below"), show_default=True,
               help="auto: the item count from which an approximate index is built.")
-@click.option("--hnsw-m", type=int, default=_default("hnsw_m"), show_default=True,
+@click.option("--hnsw-m", type=int, default=default("hnsw_m"), show_default=True,
               help="hnsw: links per node.")
-@click.option("--ef-construction", type=int, default=_default("ef_construction"), show_default=True,
+@click.option("--ef-construction", type=int, default=default("ef_construction"), show_default=True,
               help="hnsw: candidate list while building.")
 @click.option("--ef-search", type=int, default=None,
               help="hnsw: candidate list while searching [default: the smallest reaching --recall-target].")
 @click.option("--nlist", type=int, default=None, help="ivfpq: inverted lists [default: 4·sqrt(N), ≤ N/39].")
 @click.option("--pq-m", type=int, default=None,
               help="ivfpq: sub-vectors [default: largest divisor of dim ≤ dim/16].")
-@click.option("--nbits", type=int, default=_default("nbits"), show_default=True, help="ivfpq: bits per code.")
+@click.option("--nbits", type=int, default=default("nbits"), show_default=True, help="ivfpq: bits per code.")
 @click.option("--nprobe", type=int, default=None,
               help="ivfpq: lists searched [default: the smallest reaching --recall-target].")
-@click.option("--recall-target", type=float, default=_default("recall_target"), show_default=True,
+@click.option("--recall-target", type=float, default=default("recall_target"), show_default=True,
               help=f"recall@{RECALL_AT} the search parameter is tuned to, measured against exact search.")
-@click.option("--recall-queries", type=int, default=_default("recall_queries"), show_default=True,
+@click.option("--recall-queries", type=int, default=default("recall_queries"), show_default=True,
               help="Held-out queries of that measurement (the other group's vectors when there are).")
-@click.option("--seed", type=int, default=_default("seed"), show_default=True,
+@click.option("--seed", type=int, default=default("seed"), show_default=True,
               help="Seed of the query and training samples.")
 @click.option("--image-root", type=click.Path(file_okay=False),
               help="Folder that relative image paths are under (recorded; `vse serve` shows the images).")

@@ -6,7 +6,7 @@ model it was made with, refusing a checkpoint whose sha256 is not the index's; a
 `vse serve` share it, so both check a query the same way (``QueryLimits``).
 
 ``load_embedder`` is the one place where the model behind the queries is made: the
-``Embedder`` of `vse embed` (pipeline/embed.py, docs/ARCHITECTURE.md "Query embedding").
+``Embedder`` of `vse embed` (pipeline/embed.py; docs/ARCHITECTURE.md, "Queries").
 """
 
 from __future__ import annotations

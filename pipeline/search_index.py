@@ -224,7 +224,7 @@ def read_faiss(path, sha256: str):
 
 
 class EmbeddingsFile:
-    """A validated embeddings file (docs/ARCHITECTURE.md, "Embeddings file"; `vse embed`)."""
+    """A validated embeddings file of `vse embed` (docs/ARCHITECTURE.md, "Search index")."""
 
     def __init__(self, path):
         import h5py

@@ -1,7 +1,7 @@
 """Stand-ins for the search tests until `vse embed` (pipeline/embed.py) is merged:
 
-- ``write_embeddings``: an embeddings file exactly as docs/ARCHITECTURE.md ("Embeddings
-  file") describes it, written with h5py;
+- ``write_embeddings``: an embeddings file exactly as `vse embed` is to write it (groups
+  images and captions, their attributes; docs/ARCHITECTURE.md "Search index"), with h5py;
 - ``StandInEmbedder``: the ``Embedder`` interface with random unit vectors keyed by the text
   (or the image's pixels), the same vector for the same input every time;
 - ``demo_embeddings``: real demo images and captions whose image vectors are the stand-in's
