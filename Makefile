@@ -26,7 +26,10 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	# torch first, from its pinned build, so sentence-transformers does not pull another one
 	$(VENV)/bin/pip install -q torch==2.14.1 torchvision==0.29.1
-	$(VENV)/bin/pip install -q -e '.[bert,test,onnx]'
+	$(VENV)/bin/pip install -q -e '.[bert,test,onnx,serve]'
+	# the browser of the search page's test (playwright drives Debian's chromium; none is downloaded)
+	command -v chromium >/dev/null || ! command -v apt-get >/dev/null || apt-get install -y chromium \
+	  || echo "note: chromium could not be installed: the search page test will be skipped"
 	touch $@
 
 install: $(VENV)/.installed
@@ -124,6 +127,7 @@ bench: $(VENV)/.installed
 	$(PY) bench/batch_eval.py
 	$(PY) bench/rc.py
 	$(PY) bench/scale.py
+	$(PY) bench/search.py
 
 clean:
 	rm -rf $(CACHE)/*.h5 $(CACHE)/*.shards $(RUNS)

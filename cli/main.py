@@ -41,6 +41,9 @@ COMMANDS = {
     "gallery": "cli.report_cmd:gallery_command",
     "check-loss": "cli.check_loss_cmd:check_loss_command",
     "check-head": "cli.check_head_cmd:check_head_command",
+    "index": "cli.search_cmd:index",
+    "search": "cli.search_cmd:search",
+    "serve": "cli.search_cmd:serve",
 }
 
 

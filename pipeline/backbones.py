@@ -30,6 +30,7 @@ from torch import nn
 
 from . import registry
 from .errors import VseError
+from .fsutil import file_sha256
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -84,14 +85,6 @@ def load_backbone(name: str, weights=None) -> Backbone:
     backbone.module.eval()
     backbone.module.requires_grad_(False)
     return backbone
-
-
-def file_sha256(path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------------------- builders

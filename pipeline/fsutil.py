@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
+import hashlib
 import io
 import os
 import re
+import shutil
 from pathlib import Path
 
 from .errors import VseError
@@ -74,6 +77,67 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def atomic_dir(path):
+    """Yield a new temporary folder next to ``path``; put it in place of ``path`` on success.
+
+    The folder is filled under a hidden name (``.NAME.PID.tmp``), every file in it fsynced,
+    then renamed onto ``path``. An existing ``path`` (checked by ``guard_output`` first) is
+    renamed aside (``.NAME.PID.old``) just before and removed after: a process killed
+    between the two renames leaves no folder at ``path`` and both folders complete under
+    their hidden names, never a half-written one at ``path``. On any exception the temporary
+    folder is removed and ``path`` is left untouched. Temporary folders of processes that no
+    longer run are removed when the next one starts.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise VseError(f"cannot create output folder ({exc.strerror})", path.parent) from exc
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        pid = stale.name[len(path.name) + 2:-len(".tmp")]
+        if stale.is_dir() and pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    old = path.with_name(f".{path.name}.{os.getpid()}.old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        yield tmp
+        for item in tmp.rglob("*"):
+            if item.is_file():
+                _fsync_file(item)
+        _fsync_dir(tmp)
+        if os.path.lexists(path):
+            os.replace(path, old)
+            os.replace(tmp, path)
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                _unlink_quietly(old)
+        else:
+            os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise VseError("no space left on device while writing", path) from exc
+        reason = exc.strerror or (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+        raise VseError(f"cannot write ({reason})", path) from exc
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def file_sha256(path) -> str:
+    """Hex sha256 of a file's bytes (a checkpoint's, weights', index file's identity)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def write_atomic(path, data) -> None:
     """Write ``data`` (bytes-like) to ``path`` atomically, in one plain write."""
     with atomic_path(path) as tmp, open(tmp, "wb") as fh:
@@ -122,6 +186,7 @@ _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _SNIFF_BYTES = 1 << 16
 _JSON_FORMAT = re.compile(r'\s*\{\s*"format"\s*:\s*"([^"\\]*)"')  # {"format": "TAG", ...
+FOLDER_META = "meta.json"  # a folder output's description, JSON with a leading "format" tag
 RESULTS_FORMAT = "vse-results"  # a results.csv (pipeline.report): its header starts "run," and has rsum
 
 
@@ -130,8 +195,11 @@ def output_format(path) -> str | None:
     ``format`` attribute, a pickle's (joblib) leading ``"format": TAG`` item, a PNG's
     ``format`` text chunk, a PDF's ``/Creator``, an HTML page's ``<meta name="generator">``, a
     JSON object's leading ``"format": TAG`` item, ``RESULTS_FORMAT`` for a CSV whose header
-    starts with ``run`` and has ``rsum``. None for anything else (a file vse did not write)."""
+    starts with ``run`` and has ``rsum``, a folder's by its ``FOLDER_META`` JSON file. None for
+    anything else (a file or folder vse did not write)."""
     path = Path(path)
+    if path.is_dir():  # a folder output (a search index) describes itself in FOLDER_META
+        return output_format(path / FOLDER_META) if (path / FOLDER_META).is_file() else None
     try:
         with open(path, "rb") as fh:
             head = fh.read(_SNIFF_BYTES)
@@ -161,10 +229,14 @@ def output_format(path) -> str | None:
 def guard_output(path, fmt: str, what: str, overwrite: bool = False) -> None:
     """Refuse to replace an existing ``path`` that is not this command's own output (format
     tag ``fmt``, e.g. ``vse-features``; ``what`` names it in the message), unless
-    ``overwrite``. Nothing is deleted here: the new output replaces the old file atomically
-    once it is complete."""
+    ``overwrite``. A folder is replaced only when it is this command's own output (written
+    through ``atomic_dir``), whatever ``overwrite`` says. Nothing is deleted here: the new
+    output replaces the old file atomically once it is complete."""
     path = Path(path)
     if path.is_dir():
+        if output_format(path) == fmt:
+            return
+        # a folder vse did not make is never deleted, even with --overwrite
         raise VseError(f"is a folder, not {what}", path)
     if overwrite or not path.exists():
         return
