@@ -54,13 +54,16 @@ def _read_config_file(path: str) -> dict:
               help="YAML/JSON file of options; flags given on the command line win.")
 @click.option("--resume", is_flag=True, help="Continue from RUN_DIR/last.pt at the same epoch and iteration, "
               "with the run's options (README: the few that may change).")
+@click.option("--overwrite", is_flag=True, help="Replace the run already in --run-dir (its files stay until "
+              "this run's first checkpoint is complete). Without --resume or this, such a folder is refused.")
 @train_options()
 @click.pass_context
-def train_command(ctx, config_file, resume, loss_option, **options):
+def train_command(ctx, config_file, resume, overwrite, loss_option, **options):
     """Train a joint embedding on a feature cache, or end to end on images (--rc).
 
     Every option and its default: docs/OPTIONS.md."""
     from pipeline import distributed
+    from pipeline.runs import RunFolder
     from pipeline.train import Trainer
 
     values, given = given_values(ctx, options, loss_option,
@@ -68,7 +71,10 @@ def train_command(ctx, config_file, resume, loss_option, **options):
     if not values.get("run_dir"):
         raise click.UsageError("--run-dir is required (flag or config file)")
     config = TrainConfig.from_dict(values)
-    summary = Trainer(config, resume=resume, echo=click.echo, given=given).fit()
+    if not resume:  # the options first, then the folder (a resumed run takes the run's options)
+        config.check()
+    with RunFolder(config.run_dir).claim(resume, overwrite):
+        summary = Trainer(config, resume=resume, echo=click.echo, given=given, overwrite=overwrite).fit()
     if distributed.is_main():  # under torchrun the other ranks say nothing
         click.echo(f"done: best validation rsum {summary['best_rsum']:.2f} at epoch {summary['best_epoch']} "
                    f"→ {Path(config.run_dir) / 'best.pt'}")

@@ -318,7 +318,8 @@ class FeatureCache(IndexedRows):
         if not self.path.is_file():
             raise VseError("feature cache not found", self.path)
         try:
-            self._file = h5py.File(self.path, "r")
+            # the real file: its shards are found beside it, also when it is opened through a symlink
+            self._file = h5py.File(self.path.resolve(), "r")
         except OSError:
             raise VseError("not a readable HDF5 file (truncated or another format)", self.path) from None
         try:
@@ -377,7 +378,7 @@ class FeatureCache(IndexedRows):
         _allow_open_files(len(sources), self.path)
         for source in sources:
             shard = Path(source.file_name)
-            shard = shard if shard.is_absolute() else self.path.parent / shard
+            shard = shard if shard.is_absolute() else self.path.resolve().parent / shard
             (r0, _), (r1, _) = source.vspace.get_select_bounds()
             rows = f"rows {r0}..{r1}"
             if not shard.is_file():

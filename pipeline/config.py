@@ -75,7 +75,7 @@ class TrainConfig:
     rc: bool = option(False, "End to end: decode images, random crops through the CNN every step "
                              "(no feature cache; needs --root).")
     dataset: str = option("flickr8k", "--rc: dataset layout of --root.", choices=IMAGE_DATASET_KINDS)
-    root: str = option("", shared=True)
+    root: str = option("", shared=True, path="any")
     csv_img_key: str | None = option(None, shared=True, before=None)
     csv_caption_key: str | None = option(None, shared=True, before=None)
     csv_separator: str | None = option(None, shared=True, before=None)
@@ -298,11 +298,18 @@ def identity_values(values: dict, cls=TrainConfig) -> dict:
 
 
 # ---------------------------------------------------------------------------- the resume rule
-def resume_config(saved_values: dict, config, given, where, cls=TrainConfig):
+def file_options(cls=TrainConfig) -> tuple[str, ...]:
+    """The options that name a file or folder: a resumed run compares them by identity."""
+    return tuple(name for name in option_names(cls) if info(name, cls).path)
+
+
+def resume_config(saved_values: dict, config, given, where, cls=TrainConfig, same_file=None):
     """The config a resumed run continues with: the run's own (``saved_values``, its checkpoint's
     ``train_config``), with the options in ``given`` as ``config`` has them (None: all of
-    ``config``). VseError naming ``where`` if an option --resume may not change differs.
-    Returns (the config, the run's own config, notes on what changed)."""
+    ``config``). VseError naming ``where`` if an option --resume may not change differs. A file
+    option given by another path is no change when ``same_file(name, new, old)`` says it names
+    the same file (a relative or absolute path, a symlink, a moved folder); the run continues
+    with the new path. Returns (the config, the run's own config, notes on what changed)."""
     try:
         saved = cls.from_dict(with_old_defaults(saved_values, cls))
     except VseError as exc:
@@ -314,6 +321,10 @@ def resume_config(saved_values: dict, config, given, where, cls=TrainConfig):
             values[name] = {**values[name], **new} if isinstance(new, dict) else new  # loss_options
         config = cls.from_dict({**values, "run_dir": config.run_dir})
     changed = [name for name in option_names(cls) if getattr(config, name) != getattr(saved, name)]
+    renamed = [name for name in changed if name in file_options(cls) and same_file is not None
+               and getattr(config, name) and getattr(saved, name)
+               and same_file(name, getattr(config, name), getattr(saved, name))]
+    changed = [name for name in changed if name not in renamed]
     allowed = resume_may_change(cls)
     refused = [name for name in changed if name not in allowed]
     if refused:
@@ -323,6 +334,8 @@ def resume_config(saved_values: dict, config, given, where, cls=TrainConfig):
                        f"may change (start a new --run-dir to train with other options)", where)
     notes = [f"{name} {getattr(config, name)!r} (was {getattr(saved, name)!r})"
              for name in changed if name != "run_dir"]
+    notes += [f"{name} {getattr(config, name)!r} (the same file as the run's {getattr(saved, name)!r})"
+              for name in renamed]
     return config, saved, notes
 
 

@@ -37,10 +37,8 @@ from pathlib import Path
 
 from .config import TrainConfig, option_names
 from .errors import VseError
-from .fsutil import atomic_path
-from .runlock import RunLock
+from .runs import RunFolder
 
-DONE_MARKER = "sweep-done.json"
 LOSS_OPTION_PREFIX = "loss_options."
 SWEEP_KEYS = ("name", "runs_dir", "base", "grid", "seeds")
 
@@ -212,12 +210,8 @@ def run_status(run: SweepRun) -> tuple[str, str]:
     from .checkpoint import load_checkpoint
 
     epochs = int(run.config.get("epochs", TrainConfig.default("epochs")))
-    marker = run.run_dir / DONE_MARKER
-    if marker.is_file():
-        try:
-            done = json.loads(marker.read_text(encoding="utf-8"))
-        except ValueError:
-            done = {}
+    done = RunFolder(run.run_dir).done()
+    if done is not None:
         if done.get("epoch", -1) >= epochs:
             return "done", (f"best rsum {done.get('best_rsum', float('nan')):.2f} "
                             f"at epoch {done.get('best_epoch')}")
@@ -248,17 +242,12 @@ def train_run(config: dict, resume: bool, threads: int | None = None, echo=print
 
     if threads:
         torch.set_num_threads(threads)
-    run_dir = Path(config["run_dir"])
-    with RunLock(run_dir):  # another sweep training this run keeps it (and its log)
-        if not resume:
-            # A fresh start must not append to the validation log of an attempt that never
-            # reached a checkpoint (killed between writing metrics.jsonl and last.pt).
-            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    folder = RunFolder(config["run_dir"])
+    with folder.lock:  # another sweep training this run keeps it (and its log)
         cfg = TrainConfig.from_dict(config)
         summary = Trainer(cfg, resume=resume, echo=echo).fit()
         summary = {**summary, "epoch": cfg.epochs, "finished": time.time()}
-        with atomic_path(run_dir / DONE_MARKER) as tmp:
-            Path(tmp).write_text(json.dumps(summary, indent=2), encoding="utf-8")
+        folder.mark_done(summary)
     return summary
 
 

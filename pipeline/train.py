@@ -10,7 +10,6 @@ loss — hardest negatives included — sees what a single process with batch N�
 
 from __future__ import annotations
 
-import json
 import math
 import time
 import warnings
@@ -19,35 +18,30 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from . import distributed as dist
-from .batches import Batch, CachedFeatures, LoadFailure, PairBatches, PairSource, batch_slices, epoch_order
-from .captions import CachedCaptionVectors, CaptionEncoder, GRUCaptions
+from . import factories
+from .batches import Batch, LoadFailure, PairBatches, batch_slices, epoch_order
 from .checkpoint import load_checkpoint, save_checkpoint
-from .config import TrainConfig, resume_config
+from .config import TrainConfig, file_options
+from .curves import Curves
 from .errors import VseError
-from .fsutil import atomic_path, remove_stale_temporaries, write_atomic
 from .inference import encode_split
-from .loss_plugins import loss_traits, make_loss
 from .metrics import evaluate_embeddings
-from .models import ModelConfig, VSEModel, join_state
-from .runlock import RunLock
-from .runs import validation_log_lines
+from .models import join_state
+from .runs import RunFolder, file_identity
 from .runtime import (
     autocast,
     configure_kernels,
     default_workers,
     describe,
     device_rng_state,
-    needs_grad_scaler,
     pin_memory,
     resolve_device,
     rng_state,
     seed_everything,
     set_rng_state,
 )
-from .text import Vocabulary
 
 
 @dataclass
@@ -60,18 +54,27 @@ class Progress:
 
 
 class Trainer:
-    """Owns the model, optimizer and data of one run. ``fit()`` trains to the end."""
+    """The loop of one run: its parts (built by ``pipeline.factories``), fit, step, validate
+    and the state a checkpoint holds. Its files go through ``runs.RunFolder``."""
 
-    def __init__(self, config: TrainConfig, resume: bool = False, echo=print, given=None):
+    def __init__(self, config: TrainConfig, resume: bool = False, echo=print, given=None,
+                 overwrite: bool = False):
         """``given``: the names of the options the user set (the CLI's flags and config file);
-        with ``resume`` the others are the run's own. None: every option of ``config``."""
-        self.run_dir = Path(config.run_dir)
-        self.lock = RunLock(self.run_dir)  # taken before last.pt is read, or at fit()
+        with ``resume`` the others are the run's own. None: every option of ``config``.
+        ``overwrite``: replace a run already in the folder (kept until this run's first
+        checkpoint is complete); without it or ``resume`` such a folder is refused."""
+        self.run = RunFolder(config.run_dir)
         # before the process group exists, the rank comes from torchrun's environment
         self.echo = echo if dist.env_is_main() else (lambda *a, **k: None)
+        self.resume, self.overwrite = resume, overwrite
         resume_state = None
-        if resume:
-            resume_state, config = self._resume_state(config, given)
+        if resume:  # rank 0 holds the folder from here on: nobody writes it while it is read
+            self.run.lock.acquire()
+            if dist.env_is_main():
+                self.run.start(resume, overwrite)
+            resume_state, config, notes = self.run.resume(config, given)
+            if notes:
+                self.echo(f"resuming with {', '.join(notes)}")
         config.check()
         self.cfg = config
         self.device = resolve_device(config.device)
@@ -84,7 +87,7 @@ class Trainer:
         self.setup_line = (f"device {describe(self.device, config.amp)}" + (f", {kernels}" if kernels else "")
                            + (f"; {self.world} processes ({dist.backend()})" if self.distributed else ""))
 
-        self.source = open_pair_source(config)
+        self.source = factories.create_pair_source(config)
         self.index = self.source.index
         self.workers = (config.workers if config.workers is not None
                         else (default_workers() if config.rc else 0))
@@ -92,7 +95,8 @@ class Trainer:
         # the training pairs, in cache order (the epoch order permutes these positions)
         train_images = self.index.split(config.train_split)
         self.train_captions = np.flatnonzero(np.isin(self.index.caption_image, train_images))
-        self.captions = self._caption_encoder(resume_state, init_state)
+        self.captions = factories.create_caption_side(config, self.source, self.train_captions,
+                                                      resume_state, init_state, self.run.last)
         self.vocab = self.captions.vocab  # None with cached caption features
         if len(self.train_captions) == 0:
             raise VseError(f"split {config.train_split!r} has no captions", self.source.location)
@@ -100,127 +104,46 @@ class Trainer:
             raise VseError(f"validation split {config.val_split!r} has no images", self.source.location)
 
         seed_everything(config.seed)
-        self.loss = make_loss(config.loss, config.loss_kwargs()).to(self.device)
-        self.loss_traits = loss_traits(self.loss, config.loss)
-        self.model_config = ModelConfig(  # the loss declares the similarity its scores use
-            feature_dim=self.source.feature_dim, embed_dim=config.embed_dim, img_norm=config.img_norm,
-            similarity=self.loss_traits.similarity, projection=config.projection,
-            **self.captions.model_fields(config))
-        self.model = VSEModel(self.model_config, self.source.backbone).to(self.device)
-        if self.distributed and config.finetune and not config.freeze_bn and self.device.type == "cuda":
-            # BatchNorm statistics of the global batch, as one process with N×B would compute
-            self.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
+        self.loss, self.loss_traits = factories.create_loss(config, self.device)
+        self.model = factories.create_model(config, self.source, self.captions, self.loss_traits,
+                                            self.device, self.distributed)
+        self.model_config = self.model.config
         if init_state is not None:
-            self._init_from(init_state)
+            factories.init_from_checkpoint(self.model, init_state, config, self.echo)
         elif config.glove:
-            self._load_glove()
-        self.relevance = self._relevance()
-        # a loss's own parameters (e.g. a learnable temperature) train with the head
-        self.loss_parameters = [q for q in self.loss.parameters() if q.requires_grad]
-        self.trainable = [q for q in self.model.parameters() if q.requires_grad] + self.loss_parameters
-        self.optimizer = torch.optim.Adam(self._param_groups(), lr=config.lr,
-                                          fused=config.adam_kernel == "fused" or None)
-        self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer,
-                                                         step_size=max(1, config.lr_decay_epoch),
-                                                         gamma=config.lr_decay)
-        self.scaler = torch.amp.GradScaler(self.device.type,
-                                           enabled=needs_grad_scaler(self.device, config.amp))
+            factories.load_glove(self.model, self.vocab, self.echo)
+        self.relevance = factories.create_relevance(config, self.loss_traits, self.source)
+        self.trainable, self.loss_parameters = factories.trainable_parameters(self.model, self.loss)
+        self.optimizer = factories.create_optimizer(config, self.model, self.trainable)
+        self.scheduler = factories.create_scheduler(config, self.optimizer)
+        self.scaler = factories.create_scaler(config, self.device)
         self.progress = Progress()
         self.monitor = CollapseMonitor(self.loss_traits, config.batch_size * self.world, self.echo)
-        # No device_ids: DDP would move every input to the GPU, the caption lengths too, which
-        # pack_padded_sequence then copies back (a host sync); the batch is on its device already.
-        # Buffers change only in BatchNorm layers that train their statistics.
-        self.ddp_model = (DistributedDataParallel(self.model, device_ids=None,
-                                                  forward_sync_buffers=(config.finetune
-                                                                        and not config.freeze_bn))
-                          if self.distributed else self.model)
+        self.ddp_model = factories.wrap_ddp(self.model, config, self.distributed)
+        self.file_identity = self._file_identity(resume_state)
         if resume_state is not None:
             self._restore(resume_state)
+        # a resumed run's curves drop what the stopped process logged after its checkpoint
+        purge = self.progress.iteration + 1 if resume else None
+        self.curves = Curves(self.run.curves_dir, purge_step=purge, enabled=dist.is_main())
 
     # ----------------------------------------------------------------- set-up helpers
-    def _resume_state(self, config: TrainConfig, given) -> tuple[dict, TrainConfig]:
-        """last.pt and the effective config: the run's own, with the options in ``given`` as
-        the user set them; VseError if one outside RESUME_MAY_CHANGE differs from the run's."""
-        last = self.run_dir / "last.pt"
-        if not last.exists():
-            raise VseError("--resume given but the run has no last.pt", self.run_dir)
-        self.lock.acquire()  # no other process may write the run while it is read and continued
-        state = load_checkpoint(last)
-        config, _, kept = resume_config(state["train_config"], config, given, last)
-        if kept:
-            self.echo(f"resuming with {', '.join(kept)}")
-        return state, config
-
     def _check_world_size(self, state: dict) -> None:
         """The global batch (and so each pair's place in it) depends on the number of processes."""
         saved = int(state.get("world_size", 1))  # checkpoints before world_size: one process
         if saved != self.world:
             raise VseError(f"--resume with {self.world} process(es), but the run was trained with {saved}: "
-                           f"the global batch and the order of pairs depend on it", self.run_dir / "last.pt")
+                           f"the global batch and the order of pairs depend on it", self.run.last)
 
-    def _caption_encoder(self, resume_state, init_state) -> CaptionEncoder:
-        """Frozen caption vectors (--text-features) or the GRU's tokens (a resumed run keeps its
-        text_features option: ``_resume_state`` refuses a change; the file itself must still
-        hold the vectors the run was trained on)."""
-        saved = resume_state.get("text_features") if resume_state is not None else None
-        if self.cfg.text_features:
-            return CachedCaptionVectors.open(self.cfg.text_features, self.index.captions,
-                                             self.source.location, expected=saved,
-                                             checkpoint=self.run_dir / "last.pt")
-        vocab = self._vocabulary(resume_state or init_state)
-        return GRUCaptions(vocab, self.index.captions, self.cfg.max_caption_tokens)
-
-    def _vocabulary(self, state) -> Vocabulary:
-        if state is not None and state["vocab"]:  # (a run on caption features has none)
-            return Vocabulary(state["vocab"])
-        captions = self.index.captions  # the vocabulary of the training captions
-        return Vocabulary.build((captions[j] for j in self.train_captions), self.cfg.min_word_count)
-
-    def _init_from(self, state: dict) -> None:
-        """The head (projection + text encoder) of any run, cached or RC; the CNN too when
-        the checkpoint is an RC run of the same backbone."""
-        own = self.model.head_state_dict()
-        weights = {k: v for k, v in state["model"].items() if k in own and own[k].shape == v.shape}
-        skipped = sorted(set(own) - set(weights))
-        self.model.load_state_dict(weights, strict=False)
-        message = f"initialised {len(weights)} tensors from {self.cfg.init_from}"
-        backbone, saved = self.model.backbone, state.get("backbone")
-        if backbone is not None:
-            trained_on = saved["name"] if saved else state.get("feature_source", {}).get("backbone")
-            if saved and saved["name"] == self.cfg.backbone:
-                backbone.cnn.load_state_dict(saved["state"])
-                message += " and its CNN"
-            elif trained_on != self.cfg.backbone:
-                self.echo(f"warning: {self.cfg.init_from} was trained on features of {trained_on!r}, "
-                          f"not of backbone {self.cfg.backbone!r}")
-        self.echo(message + (f"; kept fresh: {', '.join(skipped)}" if skipped else ""))
-
-    def _param_groups(self) -> list[dict]:
-        """The head at lr; a fine-tuned CNN in its own group at lr × backbone_lr_factor."""
-        cnn = {id(q) for q in self.model.backbone.parameters()} if self.model.backbone is not None else set()
-        groups = [{"params": [q for q in self.trainable if id(q) not in cnn], "lr": self.cfg.lr}]
-        cnn_params = [q for q in self.trainable if id(q) in cnn]
-        if cnn_params:
-            groups.append({"params": cnn_params, "lr": self.cfg.lr * self.cfg.backbone_lr_factor})
-        return groups
-
-    def _load_glove(self) -> None:
-        from .glove import vectors_for
-
-        vectors, found = vectors_for(self.vocab.words)
-        n = self.model.text_encoder.load_word_vectors(torch.from_numpy(vectors), torch.from_numpy(found))
-        self.echo(f"GloVe initialised {n} of {len(self.vocab)} words")
-
-    def _relevance(self):
-        if not self.loss_traits.uses_relevance:
-            return None
-        if not self.cfg.relevance:
-            raise VseError(f"loss {self.cfg.loss!r} needs --relevance FILE (made by `vse relevance`)")
-        from .relevance import BatchRelevance
-
-        return BatchRelevance(self.cfg.relevance, num_captions=len(self.index.captions),
-                              caption_fingerprint=self.index.caption_fingerprint,
-                              captions_from=self.source.location)
+    def _file_identity(self, resume_state) -> dict:
+        """The identity of each file the run names (``runs.file_identity``), so that a resumed
+        run may name them by another path: a resumed run keeps what its checkpoint recorded."""
+        if resume_state is not None and "file_identity" in resume_state:
+            return resume_state["file_identity"]
+        if not dist.is_main():
+            return {}
+        return {name: file_identity(getattr(self.cfg, name)) for name in file_options()
+                if getattr(self.cfg, name) and Path(getattr(self.cfg, name)).is_file()}
 
     def _restore(self, state: dict) -> None:
         self.model.load_state_dict(join_state(state["model"], state.get("backbone", {}).get("state")))
@@ -232,7 +155,7 @@ class Trainer:
         self.progress = Progress(**state["progress"])
         set_rng_state(state["rng"], self.device, dist.rank())
         if dist.is_main():
-            self._drop_metrics_after(self.progress.iteration)
+            self.run.trim_records(self.progress.iteration)
         self.echo(f"resumed at epoch {self.progress.epoch + 1}, batch {self.progress.batch}, "
                   f"iteration {self.progress.iteration} (best rsum {self.progress.best_rsum:.2f})")
 
@@ -247,16 +170,6 @@ class Trainer:
                       "the loss scale starts afresh")
         elif saved:
             self.echo("note: the run was saved with fp16 loss scaling, which this run does not use")
-
-    def _drop_metrics_after(self, iteration: int) -> None:
-        """A run killed between appending a validation record and saving last.pt would log
-        that validation twice after --resume: keep only the records the checkpoint covers."""
-        path = self.run_dir / "metrics.jsonl"
-        lines = validation_log_lines(path)
-        kept = [line for line, record in lines if record is not None and record["iteration"] <= iteration]
-        if len(kept) != len(lines):
-            with atomic_path(path) as tmp:
-                Path(tmp).write_text("".join(kept), encoding="utf-8")
 
     # ----------------------------------------------------------------- the loop
     def epoch_batches(self, epoch: int) -> PairBatches:
@@ -278,21 +191,19 @@ class Trainer:
 
     def fit(self) -> dict:
         """Train to the end, holding the run folder's lock (pipeline.runlock) throughout."""
-        with self.lock:
+        with self.run.lock:
+            if dist.is_main() and not self.resume:  # a run already here is refused, or replaced
+                self.run.start(False, self.overwrite)
             self.echo(self.setup_line)  # once the folder is ours: a refused second run says one line
-            return self._fit()
+            try:
+                return self._fit()
+            finally:
+                self.curves.close()
 
     def _fit(self) -> dict:
         cfg, p = self.cfg, self.progress
         if dist.is_main():
-            try:
-                self.run_dir.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise VseError(f"cannot create the run folder ({exc.strerror})", self.run_dir) from exc
-            remove_stale_temporaries(self.run_dir)
-            with atomic_path(self.run_dir / "config.json") as tmp:
-                Path(tmp).write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
-            self.captions.save(self.run_dir)
+            self.run.prepare(cfg.to_dict(), self.captions.save)
         self.model.train()
         while p.epoch < cfg.epochs:
             self.train_epoch()
@@ -309,6 +220,7 @@ class Trainer:
         pairs = self.epoch_batches(p.epoch)
         bar = _progress_bar(len(pairs), p.batch, f"epoch {p.epoch + 1}/{cfg.epochs}")
         started, seen = time.perf_counter(), 0
+        logged = (started, p.iteration)
         for batch in self.loader(pairs, p.batch):
             if isinstance(batch, LoadFailure):
                 raise batch.error()
@@ -319,9 +231,12 @@ class Trainer:
             seen += len(batch.caption_ids) * self.world
             if bar is not None:
                 bar.update(1)
-                if p.iteration % cfg.log_every == 0:
-                    bar.set_postfix(loss=f"{loss:.3f}",
-                                    pairs_s=f"{seen / (time.perf_counter() - started):.0f}")
+            if p.iteration % cfg.log_every == 0:
+                now = time.perf_counter()
+                if bar is not None:
+                    bar.set_postfix(loss=f"{loss:.3f}", pairs_s=f"{seen / (now - started):.0f}")
+                self._log_step(loss, (p.iteration - logged[1]) / max(now - logged[0], 1e-9))
+                logged = (now, p.iteration)
             if cfg.val_every and p.iteration % cfg.val_every == 0 and p.batch < len(pairs):
                 self.validate_and_save()
         if bar is not None:
@@ -368,6 +283,13 @@ class Trainer:
         return evaluate_embeddings(emb.images, emb.captions, emb.caption_image,
                                    order=self.model_config.similarity)
 
+    def _log_step(self, loss: float, steps_per_s: float) -> None:
+        """The training curves (TensorBoard), every ``log_every`` steps."""
+        step, hold = self.progress.iteration, self.run.replacing
+        self.curves.scalar("train/loss", loss, step, hold=True)
+        self.curves.scalar("train/lr", self.optimizer.param_groups[0]["lr"], step, hold=True)
+        self.curves.scalar("train/steps_per_s", steps_per_s, step, hold=hold)
+
     def validate_and_save(self) -> None:
         p = self.progress
         metrics = self.validate() if dist.is_main() else None
@@ -379,22 +301,12 @@ class Trainer:
                 p.best_rsum, p.best_epoch = metrics["rsum"], epoch
             record = {"epoch": epoch, "iteration": p.iteration, "split": self.cfg.val_split,
                       "lr": self.optimizer.param_groups[0]["lr"], "time": time.time(), **metrics}
-            self._append_metrics(record)
             self.echo(f"[epoch {record['epoch']} it {p.iteration}] rsum {metrics['rsum']:.2f}  "
                       f"i2t R@1 {metrics['i2t_r1']:.1f}  t2i R@1 {metrics['t2i_r1']:.1f}"
                       + ("  (best)" if improved else ""))
-            state = self.state_dict(rng)
-            if improved:
-                save_checkpoint({**state, "metrics": metrics}, self.run_dir / "best.pt")
-            save_checkpoint(state, self.run_dir / "last.pt")
+            self.run.save_validation(record, metrics, self.state_dict(rng), improved, save_checkpoint)
+            self.curves.validation(metrics, p.iteration)  # after the files: an overwrite has swapped
         dist.barrier()
-
-    def _append_metrics(self, record: dict) -> None:
-        """Rewritten whole and atomically (it is small): a full disk leaves the previous
-        file intact, never a torn last line."""
-        path = self.run_dir / "metrics.jsonl"
-        old = path.read_bytes() if path.exists() else b""
-        write_atomic(path, old + (json.dumps(record) + "\n").encode("utf-8"))
 
     def rng_state(self) -> dict:
         """The RNG states of a checkpoint, each rank's CUDA generator included (a collective
@@ -421,6 +333,7 @@ class Trainer:
             "epoch": self.progress.epoch,
             "iteration": self.progress.iteration,
             "rng": rng if rng is not None else rng_state([device_rng_state(self.device)]),
+            "file_identity": self.file_identity,
         }
 
 
@@ -432,16 +345,6 @@ def clip_gradients(parameters: list[torch.Tensor], max_norm: float) -> None:
     if total.device.type == "cpu" and bool(max_norm / (total + 1e-6) >= 1.0):  # torch's coefficient
         return
     torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
-
-
-def open_pair_source(cfg: TrainConfig) -> PairSource:
-    if not cfg.rc:  # with caption features too, both sides of training sit in memory
-        return CachedFeatures(cfg.features, preload=cfg.preload or bool(cfg.text_features))
-    from .rc import ImageSource  # torchvision and the image stack: only RC mode pays their import
-
-    return ImageSource(cfg.dataset, cfg.root, cfg.backbone, weights=cfg.backbone_weights,
-                       finetune=cfg.finetune, freeze_bn=cfg.freeze_bn, crop=cfg.crop, seed=cfg.seed,
-                       batch_size=cfg.batch_size, dataset_options=cfg.dataset_options())
 
 
 class CollapseMonitor:

@@ -117,7 +117,9 @@ def test_killed_distributed_run_resumes_exactly_and_only_rank_0_writes(launched)
     assert [r["iteration"] for r in lines] == [3, 6, 7, 9, 12, 14]
     assert full["train_config"]["batch_size"] == PER_RANK
     assert sorted(p.name for p in (out / "full").iterdir()) == ["best.pt", "config.json", "last.pt",
-                                                               "metrics.jsonl", "vocab.json"]
+                                                               "metrics.jsonl", "tb", "vocab.json"]
+    # one event file per start of the run, rank 0's only: the killed run was started twice
+    assert [len(list((out / run / "tb").iterdir())) for run in ("full", "cut")] == [1, 2]
 
 
 def test_vse_train_under_torchrun_trains_rc_mode(launched):

@@ -22,6 +22,7 @@ from click.testing import CliRunner
 
 from cli.main import cli
 from pipeline import distributed, runtime
+from pipeline import factories as factories_module
 from pipeline import train as train_module
 from pipeline.batches import Batch
 from pipeline.captions import CachedCaptionVectors, GRUCaptions
@@ -169,11 +170,11 @@ def test_resume_across_loss_scaling(tiny_cache, tmp_path, monkeypatch, first, se
     """A run saved without loss scaling (CPU, bf16, --no-amp) resumed where fp16 needs it, and
     the other way round.  CPU GradScalers stand in for the GPU's (same state, same code path)."""
     run = tmp_path / "run"
-    monkeypatch.setattr(train_module, "needs_grad_scaler", lambda device, enabled=True: first)
+    monkeypatch.setattr(factories_module, "needs_grad_scaler", lambda device, enabled=True: first)
     Trainer(_config(tiny_cache, run, loss="sh", epochs=1, batch_size=40), **QUIET).fit()
     saved = load_checkpoint(run / "last.pt")["scaler"]
     assert bool(saved) is first
-    monkeypatch.setattr(train_module, "needs_grad_scaler", lambda device, enabled=True: second)
+    monkeypatch.setattr(factories_module, "needs_grad_scaler", lambda device, enabled=True: second)
     said = []
     trainer = Trainer(_config(tiny_cache, run, loss="sh", epochs=2, batch_size=40), resume=True,
                       echo=said.append)

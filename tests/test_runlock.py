@@ -44,7 +44,7 @@ def test_a_second_training_on_a_run_folder_in_use_stops_naming_the_holder(tiny_c
     run = tmp_path / "run"
     assert _train(tiny_cache, run).exit_code == 0
     assert not (run / LOCK_NAME).exists()  # a finished run leaves no lock file
-    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
     holder = _holder(run)
     try:
         for extra in ((), ("--resume", "--epochs", 2)):
@@ -58,7 +58,8 @@ def test_a_second_training_on_a_run_folder_in_use_stops_naming_the_holder(tiny_c
         info = json.loads((run / LOCK_NAME).read_text())
         assert info["pid"] == holder.pid
         # nothing of the run was touched by the refused processes
-        assert {p.name: p.read_bytes() for p in run.iterdir() if p.name != LOCK_NAME} == before
+        assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*")
+                if p.is_file() and p.name != LOCK_NAME} == before
     finally:
         holder.stdin.close()
         holder.wait(timeout=30)
