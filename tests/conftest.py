@@ -58,3 +58,56 @@ def tiny_cache(tmp_path_factory) -> Path:
     splits = {"train": np.arange(24), "dev": np.arange(24, 32), "test": np.arange(32, 40)}
     return write_feature_cache(tmp_path_factory.mktemp("cache") / "tiny.h5", feats, captions,
                                caption_image, splits, image_ids=ids)
+
+
+# ---------------------------------------------------------------------------- training, once
+# The tiny model every training test uses (options a test needs differently it overrides).
+TINY_TRAIN = dict(embed_dim=16, word_dim=8, batch_size=16, lr=5e-3, min_word_count=1, workers=0,
+                  log_every=1, val_every=0)
+QUIET = {"echo": lambda *a, **k: None}
+
+
+def vse(*args):
+    """`vse ARGS` in this process (click's runner); arguments may be paths or numbers."""
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def train(features, run_dir, *extra):
+    """`vse train` of a tiny VSE0 run, one epoch."""
+    return vse("train", "--features", features, "--run-dir", run_dir, "--loss", "sh", "--epochs", 1,
+               "--embed-dim", 8, "--word-dim", 8, "--batch-size", 8, "--min-word-count", 1,
+               "--val-every", 0, "--workers", 0, "--device", "cpu", *extra)
+
+
+def train_run(cache, run_dir, **options):
+    """A finished tiny run (``TINY_TRAIN`` and ``options``) in ``run_dir``."""
+    from pipeline.train import TrainConfig, Trainer
+
+    config = TrainConfig(features=str(cache), run_dir=str(run_dir), **{**TINY_TRAIN, **options})
+    Trainer(config, **QUIET).fit()
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def sh_run(tiny_cache, tmp_path_factory) -> Path:
+    """One finished run shared by every test that only reads one: `vse train` of VSE0 on the tiny
+    cache, one epoch, --deterministic (a no-op on a CPU; recorded in its config)."""
+    run = tmp_path_factory.mktemp("sh_run") / "run"
+    result = train(tiny_cache, run, "--deterministic")
+    assert result.exit_code == 0, result.output
+    return run
+
+
+@pytest.fixture(scope="session")
+def sh_and_mh_runs(tiny_cache, tmp_path_factory) -> Path:
+    """RUNS/sh and RUNS/mh (2 epochs, validated every 3 iterations, mh with 4 negatives): two
+    runs to compare, report and plot."""
+    root = tmp_path_factory.mktemp("two_runs") / "runs"
+    train_run(tiny_cache, root / "sh", loss="sh", epochs=2, val_every=3)
+    train_run(tiny_cache, root / "mh", loss="mh", epochs=2, val_every=3,
+              loss_options={"negative_set_size": 4})
+    return root

@@ -20,10 +20,8 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
-from conftest import demo_captions, write_feature_cache
+from conftest import demo_captions, train, vse, write_feature_cache
 
-from cli.main import cli
 from pipeline.cache import FeatureCache
 
 DEMO = Path(__file__).resolve().parents[1] / "data"
@@ -102,10 +100,6 @@ BROKEN_IMAGES = {
 # ---------------------------------------------------------------------------- running the CLI
 
 
-def vse(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
 def assert_one_error_line(result, path, problem: str) -> None:
     """Exit 1 and exactly ``error: <path>: …<problem>…`` on stderr (no traceback)."""
     assert isinstance(result.exception, SystemExit), result.exc_info  # not a library exception
@@ -118,12 +112,6 @@ def assert_one_error_line(result, path, problem: str) -> None:
 def extract(root: Path, out: Path, *extra):
     return vse("extract", "--dataset", "flickr8k", "--root", root, "--backbone", "tiny", "--out", out,
                "--workers", 0, "--device", "cpu", "--quiet", *extra)
-
-
-def train(features, run_dir, *extra):
-    return vse("train", "--features", features, "--run-dir", run_dir, "--loss", "sh", "--epochs", 1,
-               "--embed-dim", 8, "--word-dim", 8, "--batch-size", 8, "--min-word-count", 1,
-               "--val-every", 0, "--workers", 0, "--device", "cpu", *extra)
 
 
 # ---------------------------------------------------------------------------- images
@@ -263,13 +251,10 @@ def _note(output: str, what: str) -> int:
 # ---------------------------------------------------------------------------- feature caches
 
 
-@pytest.fixture(scope="module")
-def trained(tiny_cache, tmp_path_factory) -> Path:
+@pytest.fixture
+def trained(sh_run) -> Path:
     """best.pt of a one-epoch run on the tiny cache (32-d features of backbone 'synthetic')."""
-    run_dir = tmp_path_factory.mktemp("trained") / "run"
-    result = train(tiny_cache, run_dir)
-    assert result.exit_code == 0, result.output
-    return run_dir / "best.pt"
+    return sh_run / "best.pt"
 
 
 def _tiny_contents(num_images=40):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import vse
 
 from pipeline.datasets import (
     CSV_SPLIT_RATIO,
@@ -62,14 +63,6 @@ def demo_csv(folder: Path, names=NAMES, per_image: int = 3, name: str = "pairs.c
     link_images(folder, names)
     rows = [[f"images/{n}", c] for n in names for c in CAPTIONS[n][:per_image]]
     return write_csv(folder / name, ["filepath", "title"], rows)
-
-
-def _vse(*args):
-    from click.testing import CliRunner
-
-    from cli.main import cli
-
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 # ---------------------------------------------------------------- reading
@@ -282,7 +275,7 @@ def test_bad_options_and_roots_are_one_line_errors(tmp_path):
 def test_extract_writes_the_index_and_the_split_of_the_csv(tmp_path):
     path = demo_csv(tmp_path / "data")
     out = tmp_path / "c.h5"
-    result = _vse("extract", "--dataset", "csv", "--root", path, "--backbone", "tiny", "--workers", "0",
+    result = vse("extract", "--dataset", "csv", "--root", path, "--backbone", "tiny", "--workers", "0",
                   "--quiet", "--out", out)
     assert result.exit_code == 0, result.output
     assert f"wrote {out}: 12 images" in result.output
@@ -306,7 +299,7 @@ def test_extract_writes_the_index_and_the_split_of_the_csv(tmp_path):
     tsv = write_csv(tmp_path / "data" / "pairs.tsv", ["image", "text"],
                     [[f"images/{n}", c] for n in NAMES for c in CAPTIONS[n][:2]], separator="\t")
     other = tmp_path / "t.h5"
-    result = _vse("extract", "--dataset", "csv", "--root", tsv, "--csv-separator", "\\t",
+    result = vse("extract", "--dataset", "csv", "--root", tsv, "--csv-separator", "\\t",
                   "--csv-img-key", "image", "--csv-caption-key", "text", "--split-ratio", "0.5,0.25,0.25",
                   "--split-seed", "7",
                   "--backbone", "tiny", "--workers", "0", "--quiet", "--out", other)
@@ -337,14 +330,14 @@ def test_extract_writes_the_index_and_the_split_of_the_csv(tmp_path):
 def test_extract_refusals_are_one_line_and_write_nothing(tmp_path, args, problem):
     path = demo_csv(tmp_path, NAMES[:2])
     out = tmp_path / "x.h5"
-    result = _vse("extract", "--dataset", "csv", "--root", path, *args, "--backbone", "tiny", "--out", out)
+    result = vse("extract", "--dataset", "csv", "--root", path, *args, "--backbone", "tiny", "--out", out)
     assert result.exit_code == 1 and len(result.output.splitlines()) == 1
     assert result.output.startswith(problem.format(csv=path))
     assert not out.exists() and not (tmp_path / "x.h5.shards").exists()
 
 
 def test_csv_options_go_only_with_dataset_csv(tmp_path):
-    result = _vse("extract", "--dataset", "flickr8k", "--root", DEMO, "--split-seed", "1",
+    result = vse("extract", "--dataset", "flickr8k", "--root", DEMO, "--split-seed", "1",
                   "--backbone", "tiny", "--out", tmp_path / "x.h5")
     assert (result.exit_code, result.output) == (
         1, "error: --split-seed: only for --dataset csv (the flickr8k layout has no such option)\n")
@@ -362,7 +355,7 @@ def test_train_rc_and_evaluate_root_and_relevance_human_on_a_csv(tmp_path):
     column names and a tab separator: the csv options reach the reader, and the same split comes back."""
     path = demo_csv(tmp_path / "data", per_image=2)
     run = tmp_path / "run"
-    result = _vse("train", "--rc", "--dataset", "csv", "--root", path, "--backbone", "tiny", "--run-dir", run,
+    result = vse("train", "--rc", "--dataset", "csv", "--root", path, "--backbone", "tiny", "--run-dir", run,
                   "--epochs", "1", "--batch-size", "4", "--embed-dim", "8", "--word-dim", "4",
                   "--min-word-count", "1", "--val-every", "0", "--workers", "0", "--device", "cpu")
     assert result.exit_code == 0, result.output
@@ -371,7 +364,7 @@ def test_train_rc_and_evaluate_root_and_relevance_human_on_a_csv(tmp_path):
     scores = []
     for root, options in [(path, []), (tsv, ["--csv-separator", "\\t", "--csv-img-key", "image",
                                             "--csv-caption-key", "text"])]:
-        result = _vse("evaluate", "--checkpoint", run / "best.pt", "--dataset", "csv", "--root", root,
+        result = vse("evaluate", "--checkpoint", run / "best.pt", "--dataset", "csv", "--root", root,
                       *options, "--split", "train", "--device", "cpu", "--json")
         assert result.exit_code == 0, result.output
         scores.append(json.loads(result.output))
@@ -389,7 +382,7 @@ def test_train_rc_and_evaluate_root_and_relevance_human_on_a_csv(tmp_path):
     judgments.write_text("image,caption_key,grade\n" + "".join(
         f"{image},{key}#{n},{grade}\n" for image in test_ids for key, grade in zip(test_ids, (1, 0, 0.5))
         for n in range(2)), encoding="utf-8")
-    result = _vse("relevance-human", "--root", tsv, "--dataset", "csv", "--csv-separator", "\\t",
+    result = vse("relevance-human", "--root", tsv, "--dataset", "csv", "--csv-separator", "\\t",
                   "--csv-img-key", "image", "--csv-caption-key", "text", "--split", "train",
                   "--method", "cbow", "--judgments", judgments, "--judgments-format", "csv", "--json",
                   "--device", "cpu")

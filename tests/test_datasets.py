@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import vse
 from PIL import Image
 
 from pipeline.datasets import (
@@ -344,20 +345,12 @@ def karpathy_from_demo(root: Path, splits=(("train", 4), ("val", 1), ("test", 2)
     return path
 
 
-def _vse(*args):
-    from click.testing import CliRunner
-
-    from cli.main import cli
-
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
 def test_cli_takes_the_karpathy_json_as_root(tmp_path):
     """README's `vse extract --dataset karpathy --root path/dataset_flickr8k.json`, then the same
     --root in `train --rc` and `evaluate --root`; a folder of several JSONs is refused by name."""
     path = karpathy_from_demo(tmp_path / "f8k")
     out = tmp_path / "k.h5"
-    result = _vse("extract", "--dataset", "karpathy", "--root", path, "--backbone", "tiny",
+    result = vse("extract", "--dataset", "karpathy", "--root", path, "--backbone", "tiny",
                   "--workers", "0", "--quiet", "--out", out)
     assert result.exit_code == 0, result.output
     assert f"wrote {out}: 7 images" in result.output
@@ -368,13 +361,13 @@ def test_cli_takes_the_karpathy_json_as_root(tmp_path):
         assert cache.attrs["dataset_root"] == str(path.parent.resolve())
         assert cache.captions[:5] == load_dataset("karpathy", path).captions[:5]
     run = tmp_path / "run"
-    result = _vse("train", "--rc", "--dataset", "karpathy", "--root", path, "--backbone", "tiny",
+    result = vse("train", "--rc", "--dataset", "karpathy", "--root", path, "--backbone", "tiny",
                   "--run-dir", run, "--epochs", "1", "--batch-size", "4", "--embed-dim", "8",
                   "--word-dim", "4", "--min-word-count", "1", "--val-every", "0", "--workers", "0",
                   "--device", "cpu")
     assert result.exit_code == 0, result.output
     assert json.loads((run / "config.json").read_text())["root"] == str(path)
-    result = _vse("evaluate", "--checkpoint", run / "best.pt", "--dataset", "karpathy", "--root",
+    result = vse("evaluate", "--checkpoint", run / "best.pt", "--dataset", "karpathy", "--root",
                   path, "--split", "test", "--device", "cpu", "--json")
     assert result.exit_code == 0, result.output
     assert 0 <= json.loads(result.output)["rsum"] <= 600
@@ -384,7 +377,7 @@ def test_cli_takes_the_karpathy_json_as_root(tmp_path):
     for command in (["extract", "--out", tmp_path / "x.h5"],
                     ["train", "--rc", "--run-dir", tmp_path / "run2", "--backbone", "tiny"],
                     ["evaluate", "--checkpoint", run / "best.pt"]):
-        result = _vse(*command, "--dataset", "karpathy", "--root", folder)
+        result = vse(*command, "--dataset", "karpathy", "--root", folder)
         assert result.exit_code == 1, result.output
         assert result.output.strip() == (
             f"error: {folder}: several dataset_*.json (dataset_coco.json, dataset_flickr8k.json): "
@@ -394,26 +387,28 @@ def test_cli_takes_the_karpathy_json_as_root(tmp_path):
 
 def test_cli_root_errors_are_one_line(tmp_path):
     missing = tmp_path / "nowhere"
-    result = _vse("extract", "--dataset", "flickr8k", "--root", missing, "--out", tmp_path / "x.h5")
+    result = vse("extract", "--dataset", "flickr8k", "--root", missing, "--out", tmp_path / "x.h5")
     assert (result.exit_code, result.output) == (1, f"error: {missing}: dataset folder not found\n")
     json_file = karpathy_from_demo(tmp_path)
     for kind in ("flickr8k", "vsepp-precomp"):
-        result = _vse("extract", "--dataset", kind, "--root", json_file, "--out", tmp_path / "x.h5")
+        result = vse("extract", "--dataset", kind, "--root", json_file, "--out", tmp_path / "x.h5")
         assert (result.exit_code, result.output) == (1, (
             f"error: {json_file}: not a folder; only the karpathy layout takes a file "
             "(its dataset_*.json)\n"))
-    result = _vse("evaluate", "--checkpoint", tmp_path / "none.pt", "--root", tmp_path)
+    result = vse("evaluate", "--checkpoint", tmp_path / "none.pt", "--root", tmp_path)
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
 
 
 def test_one_root_option_definition():
-    """extract, train and evaluate share cli.dataset_root's --root (one type, one help text)."""
+    """Every command with a --root shares cli.dataset_root's (one type, one help text)."""
     from cli.dataset_root import DATASET_ROOT, ROOT_HELP
     from cli.main import cli
 
-    for name in ("extract", "train", "evaluate"):
-        (root,) = [p for p in cli.commands[name].params if p.name == "root"]
-        assert root.type is DATASET_ROOT and root.help.endswith(ROOT_HELP)
+    with_root = {name: [p for p in cli.commands[name].params if p.name == "root"] for name in cli.commands}
+    with_root = {name: params for name, params in with_root.items() if params}
+    assert set(with_root) == {"extract", "train", "sweep", "evaluate", "relevance-human"}
+    for name, (root,) in with_root.items():
+        assert root.type is DATASET_ROOT and root.help.endswith(ROOT_HELP), name
 
 
 # ---------------------------------------------------------------- vsepp-precomp
@@ -484,7 +479,7 @@ def test_scan_region_features_are_refused_in_one_line(tmp_path):
     write_precomp(tmp_path, "test", 2)
     np.save(tmp_path / "test_ims.npy", np.zeros((2, 36, 2048), np.float32))
     out = tmp_path / "cache.h5"
-    result = _vse("extract", "--dataset", "vsepp-precomp", "--root", tmp_path, "--out", out)
+    result = vse("extract", "--dataset", "vsepp-precomp", "--root", tmp_path, "--out", out)
     assert (result.exit_code, result.output) == (1, (
         f"error: {tmp_path / 'test_ims.npy'}: shape (2, 36, 2048): region features (36 regions × "
         "2048, SCAN style) are not supported; vsepp-precomp needs one feature vector per image "

@@ -17,6 +17,8 @@ from pipeline.checkpoint import load_checkpoint
 from pipeline.relevance.stage import build_relevance
 from pipeline.train import TrainConfig, Trainer
 
+pytestmark = pytest.mark.slow  # processes, real images or servers: `pytest -m "not slow"` skips them
+
 ROOT = Path(__file__).resolve().parents[1]
 WORLD = 2
 PER_RANK = 8

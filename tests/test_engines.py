@@ -21,6 +21,7 @@ from pipeline.extract import ExtractOptions, extract_features
 
 IMAGES = Path(__file__).resolve().parents[2] / "shared" / "data" / "flickr8k" / "images"
 pytestmark = [
+    pytest.mark.slow,  # real photos through two engines: `pytest -m "not slow"` skips them
     pytest.mark.skipif(not IMAGES.is_dir(), reason="needs ../shared/data/flickr8k beside the repository"),
     pytest.mark.skipif(not engines.onnxruntime_installed(),
                        reason="needs the onnx extra (onnx, onnxruntime)"),

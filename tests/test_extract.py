@@ -28,8 +28,9 @@ from pipeline.errors import VseError
 from pipeline.extract import ExtractOptions, extract_features, import_precomputed
 
 IMAGES = Path(__file__).resolve().parents[2] / "shared" / "data" / "flickr8k" / "images"
-pytestmark = pytest.mark.skipif(not IMAGES.is_dir(),
-                                reason="needs ../shared/data/flickr8k beside the repository")
+pytestmark = [pytest.mark.slow,  # real images through CNNs: `pytest -m "not slow"` skips them
+              pytest.mark.skipif(not IMAGES.is_dir(),
+                                 reason="needs ../shared/data/flickr8k beside the repository")]
 VENV_BIN = Path(sys.executable).parent
 DOG = "1024138940_f1fefbdce1.jpg"  # a dog filling the frame (captions: "a dog ...")
 

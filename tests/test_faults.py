@@ -44,6 +44,8 @@ import numpy as np
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # processes, real images or servers: `pytest -m "not slow"` skips them
+
 ROOT = Path(__file__).resolve().parents[1]
 KILLED = -signal.SIGKILL
 PRELOAD = ("pipeline.extract", "pipeline.train", "pipeline.evaluation", "pipeline.relevance.stage",

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import QUIET, TINY_TRAIN
 
 from cli.main import cli
 from pipeline import distributed, runtime
@@ -33,13 +34,9 @@ from pipeline.train import TrainConfig, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-TINY = {"embed_dim": 16, "word_dim": 8, "batch_size": 16, "lr": 5e-3, "min_word_count": 1, "val_every": 0,
-        "workers": 0, "log_every": 1}
-QUIET = {"echo": lambda *a: None}
-
 
 def _config(cache, run_dir, **overrides) -> TrainConfig:
-    return TrainConfig(features=str(cache), run_dir=str(run_dir), **{**TINY, **overrides})
+    return TrainConfig(features=str(cache), run_dir=str(run_dir), **{**TINY_TRAIN, **overrides})
 
 
 @pytest.fixture
@@ -258,15 +255,9 @@ def test_only_rank_0_speaks_at_set_up(tiny_cache, tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------- 8 evaluation precision
 
 
-@pytest.fixture(scope="module")
-def trained(tiny_cache, tmp_path_factory):
-    run = tmp_path_factory.mktemp("trained") / "run"
-    result = CliRunner().invoke(cli, ["train", "--features", str(tiny_cache), "--run-dir", str(run),
-                                      "--loss", "sh", "--epochs", "1", "--embed-dim", "16", "--word-dim", "8",
-                                      "--batch-size", "16", "--min-word-count", "1", "--val-every", "0",
-                                      "--device", "cpu", "--deterministic"])
-    assert result.exit_code == 0, result.output
-    return run
+@pytest.fixture
+def trained(sh_run):
+    return sh_run
 
 
 def test_evaluation_and_validation_run_in_fp32_unless_asked(trained, tiny_cache, tmp_path, monkeypatch):

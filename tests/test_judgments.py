@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import DEMO_DATA, SHARED_FLICKR8K
+from conftest import DEMO_DATA, SHARED_FLICKR8K, vse
 from scipy.stats import kendalltau, spearmanr
 
 from pipeline.errors import VseError
@@ -312,14 +312,6 @@ def judged_run(tmp_path_factory):
     return root / "runs" / "mh" / "best.pt", cache, judgments
 
 
-def _vse(*args):
-    from click.testing import CliRunner
-
-    from cli.main import cli
-
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
 def test_evaluate_checkpoint_and_npz_and_runs_give_the_same_human_columns(judged_run, tmp_path):
     import json
 
@@ -329,7 +321,7 @@ def test_evaluate_checkpoint_and_npz_and_runs_give_the_same_human_columns(judged
 
     checkpoint, cache, judgments = judged_run
     common = ["--judgments", judgments, "--judgments-format", "csv", "--device", "cpu"]
-    single = _vse("evaluate", "--checkpoint", checkpoint, "--features", cache, "--json", *common)
+    single = vse("evaluate", "--checkpoint", checkpoint, "--features", cache, "--json", *common)
     assert single.exit_code == 0, single.output
     got = json.loads(single.stdout)
     total = len(judgments.read_text().splitlines()) - 1
@@ -345,19 +337,19 @@ def test_evaluate_checkpoint_and_npz_and_runs_give_the_same_human_columns(judged
         np.savez(npz, images=emb.images, captions=emb.captions,
                  image_ids=np.array([c.image_ids[r] for r in emb.image_rows]),
                  caption_keys=np.array([keys[r] for r in emb.caption_rows]))
-    from_npz = _vse("evaluate", "--embeddings", npz, "--json", *common)
+    from_npz = vse("evaluate", "--embeddings", npz, "--json", *common)
     assert from_npz.exit_code == 0, from_npz.output
     assert json.loads(from_npz.stdout) == pytest.approx(got, abs=1e-6, nan_ok=True)
-    table = _vse("evaluate", "--embeddings", npz, *common)
+    table = vse("evaluate", "--embeddings", npz, *common)
     assert "human judgments:" in table.stdout and "image→text  tau" in table.stdout
     # batch evaluation: the same human_* columns in results.csv, and `vse report --columns human`
     out = tmp_path / "results.csv"
-    batch = _vse("evaluate", "--runs", checkpoint.parent, "--out", out, *common)
+    batch = vse("evaluate", "--runs", checkpoint.parent, "--out", out, *common)
     assert batch.exit_code == 0, batch.output
     row = read_results(out)[0]
     assert {k: v for k, v in row.items() if k.startswith("human_")} == \
         pytest.approx({k: v for k, v in got.items() if k.startswith("human_")}, abs=1e-6, nan_ok=True)
-    report = _vse("report", out, "--columns", "human")
+    report = vse("report", out, "--columns", "human")
     assert report.exit_code == 0, report.output
     header = report.stdout.splitlines()[0]
     for column in ("Caption (human) tau", "Caption (human) NDCG@10", "Image (human) R@5", "Image (human) R-P",
@@ -369,17 +361,17 @@ def test_evaluate_checkpoint_and_npz_and_runs_give_the_same_human_columns(judged
 def test_judgment_errors_are_one_line(judged_run, tmp_path):
     checkpoint, cache, _ = judged_run
     elsewhere = write(tmp_path, "elsewhere.txt", "x.jpg\tx.jpg#0\t1\t3\t0\n")
-    result = _vse("evaluate", "--checkpoint", checkpoint, "--features", cache, "--judgments", elsewhere)
+    result = vse("evaluate", "--checkpoint", checkpoint, "--features", cache, "--judgments", elsewhere)
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [
         f"error: {elsewhere}: none of its 1 judged pairs is in the evaluated split (8 images, e.g. "
         f"{demo_ids()[32]}; first pair x.jpg / x.jpg#0)"]
     bare = tmp_path / "bare.npz"
     np.savez(bare, images=np.eye(2, 4), captions=np.ones((10, 4)))
-    result = _vse("evaluate", "--embeddings", bare, "--judgments", elsewhere)
+    result = vse("evaluate", "--embeddings", bare, "--judgments", elsewhere)
     assert result.exit_code == 1 and "lacks image_ids, caption_keys" in result.output
     assert len(result.output.strip().splitlines()) == 1
-    result = _vse("evaluate", "--embeddings", bare, "--judgments-threshold", "2")
+    result = vse("evaluate", "--embeddings", bare, "--judgments-threshold", "2")
     assert result.exit_code == 2 and "--judgments-threshold goes with --judgments" in result.output
 
 
@@ -406,7 +398,7 @@ def test_evaluate_an_rc_checkpoint_on_images_with_judgments(tmp_path):
     rows = [(q, f"{c}#{n}", (q == c) + n % 2) for q in test for c in test for n in (0, 3)]
     judgments = write(tmp_path, "j.csv",
                       "image,caption_key,grade\n" + "".join(f"{q},{k},{g}\n" for q, k, g in rows))
-    result = _vse("evaluate", "--checkpoint", tmp_path / "rc" / "best.pt", "--root", root, "--json",
+    result = vse("evaluate", "--checkpoint", tmp_path / "rc" / "best.pt", "--root", root, "--json",
                   "--judgments", judgments, "--judgments-format", "csv", "--judgments-threshold", "1",
                   "--device", "cpu")
     assert result.exit_code == 0, result.output
@@ -421,7 +413,7 @@ def test_gallery_marks_the_captions_people_accepted(judged_run, tmp_path):
     out = tmp_path / "gallery.html"
     # every test image and caption as a query, every candidate shown: each accepted pair appears
     # once among an image's captions and once among a caption's images
-    result = _vse("gallery", "--checkpoint", checkpoint, "--features", cache, "--n", 40, "--k", 40,
+    result = vse("gallery", "--checkpoint", checkpoint, "--features", cache, "--n", 40, "--k", 40,
                   "--judgments", judgments, "--judgments-format", "csv", "--device", "cpu", "--out", out)
     assert result.exit_code == 0, result.output
     page = out.read_text(encoding="utf-8")
@@ -434,7 +426,7 @@ def test_gallery_marks_the_captions_people_accepted(judged_run, tmp_path):
     assert page.count('<li class="human">') == accepted_other
     assert page.count('class="result human"') == accepted_other
     assert "accepted by people" in page and "li.human, span.human {" in page
-    plain = _vse("gallery", "--checkpoint", checkpoint, "--features", cache, "--device", "cpu",
+    plain = vse("gallery", "--checkpoint", checkpoint, "--features", cache, "--device", "cpu",
                  "--out", tmp_path / "plain.html")
     assert plain.exit_code == 0 and 'class="human"' not in (tmp_path / "plain.html").read_text()
 
@@ -451,7 +443,7 @@ def test_relevance_methods_scored_by_people_follow_the_ladder_rule(judged_run, t
     stored = tmp_path / "cbow.h5"
     build_relevance(cache, "cbow", stored, device="cpu")
     out = tmp_path / "human_relevance.json"
-    result = _vse("relevance-human", "--features", cache, "--method", "cbow", "--method", "svd", "--k", 20,
+    result = vse("relevance-human", "--features", cache, "--method", "cbow", "--method", "svd", "--k", 20,
                   "--relevance", stored, "--judgments", judgments, "--judgments-format", "csv", "--json",
                   "--out", out, "--device", "cpu")
     assert result.exit_code == 0, result.output
@@ -484,11 +476,11 @@ def test_relevance_methods_scored_by_people_follow_the_ladder_rule(judged_run, t
     taus = [kendalltau(rel[images == q], grades[images == q]).statistic for q in np.unique(images)
             if (images == q).sum() >= 3 and len(set(grades[images == q])) >= 2]
     assert methods["cbow"]["tau"] == pytest.approx(np.nanmean(taus), abs=1e-6)
-    table = _vse("relevance-human", "--features", cache, "--method", "cbow", "--judgments", judgments,
+    table = vse("relevance-human", "--features", cache, "--method", "cbow", "--judgments", judgments,
                  "--judgments-format", "csv", "--out", out, "--device", "cpu")
     assert table.exit_code == 0 and "| cbow |" in table.stdout
     foreign = write(tmp_path, "notes.json", "{}")
-    refused = _vse("relevance-human", "--features", cache, "--method", "cbow", "--judgments", judgments,
+    refused = vse("relevance-human", "--features", cache, "--method", "cbow", "--judgments", judgments,
                    "--judgments-format", "csv", "--out", foreign)
     assert refused.exit_code == 1 and "--overwrite replaces it" in refused.output
     assert foreign.read_text() == "{}"
@@ -507,22 +499,22 @@ def test_relevance_human_out_refuses_a_foreign_file_and_replaces_its_own_report(
     out = tmp_path / "report.json"
     common = ["relevance-human", "--features", cache, "--judgments", judgments, "--judgments-format", "csv",
               "--device", "cpu", "--out", out]
-    first = _vse(*common, "--relevance", stored)
+    first = vse(*common, "--relevance", stored)
     assert first.exit_code == 0, first.output
     assert output_format(out) == REPORT_FORMAT
     report = json.loads(out.read_text())
     assert list(report)[:2] == ["format", "command"] and report["judgments_format"] == "csv"
     # its own earlier report is replaced
-    again = _vse(*common, "--relevance", stored, "--judgments-threshold", "0.9")
+    again = vse(*common, "--relevance", stored, "--judgments-threshold", "0.9")
     assert again.exit_code == 0, again.output
     assert json.loads(out.read_text())["threshold"] == 0.9 and report["threshold"] == 0.5
     # anything else is refused, untouched, before any work; --overwrite replaces it
     for text in ("{}", '{"format": "vse-results"}\n', "notes\n"):
         out.write_text(text)
-        refused = _vse(*common, "--relevance", stored)
+        refused = vse(*common, "--relevance", stored)
         assert refused.exit_code == 1 and out.read_text() == text
         kind = "format 'vse-results'" if "vse-results" in text else "a file vse did not write"
         assert refused.output.splitlines() == [
             f"error: {out}: exists and is not a vse relevance-human report ({kind}); --overwrite replaces it"]
-    replaced = _vse(*common, "--relevance", stored, "--overwrite")
+    replaced = vse(*common, "--relevance", stored, "--overwrite")
     assert replaced.exit_code == 0 and json.loads(out.read_text())["format"] == REPORT_FORMAT

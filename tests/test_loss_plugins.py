@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import TINY_TRAIN
 
 from cli.main import cli
 from pipeline.checkpoint import load_checkpoint
@@ -23,9 +24,6 @@ from pipeline.train import TrainConfig, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "examples/infonce_learnable_tau.py:LearnableTemperatureInfoNCE"
-TINY = dict(embed_dim=16, word_dim=8, batch_size=16, lr=5e-3, min_word_count=1, val_every=0,
-            workers=0, log_every=1, epochs=1)
-
 
 @pytest.fixture(autouse=True)
 def _at_the_repository_root(monkeypatch):
@@ -117,7 +115,7 @@ def test_train_a_plug_in_then_evaluate_without_it(tiny_cache, tmp_path):
     runner = CliRunner()
     args = ["train", "--features", str(tiny_cache), "--run-dir", str(run), "--loss", spec,
             "--loss-option", "tau=0.1"]
-    for key, value in TINY.items():
+    for key, value in {**TINY_TRAIN, "epochs": 1}.items():
         if key != "log_every":  # no such flag
             args += [f"--{key.replace('_', '-')}", str(value)]
     result = runner.invoke(cli, args)
@@ -136,7 +134,7 @@ def test_train_a_plug_in_then_evaluate_without_it(tiny_cache, tmp_path):
 
 def test_the_loss_parameters_are_optimised_and_resumed(tiny_cache, tmp_path):
     config = TrainConfig(features=str(tiny_cache), run_dir=str(tmp_path / "run"), loss=EXAMPLE,
-                         **TINY)
+                         epochs=1, **TINY_TRAIN)
     trainer = Trainer(config, echo=lambda *a: None)
     scale = trainer.loss.log_scale
     assert any(q is scale for group in trainer.optimizer.param_groups for q in group["params"])
@@ -150,7 +148,7 @@ def test_order_code_form_is_carried_into_the_checkpoint_and_evaluation(tiny_cach
     from pipeline.metrics import evaluate_embeddings
 
     config = TrainConfig(features=str(tiny_cache), run_dir=str(tmp_path / "run"), loss="order",
-                         loss_options={"squared": False}, **TINY)
+                         loss_options={"squared": False}, epochs=1, **TINY_TRAIN)
     Trainer(config, echo=lambda *a: None).fit()
     state = load_checkpoint(tmp_path / "run" / "best.pt")
     assert state["model_config"]["similarity"] == "order-norm"

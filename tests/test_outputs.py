@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_bad_inputs import assert_one_error_line, extract, flickr8k_layout, train, vse
+from conftest import train, vse
+from test_bad_inputs import assert_one_error_line, extract, flickr8k_layout
 
 from pipeline.fsutil import output_format
 
@@ -22,12 +23,9 @@ def f8k(tmp_path_factory) -> Path:
     return flickr8k_layout(tmp_path_factory.mktemp("f8k"), 6)
 
 
-@pytest.fixture(scope="module")
-def run_dir(tiny_cache, tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("runs") / "sh"
-    result = train(tiny_cache, run)
-    assert result.exit_code == 0, result.output
-    return run
+@pytest.fixture
+def run_dir(sh_run) -> Path:
+    return sh_run
 
 
 def _relevance(cache, out, *extra):

@@ -262,11 +262,25 @@ def test_batch_relevance_is_the_submatrix_of_all_cosines(svd_file):
         BatchRelevance(out, num_captions=5000)
 
 
-def test_any_callable_is_a_relevance_fn():
+def test_any_function_of_caption_indices_serves_as_the_batch_relevance():
+    """A plain function (B,) → (B, B) stands where a BatchRelevance does: a loss that uses
+    relevance computes the same value from either."""
+    from pipeline.losses import build_loss
+
     def constant(indices):
         return torch.ones(len(indices), len(indices))
 
     assert isinstance(constant, RelevanceFn)
+    stored = BatchRelevance(np.full((6, 4), 0.5, dtype=np.float32))  # unit rows, every cosine 1
+    idx = torch.tensor([0, 3, 5, 2])
+    torch.testing.assert_close(stored(idx), constant(idx))
+    g = torch.Generator().manual_seed(0)
+    img, cap = (torch.nn.functional.normalize(torch.randn(4, 8, generator=g), dim=1) for _ in range(2))
+    loss = build_loss("lseh")
+    assert loss(img, cap, relevance=constant(idx)).item() == pytest.approx(
+        loss(img, cap, relevance=stored(idx)).item(), abs=1e-6)
+    assert loss(img, cap, relevance=constant(idx)).item() != pytest.approx(
+        loss(img, cap, relevance=torch.zeros(4, 4)).item())  # the relevance is read
 
 
 def test_relevance_file_round_trips_cbow_plus_bert(tmp_path, tiny_cache):

@@ -1,32 +1,26 @@
 """Batch evaluation (`vse evaluate --runs`), results.csv, the papers' tables and the plots."""
 
 import json
+import shutil
 
 import pytest
 from click.testing import CliRunner
+from conftest import train_run
 
 from cli.main import cli
 from pipeline.errors import VseError
 from pipeline.report import format_results, read_results, write_results
 from pipeline.runs import find_runs, fractional_epochs, read_validation_log, run_names
-from pipeline.train import TrainConfig, Trainer
-
-TINY = dict(embed_dim=16, word_dim=8, batch_size=16, lr=5e-3, min_word_count=1, workers=0, log_every=1)
-
-
-def _train(cache, run_dir, **options):
-    Trainer(TrainConfig(features=str(cache), run_dir=str(run_dir), **{**TINY, **options}),
-            echo=lambda *a: None).fit()
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_cache, tmp_path_factory):
+def runs(tiny_cache, sh_and_mh_runs, tmp_path_factory):
     """runs/{sh,mh} (2 epochs, validated every 3 iterations), a nested sweep run, a run with
     a truncated best.pt and one that never reached a validation."""
     root = tmp_path_factory.mktemp("report") / "runs"
-    _train(tiny_cache, root / "sh", loss="sh", epochs=2, val_every=3)
-    _train(tiny_cache, root / "mh", loss="mh", epochs=2, val_every=3, loss_options={"negative_set_size": 4})
-    _train(tiny_cache, root / "grid" / "loss=mh,seed=1", loss="mh", epochs=1, val_every=0, seed=1)
+    for name in ("sh", "mh"):
+        shutil.copytree(sh_and_mh_runs / name, root / name)
+    train_run(tiny_cache, root / "grid" / "loss=mh,seed=1", loss="mh", epochs=1, seed=1)
     (root / "broken").mkdir()
     (root / "broken" / "config.json").write_text((root / "sh" / "config.json").read_text())
     (root / "broken" / "best.pt").write_bytes((root / "sh" / "best.pt").read_bytes()[:2000])

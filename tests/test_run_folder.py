@@ -12,7 +12,7 @@ import shutil
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import demo_captions, write_feature_cache
+from conftest import QUIET, TINY_TRAIN, demo_captions, write_feature_cache
 
 from cli.main import cli
 from pipeline.checkpoint import load_checkpoint
@@ -21,13 +21,9 @@ from pipeline.errors import VseError
 from pipeline.runs import DONE_MARKER, REPLACING, RunFolder
 from pipeline.train import Trainer
 
-TINY = dict(embed_dim=16, word_dim=8, batch_size=16, lr=5e-3, min_word_count=1, workers=0, log_every=1,
-            device="cpu")
-QUIET = {"echo": lambda *a, **k: None}
-
 
 def _config(cache, run_dir, **overrides) -> TrainConfig:
-    return TrainConfig(features=str(cache), run_dir=str(run_dir), **{**TINY, "val_every": 0, **overrides})
+    return TrainConfig(features=str(cache), run_dir=str(run_dir), **{**TINY_TRAIN, **overrides})
 
 
 def _files(run) -> dict:

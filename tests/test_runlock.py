@@ -19,6 +19,8 @@ from pipeline.errors import VseError
 from pipeline.runlock import LOCK_NAME, RunLock
 from pipeline.runs import find_runs
 
+pytestmark = pytest.mark.slow  # processes, real images or servers: `pytest -m "not slow"` skips them
+
 ROOT = Path(__file__).resolve().parents[1]
 HOLD = ("import sys; from pipeline.runlock import RunLock; lock = RunLock(sys.argv[1]).acquire(); "
         "print('held', flush=True); sys.stdin.read()")

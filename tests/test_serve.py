@@ -33,6 +33,8 @@ from pipeline.search import QueryLimits, Searcher
 from pipeline.search_index import IndexOptions, SearchIndex, build_index
 from pipeline.serve import DEFAULT_HOST, create_app
 
+pytestmark = pytest.mark.slow  # processes, real images or servers: `pytest -m "not slow"` skips them
+
 CHROMIUM = shutil.which("chromium") or next((p for p in ("/usr/bin/chromium",) if Path(p).is_file()), None)
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync"]

@@ -15,11 +15,7 @@ from pipeline.report import format_results, seed_groups
 from pipeline.runs import config_id
 from pipeline.stats import mean_std, paired_permutation_test, recall_hits, welch_greater
 from pipeline.sweep import load_sweep
-from pipeline.train import TrainConfig, Trainer
-
-TINY = dict(embed_dim=16, word_dim=8, batch_size=16, lr=5e-3, min_word_count=1, workers=0, log_every=1,
-            val_every=0)
-
+from pipeline.train import TrainConfig
 
 # ---------------------------------------------------------------------------- statistics
 
@@ -156,13 +152,9 @@ def test_sweep_seeds_repeat_each_grid_point(tmp_path, tiny_cache):
 # ---------------------------------------------------------------------------- vse compare
 
 
-@pytest.fixture(scope="module")
-def two_runs(tiny_cache, tmp_path_factory):
-    root = tmp_path_factory.mktemp("compare")
-    for name, loss in (("sh", "sh"), ("mh", "mh")):
-        Trainer(TrainConfig(features=str(tiny_cache), run_dir=str(root / name), loss=loss, epochs=2, **TINY),
-                echo=lambda *a: None).fit()
-    return root
+@pytest.fixture
+def two_runs(sh_and_mh_runs):
+    return sh_and_mh_runs
 
 
 def test_compare_gives_the_evaluated_differences(two_runs, tiny_cache):

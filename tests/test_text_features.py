@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import demo_captions, learnable_features, write_feature_cache
+from conftest import QUIET, TINY_TRAIN, demo_captions, learnable_features, write_feature_cache
 
 from cli.main import cli
 from pipeline.cache import FeatureCache
@@ -19,9 +19,6 @@ from pipeline.index import caption_fingerprint
 from pipeline.losses import LOSS_NAMES
 from pipeline.models import VectorTextEncoder
 from pipeline.train import TrainConfig, Trainer
-
-TINY = dict(embed_dim=16, batch_size=16, lr=5e-3, val_every=0, workers=0, log_every=1)
-QUIET = dict(echo=lambda *a: None)
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +40,7 @@ def tiny_relevance(tiny_cache, tmp_path_factory):
 
 def _config(tiny_cache, tiny_text, run_dir, **overrides):
     return TrainConfig(features=str(tiny_cache), text_features=str(tiny_text), run_dir=str(run_dir),
-                       **{**TINY, **overrides})
+                       **{**TINY_TRAIN, **overrides})
 
 
 # ------------------------------------------------------------------------------ encode-text
@@ -166,8 +163,8 @@ def test_resume_with_text_features_gives_the_same_weights(tiny_cache, tiny_text,
         assert torch.equal(value, cut["model"][key]), key
 
     with pytest.raises(VseError, match="may not change text_features"):
-        Trainer(TrainConfig(features=str(tiny_cache), run_dir=str(tmp_path / "cut"), **{**TINY, **opts}),
-                resume=True)
+        Trainer(TrainConfig(features=str(tiny_cache), run_dir=str(tmp_path / "cut"),
+                            **{**TINY_TRAIN, **opts}), resume=True)
 
 
 @pytest.mark.parametrize("loss", LOSS_NAMES)

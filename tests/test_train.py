@@ -7,19 +7,16 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import demo_captions, learnable_features, write_feature_cache
+from conftest import TINY_TRAIN, demo_captions, learnable_features, write_feature_cache
 
 from cli.main import cli
 from pipeline.checkpoint import load_checkpoint
 from pipeline.errors import VseError
 from pipeline.train import TrainConfig, Trainer
 
-TINY = dict(embed_dim=16, word_dim=8, batch_size=16, lr=5e-3, min_word_count=1, val_every=0,
-            workers=0, log_every=1)
-
 
 def _config(tiny_cache, run_dir, **overrides):
-    return TrainConfig(features=str(tiny_cache), run_dir=str(run_dir), **{**TINY, **overrides})
+    return TrainConfig(features=str(tiny_cache), run_dir=str(run_dir), **{**TINY_TRAIN, **overrides})
 
 
 def test_training_learns_and_writes_run_files(tiny_cache, tmp_path):
