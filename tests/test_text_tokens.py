@@ -22,7 +22,8 @@ from pipeline.caption_features import (
 )
 from pipeline.errors import VseError
 from pipeline.index import caption_fingerprint
-from pipeline.relevance.encoders import TOKEN_DEFINITIONS, ragged_rows
+from pipeline.relevance.encoders import TOKEN_DEFINITIONS
+from pipeline.relevance.vectors import ragged_rows
 
 FLOAT16_HALF_ULP = 2.0 ** -11  # relative rounding of a value stored as float16
 

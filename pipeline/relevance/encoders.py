@@ -67,17 +67,6 @@ def encode_caption_tokens(captions, encoder: str, device="auto", batch_size: int
     return EncodedTokens(*bert_token_vectors(captions, device, batch_size))
 
 
-def ragged_rows(offsets: np.ndarray, ids) -> tuple[np.ndarray, np.ndarray]:
-    """The rows of items ``ids`` of a ragged array (item j is rows ``offsets[j]:offsets[j+1]``),
-    item after item: (rows (sum of lengths,) int64, lengths (len(ids),) int64). No Python loop."""
-    ids = np.asarray(ids, dtype=np.int64)
-    starts = offsets[ids]
-    lengths = offsets[ids + 1] - starts
-    firsts = np.cumsum(lengths) - lengths  # where each item's rows begin in the output
-    total = int(lengths.sum())
-    return np.repeat(starts - firsts, lengths) + np.arange(total), lengths
-
-
 def encoder_identity(encoder: str) -> dict:
     """The model, weights and packages behind ``encoder``'s vectors (no device, no path)."""
     _check(encoder)

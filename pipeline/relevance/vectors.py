@@ -60,3 +60,14 @@ def relevance_matrix(queries: torch.Tensor, candidates: torch.Tensor,
         coarse = coarse_queries.float() @ coarse_candidates.float().T
         rel = rel.masked_fill(coarse < threshold, 0.0)
     return rel
+
+
+def ragged_rows(offsets: np.ndarray, ids) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of items ``ids`` of a ragged array (item j is rows ``offsets[j]:offsets[j+1]``),
+    item after item: (rows (sum of lengths,) int64, lengths (len(ids),) int64). No Python loop."""
+    ids = np.asarray(ids, dtype=np.int64)
+    starts = offsets[ids]
+    lengths = offsets[ids + 1] - starts
+    firsts = np.cumsum(lengths) - lengths  # where each item's rows begin in the output
+    total = int(lengths.sum())
+    return np.repeat(starts - firsts, lengths) + np.arange(total), lengths
