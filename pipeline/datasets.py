@@ -935,15 +935,22 @@ def _read_precomp_features(path: Path, num_captions: int) -> np.ndarray:
         features = np.load(_require_file(path), mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError) as exc:
         raise VseError(f"not a readable .npy array ({exc})", path) from None
-    if features.ndim != 2:
-        # SCAN / bottom-up-attention "precomp" folders use VSE++'s file names for (N, 36, 2048)
-        # region features. Refused rather than pooled: no published VSE++-family number was
-        # measured on pooled regions, and the models here take one vector per image.
-        what = (f"region features ({features.shape[1]} regions × {features.shape[2]}, SCAN style) "
-                "are not supported" if features.ndim == 3 else "not a 2-D array")
-        raise VseError(f"shape {features.shape}: {what}; vsepp-precomp needs one feature "
-                       "vector per image (or per caption), shape (rows, D)", path)
+    if features.ndim not in (2, 3):
+        raise VseError(f"shape {features.shape}: not (rows, D) vectors nor (rows, K, D) sets of regions",
+                       path)
     num_images = num_captions // PRECOMP_CAPTIONS_PER_IMAGE
+    if features.ndim == 3:
+        # SCAN / bottom-up-attention "precomp" folders: (N, 36, 2048) region features under VSE++'s
+        # file names, one set per image, read in place (memory-mapped; never loaded or copied whole)
+        if 0 in features.shape[1:]:
+            raise VseError(f"shape {features.shape}: a set of regions needs K >= 1 members of D >= 1", path)
+        if features.dtype not in (np.float32, np.float16) or not features.flags.c_contiguous:
+            raise VseError(f"regions must be a C-order float32 or float16 array, not {features.dtype}"
+                           f"{'' if features.flags.c_contiguous else ' in Fortran order'}", path)
+        if len(features) != num_images:
+            raise VseError(f"shape {features.shape} does not match {num_captions} captions (region sets "
+                           f"come one per image: expected {num_images} rows)", path)
+        return features
     if len(features) not in (num_images, num_captions):
         raise VseError(f"shape {features.shape} does not match {num_captions} captions "
                        f"(expected {num_images} or {num_captions} rows)", path)

@@ -15,7 +15,7 @@ GB (about 1.2 million page faults over the first two calls) and ran at half the 
 same crops in calls of 32.  Features do not depend on that split, nor on the thread count
 (measured bit-identical for Lite0 and Lite2 here; the tests allow EXPORT_TOLERANCE).
 
-The exported graph is a cache: ``<onnx dir>/<backbone>-<weights sha256[:16]>-<input size>.onnx``,
+The exported graph is a cache: ``<onnx dir>/<backbone>-<weights sha256[:16]>-<input size>[-grid].onnx``,
 built on first use (checked against torch on a random batch, then written atomically), reused
 after; a file under that name is only ever a complete graph of those weights.  When it cannot
 be written (a full disk, a read-only folder) the run goes on from the graph in memory.
@@ -155,7 +155,8 @@ def build_engine(name: str, backbone: Backbone, device: torch.device, onnx_dir=N
 def graph_path(backbone: Backbone, onnx_dir) -> Path:
     """Where the graph of these weights at this input size lives (the weights' digest is the key)."""
     size = backbone.preprocessing.image_size
-    return Path(onnx_dir) / f"{backbone.name}-{backbone.weights_sha256[:16]}-{size}.onnx"
+    output = "" if backbone.grid is None else "-grid"  # the feature map's cells, not their mean
+    return Path(onnx_dir) / f"{backbone.name}-{backbone.weights_sha256[:16]}-{size}{output}.onnx"
 
 
 def export_graph(backbone: Backbone) -> bytes:

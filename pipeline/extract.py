@@ -35,7 +35,14 @@ from tqdm import tqdm
 
 from . import distributed, runtime
 from .backbones import load_backbone
-from .cache import DEFAULT_SHARD_SIZE, ShardedWriter, guard_cache_outputs, shards_dir
+from .cache import (
+    DEFAULT_SHARD_SIZE,
+    RawSegment,
+    ShardedWriter,
+    guard_cache_outputs,
+    shards_dir,
+    write_external_cache,
+)
 from .crops import CropPlan
 from .datasets import Dataset, open_image
 from .engines import build_engine, engine_precision, engine_version, resolve_engine
@@ -59,6 +66,8 @@ class ExtractOptions:
     overwrite: bool = False  # replace an --out (or shard) that is not a vse feature cache
     engine: str = "auto"  # pipeline.engines.ENGINES
     onnx_dir: str | None = None  # exported ONNX graphs; None → <folder of out>/onnx
+    grid: bool = False  # keep the last feature map's cells as a set (N, h·w, D), not their mean
+    input_scale: float = 1.0  # the network's input (and resize) × this: a larger map (VSE∞)
 
 
 @dataclass
@@ -69,6 +78,7 @@ class ExtractResult:
     num_images: int
     feature_dim: int
     num_shards: int
+    set_size: int | None = None  # K of a cache of sets
     shards_computed: int = 0
     images_computed: int = 0
     seconds: float = 0.0  # wall time of the compute loop
@@ -91,10 +101,14 @@ def extract_features(dataset: Dataset, out, splits=None, options: ExtractOptions
                        "(use the vsepp-precomp import)", dataset.root)
     if options.batch_size < 1:
         raise VseError(f"--batch-size must be at least 1, not {options.batch_size}")
+    if options.grid and options.crops != 1:
+        raise VseError("--grid keeps one image's feature map as a set; the maps of 10 crops (corners, "
+                       "flips) do not line up cell by cell, so --grid takes --crops 1")
     guard_cache_outputs(out, options.overwrite)  # before the backbone loads: fail fast
     device = runtime.resolve_device(options.device)
     distributed.init_from_env(device)
-    backbone = load_backbone(options.backbone, options.weights)
+    backbone = load_backbone(options.backbone, options.weights, grid=options.grid,
+                             input_scale=options.input_scale)
     plan = CropPlan(options.crops, backbone.preprocessing)
     rows, index = dataset.select(splits)
     engine = resolve_engine(options.engine, device)
@@ -105,7 +119,9 @@ def extract_features(dataset: Dataset, out, splits=None, options: ExtractOptions
              "image_size": p.image_size, "resize": p.resize, "resize_mode": plan.resize_mode,
              "interpolation": p.interpolation, "mean": list(p.mean), "std": list(p.std),
              "dataset": dataset_kind or dataset.name, "dataset_root": str(Path(dataset.root).resolve()),
-             "precision": engine_precision(engine, device), "skip_bad_images": options.skip_bad_images}
+             "precision": engine_precision(engine, device), "skip_bad_images": options.skip_bad_images,
+             **({"grid": list(backbone.grid), "input_scale": options.input_scale} if options.grid else
+                {"input_scale": options.input_scale} if options.input_scale != 1.0 else {})}
     config = {**{k: v for k, v in attrs.items() if k not in ("weights_file", "engine_version")},
               "rows_sha256": _digest(index.image_ids), "batch_size": options.batch_size,
               "shard_size": options.shard_size, "device_type": device.type}
@@ -113,12 +129,13 @@ def extract_features(dataset: Dataset, out, splits=None, options: ExtractOptions
     # outside the shards' configuration: features depend on the rows (rows_sha256), not on splits.
     attrs.update(dataset.reader_attrs)
     writer = ShardedWriter(out, len(rows), backbone.feature_dim, options.shard_size, config,
-                           options.overwrite)
+                           options.overwrite, set_size=backbone.set_size)
     _refuse_other_engine(writer)
     if distributed.is_main():
         writer.discard_stale_combined()
     todo = [i for i in _my_shards(writer) if not writer.is_complete(i)]
-    result = ExtractResult(writer.out, writer.num_rows, backbone.feature_dim, len(writer.bounds))
+    result = ExtractResult(writer.out, writer.num_rows, backbone.feature_dim, len(writer.bounds),
+                           set_size=backbone.set_size)
     paths = [dataset.image_paths[r] for r in rows]
     if todo:
         onnx_dir = Path(options.onnx_dir) if options.onnx_dir else writer.out.parent / ONNX_SUBDIR
@@ -137,10 +154,12 @@ def import_precomputed(dataset: Dataset, out, splits=None, shard_size: int = DEF
     if dataset.features is None:
         raise VseError("this dataset has no precomputed features", dataset.root)
     rows, index = dataset.select(splits)
-    feature_dim = int(dataset.features.shape[1])
+    feature_dim = int(dataset.features.shape[-1])
     attrs = {"backbone": "precomputed", "weights_sha256": "", "crops": 0, "image_size": 0,
              "resize": 0, "mean": [], "std": [], "dataset": dataset_kind or dataset.name,
              "dataset_root": str(Path(dataset.root).resolve())}
+    if dataset.features.ndim == 3:  # sets of regions: read where they are, never copied
+        return _import_regions(dataset, rows, index, out, attrs, overwrite)
     config = {**attrs, "rows_sha256": _digest(index.image_ids), "shard_size": shard_size}
     writer = ShardedWriter(out, len(rows), feature_dim, shard_size, config, overwrite)
     if distributed.is_main():
@@ -158,6 +177,30 @@ def import_precomputed(dataset: Dataset, out, splits=None, shard_size: int = DEF
     if distributed.is_main():
         writer.finish(index, attrs)
     distributed.barrier()
+    return result
+
+
+def _import_regions(dataset: Dataset, rows, index, out, attrs: dict, overwrite: bool) -> ExtractResult:
+    """A cache over (N, K, D) region arrays (SCAN / VSE∞ ``{split}_ims.npy``) by external storage:
+    the .npy files' rows are mapped, none is read now (``cache.write_external_cache``)."""
+    parts = dataset.features.parts if hasattr(dataset.features, "parts") else [dataset.features]
+    starts = np.cumsum([0] + [len(p) for p in parts])
+    segments = []
+    for part, start in zip(parts, starts):
+        inside = rows[(rows >= start) & (rows < start + len(part))]
+        if len(inside) == 0:
+            continue
+        if len(inside) != len(part):
+            raise VseError("the splits asked for cover part of a region file: import whole split files",
+                           getattr(part, "filename", dataset.root))
+        segments.append(RawSegment(Path(part.filename), int(part.offset), len(part)))
+    started = time.perf_counter()
+    if distributed.is_main():
+        write_external_cache(out, segments, tuple(parts[0].shape[1:]), parts[0].dtype, index,
+                             {**attrs, "set_source": "precomputed regions"}, overwrite)
+    distributed.barrier()
+    result = ExtractResult(Path(out), len(rows), int(parts[0].shape[-1]), 0, set_size=int(parts[0].shape[1]))
+    result.seconds = time.perf_counter() - started
     return result
 
 
@@ -265,7 +308,7 @@ def _compute_shards(forward, plan: CropPlan, paths, image_ids, writer: ShardedWr
             if shard_of[batch_rows[0]] != shard:
                 shard = shard_of[batch_rows[0]]
                 start, stop = writer.bounds[shard]
-                features, bad_rows = np.empty((stop - start, writer.feature_dim), np.float32), []
+                features, bad_rows = np.empty((stop - start, *writer.item_shape), writer.dtype), []
             batch = encode(loaded).cpu().numpy()
             for k, message in enumerate(errors):
                 if message:

@@ -474,19 +474,15 @@ def test_vsepp_precomp_bad_inputs(tmp_path):
         load_dataset("vsepp-precomp", tmp_path, captions_per_image=1)
 
 
-def test_scan_region_features_are_refused_in_one_line(tmp_path):
-    """SCAN's precomp folders use VSE++'s names for (N, 36, 2048) region features."""
+def test_scan_region_features_are_read_as_sets_and_other_shapes_refused_in_one_line(tmp_path):
+    """SCAN's precomp folders use VSE++'s names for (N, 36, 2048) region features: sets, read in
+    place (tests/test_sets.py imports and trains on them); other shapes stay refused."""
     write_precomp(tmp_path, "test", 2)
-    np.save(tmp_path / "test_ims.npy", np.zeros((2, 36, 2048), np.float32))
-    out = tmp_path / "cache.h5"
-    result = vse("extract", "--dataset", "vsepp-precomp", "--root", tmp_path, "--out", out)
-    assert (result.exit_code, result.output) == (1, (
-        f"error: {tmp_path / 'test_ims.npy'}: shape (2, 36, 2048): region features (36 regions × "
-        "2048, SCAN style) are not supported; vsepp-precomp needs one feature vector per image "
-        "(or per caption), shape (rows, D)\n"))
-    assert not out.exists() and not Path(f"{out}.shards").exists()
+    np.save(tmp_path / "test_ims.npy", np.zeros((2, 36, 8), np.float32))
+    assert load_dataset("vsepp-precomp", tmp_path).features.shape == (2, 36, 8)
     np.save(tmp_path / "test_ims.npy", np.zeros(10, np.float32))
-    with pytest.raises(VseError, match=r"test_ims.npy: shape \(10,\): not a 2-D array"):
+    with pytest.raises(VseError, match=r"test_ims.npy: shape \(10,\): not \(rows, D\) vectors nor "
+                                       r"\(rows, K, D\) sets of regions"):
         load_dataset("vsepp-precomp", tmp_path)
 
 

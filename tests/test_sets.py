@@ -1,0 +1,164 @@
+"""Set-valued image features (VSE∞): caches whose rows are sets of vectors — CNN grids from
+`vse extract --grid`, and the field's precomputed regions read where they lie."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import DEMO_DATA, demo_captions, vse, write_feature_cache
+
+from pipeline.cache import FeatureCache
+from pipeline.errors import VseError
+
+# ---------------------------------------------------------------------------- precomputed regions
+
+
+def regions_folder(root: Path, sizes=(("train", 8), ("dev", 2), ("test", 2)), k=36, d=16, seed=0) -> dict:
+    """A SCAN / VSE∞ precomp folder: {split}_ims.npy (N, K, D) float32 and {split}_caps.txt with 5
+    real captions per image. Returns the arrays by split."""
+    root.mkdir(parents=True, exist_ok=True)
+    _, captions = demo_captions(sum(n for _, n in sizes))
+    rng, arrays, start = np.random.default_rng(seed), {}, 0
+    for split, n in sizes:
+        arrays[split] = rng.standard_normal((n, k, d)).astype(np.float32)
+        np.save(root / f"{split}_ims.npy", arrays[split])
+        (root / f"{split}_caps.txt").write_text("\n".join(captions[5 * start:5 * (start + n)]) + "\n")
+        start += n
+    return arrays
+
+
+def test_regions_are_read_in_place_never_copied(tmp_path):
+    arrays = regions_folder(tmp_path / "precomp")
+    out = tmp_path / "regions.h5"
+    result = vse("extract", "--dataset", "vsepp-precomp", "--root", tmp_path / "precomp", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "12 images × 36 × 16 (sets) (no copy" in result.output
+    assert out.stat().st_size < 64_000 and not Path(f"{out}.shards").exists()  # 221 kB of regions stay put
+    with FeatureCache(out) as cache:
+        assert cache.is_set and (cache.set_size, cache.feature_dim) == (36, 16) and cache.dtype == np.float32
+        everything = np.concatenate([arrays[s] for s in ("train", "dev", "test")])
+        np.testing.assert_array_equal(cache.read([11, 0, 9, 0]), everything[[11, 0, 9, 0]])
+        np.testing.assert_array_equal(cache.read(np.arange(12)), everything)
+        assert cache.split_captions("test").tolist() == list(range(50, 60))
+    info = vse("info", out)
+    assert info.exit_code == 0 and "12 rows of sets of 36 × 16 (read in place" in info.output
+    # the cache and its folder move together; a missing array is named in one line
+    shutil.move(tmp_path / "precomp", tmp_path / "moved" / "precomp")
+    shutil.move(out, tmp_path / "moved" / "regions.h5")
+    with FeatureCache(tmp_path / "moved" / "regions.h5") as cache:
+        np.testing.assert_array_equal(cache.read([3]), arrays["train"][[3]])
+    (tmp_path / "moved" / "precomp" / "dev_ims.npy").unlink()
+    with pytest.raises(VseError, match=r"dev_ims.npy, which is missing \(the cache and the files it names "
+                                       r"move together; import them again, it copies nothing\)"):
+        FeatureCache(tmp_path / "moved" / "regions.h5")
+
+
+@pytest.mark.parametrize("array,problem", [
+    (np.zeros((2, 36, 16), np.float32), "does not match 20 captions (region sets come one per image: "
+                                        "expected 4 rows)"),
+    (np.zeros((4, 0, 16), np.float32), "a set of regions needs K >= 1 members of D >= 1"),
+    (np.zeros((4, 36, 16, 2), np.float32), "not (rows, D) vectors nor (rows, K, D) sets of regions"),
+    (np.zeros((4, 36, 16), np.int32), "regions must be a C-order float32 or float16 array, not int32"),
+])
+def test_bad_region_arrays_are_one_line_errors_and_nothing_is_written(tmp_path, array, problem):
+    regions_folder(tmp_path / "precomp", sizes=(("test", 4),))
+    np.save(tmp_path / "precomp" / "test_ims.npy", array)
+    out = tmp_path / "regions.h5"
+    result = vse("extract", "--dataset", "vsepp-precomp", "--root", tmp_path / "precomp", "--out", out)
+    assert result.exit_code == 1 and len(result.output.splitlines()) == 1
+    assert result.output.startswith(f"error: {tmp_path / 'precomp' / 'test_ims.npy'}: ")
+    assert problem in result.output
+    assert not out.exists()
+
+
+def test_a_split_file_missing_is_named(tmp_path):
+    regions_folder(tmp_path / "precomp", sizes=(("test", 4),))
+    (tmp_path / "precomp" / "test_ims.npy").unlink()
+    result = vse("extract", "--dataset", "vsepp-precomp", "--root", tmp_path / "precomp",
+                 "--out", tmp_path / "x.h5")
+    assert (result.exit_code, result.output) == (1, f"error: {tmp_path / 'precomp' / 'test_ims.npy'}: "
+                                                    "file not found\n")
+
+
+# ---------------------------------------------------------------------------- CNN grids
+
+
+def _extract(out, *extra, root=DEMO_DATA):
+    return vse("extract", "--dataset", "flickr8k", "--root", root, "--out", out, "--quiet", "--device", "cpu",
+               *extra)
+
+
+@pytest.fixture(scope="module")
+def few_images(tmp_path_factory) -> Path:
+    """The first 10 demo images (real photos) in the flickr8k layout, all in the test split."""
+    root = tmp_path_factory.mktemp("few")
+    names = sorted(p.name for p in (DEMO_DATA / "images").iterdir())[:10]
+    (root / "images").mkdir()
+    for name in names:
+        (root / "images" / name).symlink_to(DEMO_DATA / "images" / name)
+    tokens = [line for line in (DEMO_DATA / "Flickr8k.token.txt").read_text().splitlines()
+              if line.split("#")[0] in names]
+    (root / "Flickr8k.token.txt").write_text("\n".join(tokens) + "\n")
+    for split in ("train", "dev"):
+        (root / f"Flickr_8k.{split}Images.txt").write_text("")
+    (root / "Flickr_8k.testImages.txt").write_text("\n".join(names) + "\n")
+    return root
+
+
+@pytest.mark.slow
+def test_a_grid_is_the_map_whose_mean_is_the_pooled_feature(few_images, tmp_path):
+    pooled, grid = tmp_path / "pooled.h5", tmp_path / "grid.h5"
+    assert _extract(pooled, root=few_images).exit_code == 0
+    result = _extract(grid, "--grid", root=few_images)
+    assert result.exit_code == 0, result.output
+    assert "10 images × 49 × 1280 (sets)" in result.output
+    with FeatureCache(pooled) as p, FeatureCache(grid) as g:
+        assert g.is_set and g.set_size == 49 and g.attrs["grid"] == [7, 7] and g.dtype == np.float16
+        mean = g.read(np.arange(10)).astype(np.float32).mean(axis=1)
+        vectors = p.read(np.arange(10))
+        # float16 members: their mean is the pooled feature to half precision (relative 1e-3)
+        np.testing.assert_allclose(mean, vectors, rtol=1e-3, atol=1e-3)
+        assert g.attrs["config_fingerprint"] != p.attrs["config_fingerprint"]
+    info = vse("info", grid)
+    assert "features: 10 × 49 × 1280 float16, 10 rows of sets of 49 × 1280 (grid 7 × 7)" in info.output
+    again = _extract(grid, "--grid", root=few_images)  # resumable: the complete shard is reused
+    assert "0 computed here, 1 reused" in again.output
+    bigger = _extract(tmp_path / "x2.h5", "--grid", "--input-scale", "2", root=few_images)
+    assert bigger.exit_code == 0 and "10 images × 196 × 1280 (sets)" in bigger.output
+
+
+@pytest.mark.slow
+def test_both_engines_give_the_same_grid(few_images, tmp_path):
+    sets = {}
+    for engine in ("torch", "onnxruntime"):
+        result = _extract(tmp_path / f"{engine}.h5", "--grid", "--engine", engine, root=few_images)
+        assert result.exit_code == 0, result.output
+        with FeatureCache(tmp_path / f"{engine}.h5") as cache:
+            sets[engine] = cache.read(np.arange(10)).astype(np.float32)
+            assert cache.attrs["engine"] == engine
+    # the engines' 1e-4, then float16 storage: a rounding step apart at most (2^-10 relative)
+    np.testing.assert_allclose(sets["torch"], sets["onnxruntime"], rtol=2e-3, atol=1e-4)
+    assert any(p.name.endswith("-224-grid.onnx") for p in (tmp_path / "onnx").iterdir())
+
+
+def test_grid_refusals(tmp_path):
+    result = _extract(tmp_path / "x.h5", "--grid", "--crops", "10", "--backbone", "tiny")
+    assert result.exit_code == 1 and "--grid takes --crops 1" in result.output
+    assert not (tmp_path / "x.h5").exists()
+    result = _extract(tmp_path / "x.h5", "--input-scale", "0", "--backbone", "tiny")
+    assert result.exit_code == 1 and "--input-scale must be a positive number, not 0.0" in result.output
+
+
+def test_nan_in_a_set_is_named_by_vse_info(tmp_path):
+    ids, captions = demo_captions(4)
+    sets = np.random.default_rng(0).standard_normal((4, 6, 8)).astype(np.float32)
+    sets[2, 5, 3] = np.nan
+    cache = write_feature_cache(tmp_path / "nan.h5", sets, captions, np.repeat(np.arange(4), 5),
+                                {"test": np.arange(4)}, image_ids=ids)
+    result = vse("info", cache)
+    assert result.exit_code == 1 and "broken cache" in result.output and "NaN" in result.output
+    with FeatureCache(cache) as c:
+        assert c.check().nan_rows.tolist() == [2] and c.dtype == np.float16  # write_cache stores sets in f16
