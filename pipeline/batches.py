@@ -92,7 +92,8 @@ class PairSource(Protocol):
 
     index: object            # image_ids, captions, caption_image, split(name), read(rows), attrs
     inputs: ImageInputs      # training batches (``index.read`` gives validation inputs)
-    feature_dim: int         # what the model's image projection receives
+    feature_dim: int         # what the model's image projection receives (a set's members: D)
+    set_kind: str | None     # None: one vector per image; "grid" (a CNN's map) or "regions": sets
     backbone: PixelBackbone | None  # the CNN the model runs on the inputs (RC mode)
     location: str            # the cache or dataset root, for messages
     feature_source: dict     # recorded in checkpoints: backbone, crops, dataset
@@ -132,7 +133,10 @@ class CachedFeatures:
         self.inputs = FeatureRows(cache_path, preload=preload)
         self.location = str(cache_path)
         self.feature_dim = self.index.feature_dim
-        self.feature_source = {k: self.index.attrs.get(k) for k in ("backbone", "crops", "dataset")}
+        self.set_kind = (None if not self.index.is_set else
+                         "grid" if self.index.attrs.get("grid") else "regions")
+        self.feature_source = {k: self.index.attrs.get(k) for k in ("backbone", "crops", "dataset", "grid")
+                               if k in self.index.attrs}
 
 
 class PairBatches(torch.utils.data.Dataset):

@@ -1,8 +1,11 @@
-"""The caption side of a run: one interface, two implementations.
+"""The caption side of a run: one interface, three implementations.
 
-- ``GRUCaptions``: tokens of a vocabulary, embedded by the GRU (``models.TextEncoder``);
+- ``GRUCaptions``: tokens of a vocabulary, embedded by a GRU (``models.TextEncoder``, or
+  VSE∞'s BiGRU pooled: ``heads.BiGRUTextEncoder``);
 - ``CachedCaptionVectors``: frozen vectors of a caption-feature file (`vse encode-text`),
-  held in memory and embedded by a trained head (``models.VectorTextEncoder``).
+  held in memory and embedded by a trained head (``models.VectorTextEncoder``);
+- ``CachedCaptionTokens``: frozen token vectors of a caption (`vse encode-text --tokens`), a
+  padded batch and its lengths, pooled by a set pool (``heads.TokenSetTextEncoder``).
 
 Both turn caption indices of the feature cache into the caption input of the model's text
 encoder (``batch``) and embed them (``embed``); the trainer, validation and evaluation only
@@ -21,10 +24,11 @@ import numpy as np
 import torch
 
 from .cache import check_caption_fingerprint
-from .caption_features import CaptionFeatures
+from .caption_features import CaptionFeatures, CaptionTokenFeatures, caption_features_layout
 from .config import with_old_defaults
 from .errors import VseError
 from .index import caption_fingerprint
+from .registry import LAST, TEXT_POOLS
 from .text import TokenizedCaptions, Vocabulary
 
 
@@ -106,6 +110,10 @@ class CachedCaptionVectors:
         return text_encoder(self.vectors[torch.as_tensor(caption_ids)].to(device))
 
     def model_fields(self, cfg) -> dict:
+        if cfg.text_pool != LAST:
+            raise VseError(f"--text-pool {cfg.text_pool} pools the token vectors of each caption, but this "
+                           "file holds one vector per caption: make one with `vse encode-text --tokens`",
+                           self.file.path)
         return {"vocab_size": 0, "text_dim": self.file.dim, "text_projection": cfg.text_projection}
 
     def checkpoint_entry(self) -> dict:
@@ -113,6 +121,44 @@ class CachedCaptionVectors:
 
     def save(self, run_dir: Path) -> None:
         pass
+
+
+class CachedCaptionTokens(CachedCaptionVectors):
+    """Frozen token vectors of each caption held in memory (``CaptionTokenFeatures``): a batch
+    is a padded (B, T, d) tensor and the lengths (B,), gathered without a loop."""
+
+    host_inputs = (1,)  # the lengths stay on the CPU: the pool's packing reads them there
+
+    def __init__(self, file: CaptionTokenFeatures):
+        self.file = file
+
+    @classmethod
+    def open(cls, path, captions, cache_path=None, expected: dict | None = None,
+             checkpoint=None) -> CachedCaptionTokens:
+        file = CaptionTokenFeatures(path, captions, cache_path)  # other captions: refused here
+        if expected is not None:
+            check_entry(file, expected, checkpoint)
+        return cls(file)
+
+    def batch(self, caption_ids):
+        return self.file.batch(caption_ids)
+
+    def embed(self, text_encoder, caption_ids, device):
+        vectors, lengths = self.file.batch(caption_ids)
+        return text_encoder(vectors.to(device), lengths)  # the lengths stay on the host
+
+    def model_fields(self, cfg) -> dict:
+        if cfg.text_pool == LAST:
+            raise VseError("this file holds the token vectors of each caption: pool them with --text-pool "
+                           f"({', '.join(p for p in TEXT_POOLS if p != LAST)} or your own)", self.file.path)
+        return {"vocab_size": 0, "text_dim": self.file.dim}
+
+
+def open_caption_features(path, captions, cache_path=None, expected: dict | None = None, checkpoint=None):
+    """The caption side of a caption-feature file, by its layout: one vector per caption, or
+    the token vectors of each caption."""
+    kind = CachedCaptionTokens if caption_features_layout(path) == "tokens" else CachedCaptionVectors
+    return kind.open(path, captions, cache_path, expected=expected, checkpoint=checkpoint)
 
 
 def check_entry(file: CaptionFeatures, expected: dict, checkpoint=None) -> None:
@@ -136,7 +182,7 @@ def checkpoint_captions(state: dict, captions, cache_path=None, text_features=No
         if not Path(path).is_file():
             raise VseError(f"{checkpoint or 'the checkpoint'} needs the caption features {entry['path']} "
                            f"({entry['model']}): not found; give --text-features", path)
-        return CachedCaptionVectors.open(path, captions, cache_path, expected=entry, checkpoint=checkpoint)
+        return open_caption_features(path, captions, cache_path, expected=entry, checkpoint=checkpoint)
     if text_features:
         raise VseError(f"{checkpoint or 'the checkpoint'} embeds tokens with its GRU: it takes no "
                        "--text-features", text_features)
@@ -154,6 +200,6 @@ def caption_key(state: dict, text_features=None) -> tuple:
     entry = state.get("text_features")
     if entry:
         path = Path(text_features or entry["path"]).resolve()
-        return ("vectors", str(path), entry["model_identity"])
+        return (entry.get("layout", "vectors"), str(path), entry["model_identity"])
     words = hashlib.sha1("\n".join(state["vocab"]).encode("utf-8")).hexdigest()
-    return ("tokens", words, _max_tokens(state))
+    return ("vocabulary", words, _max_tokens(state))

@@ -26,7 +26,20 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from .datasets import CSV_OPTION_NAMES, IMAGE_DATASET_KINDS, dataset_options
 from .errors import VseError
-from .registry import ADAM_KERNELS, BACKBONES, CROP_MODES, LOSSES, PROJECTIONS
+from .registry import (
+    ADAM_KERNELS,
+    BACKBONES,
+    CROP_MODES,
+    IMAGE_POOLS,
+    LAST,
+    LOSSES,
+    PROJECTIONS,
+    SET_POOLS,
+    SET_PROJECTIONS,
+    SIZE_AUGMENT_RULES,
+    check_image_pool,
+    check_text_pool,
+)
 
 META = "vse"  # the key of an option's facts in its field's metadata
 
@@ -128,6 +141,24 @@ class TrainConfig:
         None, "Caption-feature file from `vse encode-text`: a head over these frozen vectors replaces "
               "the GRU (both sides in memory).", path="file")
     text_projection: str = option("linear", "--text-features: the caption head.", choices=PROJECTIONS)
+    # ---- sets (VSE∞)
+    image_pool: str | None = option(
+        None, "Images are sets (a --grid cache, precomputed regions, or --rc's feature map): pool each "
+              f"with {', '.join(IMAGE_POOLS)} (VSE∞'s GPO) or your own FILE.py:Class; unset: one vector "
+              "per image.",
+        before=None)
+    set_projection: str = option(
+        "linear", "--image-pool: each member's projection, linear (VSE∞ on CNN grids) or linear+mlp (VSE∞ on "
+                  "precomputed regions).", choices=SET_PROJECTIONS, before="linear")
+    size_augment: str = option(
+        "auto", "--image-pool: drop members of training sets: grid or precomp (VSE∞'s two rules), none, "
+                "or auto (grid for a CNN's map, precomp for regions).",
+        choices=("auto", "none", *SIZE_AUGMENT_RULES), before="auto")
+    text_pool: str = option(LAST, f"last: the GRU's last state (VSE++), or the caption vector; a set pool "
+                                  f"({', '.join(SET_POOLS.names)} or FILE.py:Class): VSE∞'s BiGRU states, or "
+                                  "the token vectors of `vse encode-text --tokens`, pooled.", before=LAST)
+    pool_options: dict = option(dict, "Options of the pools of --image-pool and --text-pool (e.g. your own "
+                                      "pool's), config files only.", cli=False, before={})
     # ---- validation, reproducibility, execution
     train_split: str = option("train", "The split trained on.")
     val_split: str = option("dev", "The split validated on (best.pt is its best rsum).")
@@ -210,6 +241,9 @@ class TrainConfig:
             if csv:
                 raise VseError(f"{', '.join(map(flag_name, csv))} describe a --dataset csv file for --rc; "
                                "a feature cache already holds its captions and splits")
+        if self.image_pool is not None:
+            check_image_pool(self.image_pool)
+        check_text_pool(self.text_pool)
         if self.text_features and self.glove:
             raise VseError("--glove initialises the GRU's word embeddings; with --text-features "
                            "there is no GRU")

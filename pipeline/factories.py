@@ -21,7 +21,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from .batches import CachedFeatures, PairSource
-from .captions import CachedCaptionVectors, CaptionEncoder, GRUCaptions
+from .captions import CaptionEncoder, GRUCaptions, open_caption_features
 from .config import TrainConfig
 from .errors import VseError
 from .loss_plugins import loss_traits, make_loss
@@ -37,7 +37,8 @@ def create_pair_source(cfg: TrainConfig) -> PairSource:
 
     return ImageSource(cfg.dataset, cfg.root, cfg.backbone, weights=cfg.backbone_weights,
                        finetune=cfg.finetune, freeze_bn=cfg.freeze_bn, crop=cfg.crop, seed=cfg.seed,
-                       batch_size=cfg.batch_size, dataset_options=cfg.dataset_options())
+                       batch_size=cfg.batch_size, dataset_options=cfg.dataset_options(),
+                       grid=cfg.image_pool is not None)
 
 
 def create_caption_side(cfg: TrainConfig, source: PairSource, train_captions: np.ndarray,
@@ -48,8 +49,8 @@ def create_caption_side(cfg: TrainConfig, source: PairSource, train_captions: np
     captions = source.index.captions
     if cfg.text_features:
         expected = resume_state.get("text_features") if resume_state is not None else None
-        return CachedCaptionVectors.open(cfg.text_features, captions, source.location, expected=expected,
-                                         checkpoint=checkpoint)
+        return open_caption_features(cfg.text_features, captions, source.location, expected=expected,
+                                     checkpoint=checkpoint)
     state = resume_state or init_state
     if state is not None and state["vocab"]:  # (a run on caption features has none)
         vocab = Vocabulary(state["vocab"])
@@ -68,12 +69,30 @@ def create_model(cfg: TrainConfig, source: PairSource, captions: CaptionEncoder,
                  distributed: bool) -> VSEModel:
     model_config = ModelConfig(  # the loss declares the similarity its scores use
         feature_dim=source.feature_dim, embed_dim=cfg.embed_dim, img_norm=cfg.img_norm,
-        similarity=traits.similarity, projection=cfg.projection, **captions.model_fields(cfg))
+        similarity=traits.similarity, projection=cfg.projection, **image_fields(cfg, source),
+        text_pool=cfg.text_pool, pool_options=cfg.pool_options, **captions.model_fields(cfg))
     model = VSEModel(model_config, source.backbone).to(device)
     if distributed and cfg.finetune and not cfg.freeze_bn and device.type == "cuda":
         # BatchNorm statistics of the global batch, as one process with N×B would compute
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return model
+
+
+def image_fields(cfg: TrainConfig, source: PairSource) -> dict:
+    """The image side's ``ModelConfig`` fields: a set head when the source gives sets (and
+    --image-pool pools them), VSE++'s projection when it gives vectors; a mismatch is refused."""
+    if source.set_kind is None:
+        if cfg.image_pool is not None:
+            raise VseError(f"--image-pool {cfg.image_pool} pools sets of vectors, but this cache holds one "
+                           "vector per image: extract one with --grid (or import precomputed regions)",
+                           source.location)
+        return {}
+    if cfg.image_pool is None:
+        raise VseError(f"the images are sets ({source.set_kind}) of {source.feature_dim}-d vectors: pool "
+                       "them with --image-pool (mean, max, gpo or your own)", source.location)
+    augment = {"auto": "grid" if source.set_kind == "grid" else "precomp", "none": None}.get(
+        cfg.size_augment, cfg.size_augment)
+    return {"image_pool": cfg.image_pool, "set_projection": cfg.set_projection, "size_augment": augment}
 
 
 def init_from_checkpoint(model: VSEModel, state: dict, cfg: TrainConfig, echo) -> None:

@@ -9,7 +9,7 @@ padded set into one vector.  Pure torch, no file I/O; the definitions are docs/P
 - ``SetImageHead``: per-member projection (fc, or fc + MLP) → pool → L2 norm
   (VSE∞'s ``EncoderImageAggr``).
 - ``BiGRUTextEncoder``: words → bidirectional GRU (directions averaged) → pool → L2 norm
-  (VSE∞'s BiGRU text encoder), called as ``models.TextEncoder``.
+  (VSE∞'s BiGRU text encoder), called as VSE++'s GRU encoder (``models.TextEncoder``).
 - ``TokenSetTextEncoder``: cached token vectors → per-token linear → pool → L2 norm.
 
 Lengths are int64 (any integral or float tensor is rounded down), 1 <= length <= K; they may
@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from .errors import VseError
-from .models import TextEncoder, _pack, l2_normalize
+from .layers import l2_normalize, load_word_vectors, pack_by_length
 from .plugin_import import check_spec, class_file, is_import_path, plugin_class
 from .registry import SET_POOLS, SET_PROJECTIONS
 
@@ -279,7 +279,7 @@ class BiGRUTextEncoder(nn.Module):
         """(B, T, embed): the GRU's states at each token, directions averaged (0 past the end)."""
         dtype = self.rnn.weight_ih_l0.dtype
         with torch.autocast(device_type=tokens.device.type, enabled=False):
-            packed = _pack(self.embed(tokens).to(dtype), lengths.cpu())
+            packed = pack_by_length(self.embed(tokens).to(dtype), lengths.cpu())
             out, _ = self.rnn(packed)
             out, _ = pad_packed_sequence(out, batch_first=True, total_length=tokens.shape[1])
         half = out.shape[-1] // 2
@@ -291,7 +291,9 @@ class BiGRUTextEncoder(nn.Module):
             emb = l2_normalize(emb)
         return emb.abs() if self.use_abs else emb
 
-    load_word_vectors = TextEncoder.load_word_vectors  # the same embedding table (GloVe init)
+    def load_word_vectors(self, vectors: torch.Tensor, mask: torch.Tensor) -> int:
+        """GloVe init of the word embeddings (``layers.load_word_vectors``)."""
+        return load_word_vectors(self.embed, vectors, mask)
 
 
 class TokenSetTextEncoder(nn.Module):

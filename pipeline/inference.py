@@ -87,6 +87,12 @@ def load_model(checkpoint_path, device: torch.device) -> LoadedModel:
 def check_features_match(cache: FeatureCache, model_cfg: ModelConfig, feature_source: dict,
                          checkpoint_path) -> None:
     """A cache from another backbone than the one a model was trained on is refused clearly."""
+    if cache.is_set != (model_cfg.image_pool is not None):
+        held = f"sets ({cache.layout})" if cache.is_set else "one vector per image"
+        wants = (f"sets pooled by {model_cfg.image_pool}" if model_cfg.image_pool is not None
+                 else "one vector per image")
+        raise VseError(f"the cache holds {held}, but the checkpoint {checkpoint_path} takes {wants}",
+                       cache.path)
     if cache.feature_dim != model_cfg.feature_dim:
         raise VseError(f"features are {cache.feature_dim}-d but the checkpoint {checkpoint_path} expects "
                        f"{model_cfg.feature_dim}-d (different backbone?)", cache.path)

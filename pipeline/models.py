@@ -1,5 +1,7 @@
 """The joint-embedding model: image projection + GRU caption encoder (VSE++ architecture), or
-a trained head over frozen caption vectors (cached caption features) instead of the GRU.
+a trained head over frozen caption vectors (cached caption features) instead of the GRU; an
+image that is a set of vectors (CNN grid cells, precomputed regions) is pooled by a set head,
+and the caption's words or cached token vectors by a set pool (VSE∞; ``pipeline.heads``).
 
 Pure torch: no file I/O. ``ModelConfig`` holds everything needed to rebuild a model from a
 checkpoint; the optional ``backbone`` (RC mode) turns pixels into the features the image
@@ -9,15 +11,17 @@ projection expects, so the cached and end-to-end trainers share this one model.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
+from .heads import GPO, BiGRUTextEncoder, SetImageHead, TokenSetTextEncoder
+from .layers import l2_normalize, load_word_vectors, pack_by_length
 from .metrics import SIMILARITIES  # the one list of similarity names
-from .registry import PROJECTIONS
+from .registry import LAST, PROJECTIONS
+from .set_augment import size_augment
 
 
 @dataclass
@@ -33,6 +37,11 @@ class ModelConfig:
     mlp_hidden: int = 2048
     text_dim: int = 0              # > 0: captions arrive as frozen vectors of this size (cached
     text_projection: str = "linear"  # caption features), embedded by this head instead of the GRU
+    image_pool: str | None = None  # images are sets (B, K, D) pooled by this (registry.SET_POOLS name
+    set_projection: str = "linear"  # or FILE.py:Class), members projected by this; None: vectors
+    size_augment: str | None = None  # training drops set members by this rule (registry.SIZE_AUGMENT_RULES)
+    text_pool: str = LAST          # "last": the GRU's last state (or the caption vector); a set pool:
+    pool_options: dict = field(default_factory=dict)  # BiGRU states or cached token vectors pooled
 
     def __post_init__(self):
         if self.similarity not in SIMILARITIES:
@@ -61,10 +70,6 @@ def normalise_pixels(pixels: torch.Tensor, mean: torch.Tensor, std: torch.Tensor
     """uint8 RGB (B, 3, H, W) → float ``(x - mean) / std``, the input the CNN was trained on.
     The one normalisation of pixels: extraction (crops) and RC training (PixelBackbone)."""
     return (pixels.float() - mean) / std
-
-
-def l2_normalize(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    return F.normalize(x, p=2, dim=dim, eps=1e-8)
 
 
 def _projection(in_dim: int, out_dim: int, kind: str, hidden: int) -> nn.Module:
@@ -121,21 +126,41 @@ class PixelBackbone(nn.Module):
 
 
 class ImageEncoder(nn.Module):
-    """Projection of a (cached or freshly computed) CNN feature into the joint space."""
+    """A (cached or freshly computed) CNN feature into the joint space: a projection of one
+    vector, or (``image_pool``) a set head over a set of vectors (B, K, D), which in training
+    drops members at random by ``size_augment`` (VSE∞'s size augmentation)."""
 
     def __init__(self, cfg: ModelConfig, backbone: PixelBackbone | None = None):
         super().__init__()
         self.backbone = backbone
-        self.proj = _projection(cfg.feature_dim, cfg.embed_dim, cfg.projection, cfg.mlp_hidden)
         self.normalize = cfg.img_norm or cfg.similarity != "cosine"
         self.use_abs = cfg.similarity != "cosine"
+        self.augment = cfg.size_augment
+        if cfg.image_pool is None:
+            self.proj = _projection(cfg.feature_dim, cfg.embed_dim, cfg.projection, cfg.mlp_hidden)
+        else:
+            self.head = SetImageHead(cfg.feature_dim, cfg.embed_dim, projection=cfg.set_projection,
+                                     pool=cfg.image_pool, pool_options=cfg.pool_options,
+                                     no_imgnorm=not self.normalize, use_abs=self.use_abs)
+
+    @property
+    def takes_sets(self) -> bool:
+        return hasattr(self, "head")
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         features = self.backbone(images) if self.backbone is not None else images
-        emb = self.proj(features.float())
-        if self.normalize:
-            emb = l2_normalize(emb)
-        return emb.abs() if self.use_abs else emb
+        if not self.takes_sets:
+            emb = self.proj(features.float())
+            if self.normalize:
+                emb = l2_normalize(emb)
+            return emb.abs() if self.use_abs else emb
+        features = features.float()
+        lengths = torch.full((len(features),), features.shape[1], dtype=torch.int64)  # on the host
+        if self.training and self.augment:
+            # drawn from torch's generator: a checkpoint's RNG state makes a resumed run draw the same
+            rng = np.random.default_rng(int(torch.randint(2 ** 62, (1,))))
+            features, lengths = size_augment(features, lengths, rng=rng, rule=self.augment)
+        return self.head(features, lengths)
 
 
 class TextEncoder(nn.Module):
@@ -155,7 +180,7 @@ class TextEncoder(nn.Module):
         host sync).  The GRU runs in fp32 even under autocast, which would cast a cuDNN RNN to
         fp16 — under bf16 autocast too — and its gradients could underflow."""
         with torch.autocast(device_type=tokens.device.type, enabled=False):
-            _, hidden = self.rnn(_pack(self.embed(tokens).float(), lengths.cpu()))
+            _, hidden = self.rnn(pack_by_length(self.embed(tokens).float(), lengths.cpu()))
         emb = hidden[-1]  # (B, embed): the state after each caption's last real token
         if self.head is not None:
             emb = self.head(emb)
@@ -164,19 +189,7 @@ class TextEncoder(nn.Module):
 
     def load_word_vectors(self, vectors: torch.Tensor, mask: torch.Tensor) -> int:
         """Initialise rows where ``mask`` is true from ``vectors`` (V, word_dim); returns the count."""
-        with torch.no_grad():
-            self.embed.weight[mask] = vectors[mask].to(self.embed.weight)
-        return int(mask.sum())
-
-
-def _pack(padded: torch.Tensor, lengths: torch.Tensor) -> PackedSequence:
-    """``pack_padded_sequence(padded, lengths, batch_first=True, enforce_sorted=False)``, the
-    same packed sequence, without its blocking copy of the sort order to the GPU (a host sync
-    every step): the order goes there asynchronously."""
-    lengths, order = torch.sort(lengths.to(torch.int64), descending=True)
-    order = order.to(padded.device, non_blocking=True)
-    packed = pack_padded_sequence(padded.index_select(0, order), lengths, batch_first=True)
-    return PackedSequence(packed.data, packed.batch_sizes, order)
+        return load_word_vectors(self.embed, vectors, mask)
 
 
 class VectorTextEncoder(nn.Module):
@@ -194,9 +207,17 @@ class VectorTextEncoder(nn.Module):
 
 
 def text_encoder_for(cfg: ModelConfig) -> nn.Module:
-    """The caption side a config describes: a head over frozen vectors, or the GRU over tokens.
+    """The caption side a config describes: a head over frozen vectors (or over frozen token
+    vectors, pooled), or a GRU over word tokens (VSE++'s last state, or VSE∞'s BiGRU pooled).
     Its ``forward`` takes the caption input of a batch (``pipeline.captions``) unpacked."""
-    return VectorTextEncoder(cfg) if cfg.text_dim else TextEncoder(cfg)
+    if cfg.text_pool == LAST:
+        return VectorTextEncoder(cfg) if cfg.text_dim else TextEncoder(cfg)
+    use_abs = cfg.similarity != "cosine"
+    if cfg.text_dim:
+        return TokenSetTextEncoder(cfg.text_dim, cfg.embed_dim, pool=cfg.text_pool,
+                                   pool_options=cfg.pool_options, use_abs=use_abs)
+    return BiGRUTextEncoder(cfg.vocab_size, cfg.word_dim, cfg.embed_dim, cfg.num_layers,
+                            pool=cfg.text_pool, pool_options=cfg.pool_options, use_abs=use_abs)
 
 
 CNN_PREFIX = "image_encoder.backbone.cnn."
@@ -222,6 +243,19 @@ class VSEModel(nn.Module):
     @property
     def backbone(self) -> PixelBackbone | None:
         return self.image_encoder.backbone
+
+    @torch.no_grad()
+    def pool_weights(self, image_set_size: int | None, caption_length: int | None) -> dict:
+        """The weights learned pools give each rank (VSE∞'s GPO): for the image side a table
+        over sets of 1..``image_set_size`` members, for the caption side over 1..``caption_length``
+        tokens (row n-1: a set of n). Empty for pools without weights (mean, max)."""
+        out = {}
+        for side, module, size in (("image", getattr(self.image_encoder, "head", None), image_set_size),
+                                   ("text", self.text_encoder, caption_length)):
+            pool = getattr(module, "pool", None)
+            if isinstance(pool, GPO) and size:
+                out[side] = pool.weight_table(int(size)).float().cpu().tolist()
+        return out
 
     def head_state_dict(self) -> dict:
         """Weights of the projection + text encoder (what RC mode and ConVSE init from)."""

@@ -126,22 +126,26 @@ class ImageSource:
 
     def __init__(self, dataset_kind: str, root, backbone: str, *, weights=None, finetune: bool = False,
                  freeze_bn: bool = True, crop: str = "random", seed: int = 0, batch_size: int = 128,
-                 dataset_options: dict | None = None):
+                 dataset_options: dict | None = None, grid: bool = False):
+        """``grid``: the CNN gives the set of its last feature map's cells (VSE∞'s grid features,
+        pooled by the model's set head) instead of their mean."""
         if crop not in CROP_MODES:
             raise VseError(f"--crop must be one of {', '.join(CROP_MODES)}, not {crop!r}")
         # dataset_options: load_dataset's options for the kind (datasets.dataset_options: the csv layout)
         dataset = load_dataset(dataset_kind, root, **(dataset_options or {}))
         if dataset.image_paths is None:
             raise VseError("--rc needs images; this dataset has only precomputed features", dataset.root)
-        loaded = load_backbone(backbone, weights)
+        loaded = load_backbone(backbone, weights, grid=grid)
         p = loaded.preprocessing
         self.backbone = PixelBackbone(loaded.module, p.mean, p.std, trainable=finetune, freeze_bn=freeze_bn)
         if finetune:
             freeze_unused_parameters(self.backbone, p.image_size)
         self.backbone_name, self.weights_sha256 = loaded.name, loaded.weights_sha256
         self.feature_dim = loaded.feature_dim
+        self.set_kind = "grid" if grid else None
         name = loaded.name if not finetune else f"{loaded.name}, fine-tuned end to end (RC)"
-        self.feature_source = {"backbone": name, "crops": 1, "dataset": dataset_kind, "finetuned": finetune}
+        self.feature_source = {"backbone": name, "crops": 1, "dataset": dataset_kind, "finetuned": finetune,
+                               **({"grid": list(loaded.grid)} if grid else {})}
         self.index = ImageIndex(dataset, p, {**self.feature_source, "image_size": p.image_size})
         self.inputs = RandomCrops(self.index.paths, p, crop, seed)
         self.location = str(dataset.root)
@@ -150,7 +154,8 @@ class ImageSource:
     def checkpoint_entry(self, backbone: PixelBackbone) -> dict:
         """The ``backbone`` entry of an RC checkpoint (tensors and plain values only)."""
         return {"name": self.backbone_name, "weights_sha256": self.weights_sha256,
-                "finetune": backbone.trainable, "state": backbone.cnn.state_dict()}
+                "finetune": backbone.trainable, "grid": self.set_kind == "grid",
+                "state": backbone.cnn.state_dict()}
 
 
 def freeze_unused_parameters(backbone: PixelBackbone, side: int) -> list[str]:
@@ -184,7 +189,7 @@ def embed_rc_checkpoint(checkpoint, dataset_kind: str, root, split: str, device:
     config = state["train_config"]
     source = ImageSource(dataset_kind, root, state["backbone"]["name"],
                          weights=config.get("backbone_weights"), finetune=False, batch_size=batch_size,
-                         dataset_options=dataset_options)
+                         dataset_options=dataset_options, grid=bool(state["backbone"].get("grid")))
     model = VSEModel(ModelConfig.from_dict(state["model_config"]), source.backbone)
     try:
         model.load_state_dict(join_state(state["model"], state["backbone"]["state"]))

@@ -390,7 +390,7 @@ def test_caption_lengths_stay_on_the_host():
 def test_packing_is_pack_padded_sequence_without_its_blocking_copy():
     from torch.nn.utils.rnn import pack_padded_sequence
 
-    from pipeline.models import _pack
+    from pipeline.layers import pack_by_length as _pack
 
     torch.manual_seed(0)
     padded, lengths = torch.randn(16, 9, 5), torch.randint(1, 10, (16,))

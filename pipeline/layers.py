@@ -1,0 +1,30 @@
+"""Small torch building blocks that the models (``models``: VSE++'s, ``heads``: VSE∞'s sets) share."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
+
+
+def l2_normalize(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    return F.normalize(x, p=2, dim=dim, eps=1e-8)
+
+
+def pack_by_length(padded: torch.Tensor, lengths: torch.Tensor) -> PackedSequence:
+    """``pack_padded_sequence(padded, lengths, batch_first=True, enforce_sorted=False)``, the
+    same packed sequence, without its blocking copy of the sort order to the GPU (a host sync
+    every step): the order goes there asynchronously."""
+    lengths, order = torch.sort(lengths.to(torch.int64), descending=True)
+    order = order.to(padded.device, non_blocking=True)
+    packed = pack_padded_sequence(padded.index_select(0, order), lengths, batch_first=True)
+    return PackedSequence(packed.data, packed.batch_sizes, order)
+
+
+def load_word_vectors(embedding: nn.Embedding, vectors: torch.Tensor, mask: torch.Tensor) -> int:
+    """Initialise the rows of ``embedding`` where ``mask`` is true from ``vectors`` (V, word_dim)
+    (GloVe); returns how many."""
+    with torch.no_grad():
+        embedding.weight[mask] = vectors[mask].to(embedding.weight)
+    return int(mask.sum())
