@@ -40,7 +40,7 @@ def report_command(results, fmt, layout, label, bold, epochs, seeds):
               help="Folder for PNG + PDF.")
 @click.option("--overwrite", is_flag=True, help="Replace figure files in --out that vse did not write.")
 def plot_command(patterns, results, out_dir, overwrite):
-    """Validation curves, R@1 against negative set size, epochs to best M-Recall."""
+    """Validation curves, R@1 against negative set size, epochs to best M-Recall, learned pool weights."""
     from pipeline.plots import plot_runs
     from pipeline.report import read_results
     from pipeline.runs import find_runs

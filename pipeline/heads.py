@@ -116,6 +116,7 @@ class GPO(nn.Module):
         self.d_pe, self.d_hidden, self.temperature = d_pe, d_hidden, float(temperature)
         self.gru = nn.GRU(d_pe, d_hidden, 1, batch_first=True, bidirectional=True)
         self.linear = nn.Linear(d_hidden, 1, bias=False)
+        self.largest_set = 0  # the widest batch pooled so far (a shape: no host sync); not state
 
     def weight_table(self, size: int) -> torch.Tensor:
         """(size, size): row n-1 holds the weights of a set of n members over the ranks
@@ -146,6 +147,7 @@ class GPO(nn.Module):
     def pool_with_weights(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(pooled (B, E), weights (B, K))."""
         check_lengths(x, lengths)
+        self.largest_set = max(self.largest_set, x.shape[1])
         padding = ~set_mask(lengths, x.shape[1], x.device)[:, None, :]
         weights = self.weights(lengths, x.shape[1])
         # (B, E, K): each dimension sorted along its last axis, about twice as fast as along

@@ -245,14 +245,16 @@ class VSEModel(nn.Module):
         return self.image_encoder.backbone
 
     @torch.no_grad()
-    def pool_weights(self, image_set_size: int | None, caption_length: int | None) -> dict:
-        """The weights learned pools give each rank (VSE∞'s GPO): for the image side a table
-        over sets of 1..``image_set_size`` members, for the caption side over 1..``caption_length``
-        tokens (row n-1: a set of n). Empty for pools without weights (mean, max)."""
+    def pool_weights(self, sizes: dict | None = None) -> dict:
+        """The weights learned pools give each rank (VSE∞'s GPO), side ("image", "text") →
+        table over sets of 1..n members (row n-1: a set of n, zero past it), n from ``sizes``
+        or else the widest batch the pool has seen.  Empty for pools without weights (mean,
+        max) or not yet run; a checkpoint keeps it under "pool_weights" for plots."""
         out = {}
-        for side, module, size in (("image", getattr(self.image_encoder, "head", None), image_set_size),
-                                   ("text", self.text_encoder, caption_length)):
+        sides = (("image", getattr(self.image_encoder, "head", None)), ("text", self.text_encoder))
+        for side, module in sides:
             pool = getattr(module, "pool", None)
+            size = (sizes or {}).get(side) or getattr(pool, "largest_set", 0)
             if isinstance(pool, GPO) and size:
                 out[side] = pool.weight_table(int(size)).float().cpu().tolist()
         return out

@@ -6,6 +6,8 @@
   searched in (VSE++ Fig. 2b), mean ± std over seeds.
 - ``epochs_to_best``: epochs to the best validation M-Recall per loss (LSEH's
   training-efficiency figure), mean over runs with each run as a dot.
+- ``pool_weights``: the weight a learned pool (VSE∞'s GPO) gives each rank of a full set, per
+  run and side, from the "pool_weights" its best checkpoint keeps (VSE∞ Fig. 4).
 
 Figures are built with ``matplotlib.figure.Figure`` (Agg canvas), never pyplot, so no GUI
 backend or global state is involved.
@@ -23,7 +25,7 @@ from .runs import fractional_epochs
 
 FORMAT = "vse-plot"
 _FORMAT_TAG = {".png": {"format": FORMAT}, ".pdf": {"Creator": FORMAT}}  # read by fsutil.output_format
-FIGURES = ("validation_curves", "negative_set_size", "epochs_to_best")
+FIGURES = ("validation_curves", "negative_set_size", "epochs_to_best", "pool_weights")
 
 
 def _figure(width: float, height: float, ncols: int = 1):
@@ -122,6 +124,42 @@ def epochs_to_best(rows, out_stem) -> list[Path]:
     return save_figure(fig, out_stem)
 
 
+def pool_weights(tables: dict[str, dict], out_stem) -> list[Path]:
+    """``tables``: run name → {side: table} (``VSEModel.pool_weights``); the last row of each
+    table (the widest set) is drawn over its ranks, image and caption side in two panels."""
+    sides = [side for side in ("image", "text") if any(side in t for t in tables.values())]
+    fig, axes = _figure(6 * len(sides), 4, len(sides))
+    for color, (name, by_side) in zip(_colors(len(tables)), tables.items()):
+        for ax, side in zip(axes, sides):
+            if side in by_side:
+                row = by_side[side][-1]
+                ax.plot(range(1, len(row) + 1), row, "-o", ms=3, color=color, label=name)
+    for ax, side in zip(axes, sides):
+        ax.set(xlabel="rank k (1: the largest value of a dimension)", ylabel="weight θ_k",
+               title=f"{'image' if side == 'image' else 'caption'} pool weights, largest set")
+        ax.grid(alpha=0.3)
+    axes[-1].legend(fontsize="small")
+    return save_figure(fig, out_stem)
+
+
+def run_pool_weights(run_dirs) -> dict[str, dict]:
+    """run name → the pool weight tables its best.pt (else last.pt) keeps; runs without any are
+    left out.  Loads checkpoints, so torch is imported only when a run has one."""
+    from .runs import RunFolder, run_names
+
+    out = {}
+    for name, path in zip(run_names(run_dirs), run_dirs):
+        folder = RunFolder(path)
+        checkpoint = next((p for p in (folder.best, folder.last) if p.is_file()), None)
+        if checkpoint is not None:
+            from .checkpoint import load_checkpoint
+
+            tables = load_checkpoint(checkpoint).get("pool_weights")
+            if tables:
+                out[name] = tables
+    return out
+
+
 def _colors(n: int):
     from matplotlib import colormaps
 
@@ -156,4 +194,7 @@ def plot_runs(run_dirs, out_dir, results=None, overwrite: bool = False) -> dict[
         written["negative_set_size"] = negative_set_size(rows, out_dir / FIGURES[1], metric)
     if any(row.get("epochs_to_best") is not None for row in rows):
         written["epochs_to_best"] = epochs_to_best(rows, out_dir / FIGURES[2])
+    tables = run_pool_weights(run_dirs) if run_dirs else {}
+    if tables:
+        written["pool_weights"] = pool_weights(tables, out_dir / FIGURES[3])
     return written

@@ -334,6 +334,7 @@ class Trainer:
             "iteration": self.progress.iteration,
             "rng": rng if rng is not None else rng_state([device_rng_state(self.device)]),
             "file_identity": self.file_identity,
+            **({"pool_weights": weights} if (weights := self.model.pool_weights()) else {}),
         }
 
 
