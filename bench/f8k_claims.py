@@ -1,6 +1,11 @@
 """The papers' claims, tested over seeds on a seed-grouped results.csv (`make f8k-fast`).
 
     python bench/f8k_claims.py bench/results/f8k_fast/results.csv > bench/results/f8k_fast/claims.json
+    python bench/f8k_claims.py bench/results/f8k_sets/results.csv --claims sets
+    python bench/f8k_claims.py bench/results/f8k_vse_infty/results.csv --claims vse_infty
+
+A configuration is named by its loss, or by its run name without the seed (a sweep's grid
+point, e.g. ``image=grid-gpo``).
 
 Each claim compares two configurations (rows of one loss, all seeds) on one metric with
 Welch's one-sided t-test over the seeds (pipeline.stats, docs/PROTOCOL.md "Seeds and
@@ -40,10 +45,36 @@ CLAIMS = [
 ]
 
 
-def main(path: str) -> dict:
-    groups = {g.rows[0].get("loss"): g for g in seed_groups(read_results(path))}
+# Issue 21: VSE∞'s pooling claim on a 7 × 7 Lite0 grid (experiments/f8k_sets.yaml) ...
+SETS_CLAIMS = [
+    ("GPO pooling of the grid beats mean pooling (VSE∞)", "VSE∞", "image=grid-gpo", "image=grid-mean",
+     "rsum", False),
+    ("GPO pooling of the grid beats max pooling (VSE∞)", "VSE∞", "image=grid-gpo", "image=grid-max",
+     "rsum", False),
+    ("a grid pooled by GPO beats the one pooled vector (1C)", "VSE∞", "image=grid-gpo", "image=1c",
+     "rsum", False),
+]
+# ... and the LSEH paper's on the VSE∞-style model (experiments/f8k_vse_infty.yaml)
+VSE_INFTY_CLAIMS = [
+    ("LSEH (SVD) beats MH on rsum (LSEH on VSE∞)", "LSEH", "method=lseh-svd", "method=mh", "rsum", False),
+    ("LSEH (SVD) reaches its best in fewer epochs than MH", "LSEH", "method=lseh-svd", "method=mh",
+     "epochs_to_best", True),
+    ("LSEH (bert) beats MH on rsum", "LSEH", "method=lseh-bert", "method=mh", "rsum", False),
+    ("LSEH with SVD beats LSEH with bert relevance (LSEH §4.7)", "LSEH", "method=lseh-svd",
+     "method=lseh-bert", "rsum", False),
+    ("LSEH (SVD) orders judged captions more like people than MH (tau)", "human", "method=lseh-svd",
+     "method=mh", "human_i2t_tau", False),
+]
+CLAIM_SETS = {"fast": CLAIMS, "sets": SETS_CLAIMS, "vse_infty": VSE_INFTY_CLAIMS}
+
+
+def main(path: str, claims: str = "fast") -> dict:
+    groups = {}
+    for g in seed_groups(read_results(path)):
+        groups.setdefault(g.rows[0].get("loss"), g)
+        groups[g.label] = g
     out = []
-    for claim, paper, better, worse, metric, lower in CLAIMS:
+    for claim, paper, better, worse, metric, lower in CLAIM_SETS[claims]:
         if better not in groups or worse not in groups or metric not in groups[better].samples:
             out.append({"claim": claim, "verdict": "not measured"})
             continue
@@ -61,5 +92,10 @@ def main(path: str) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1] if len(sys.argv) > 1 else "bench/results/f8k_fast/results.csv"),
-                     indent=1))
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="?", default="bench/results/f8k_fast/results.csv")
+    parser.add_argument("--claims", choices=sorted(CLAIM_SETS), default="fast")
+    args = parser.parse_args()
+    print(json.dumps(main(args.results, args.claims), indent=1))

@@ -54,12 +54,13 @@ CSV_OPTION_HELP = {
 CSV_OPTION_TYPES = {"split_seed": int}
 
 
-def csv_option_decorators() -> list:
+def csv_option_decorators(names=CSV_OPTION_NAMES, applies: str = "--dataset csv") -> list:
     """One click option per csv layout field, default None (= the layout's default): what
-    ``csv_options`` adds, and what `vse train` can add as TrainConfig fields of the same names."""
+    ``csv_options`` adds, and what `vse train` can add as TrainConfig fields of the same names.
+    ``names``: a subset; ``applies`` replaces "--dataset csv" in their help (`vse embed`)."""
     return [click.option(option_flag(name), name, type=CSV_OPTION_TYPES.get(name, str), default=None,
-                         help=CSV_OPTION_HELP[name])
-            for name in CSV_OPTION_NAMES]
+                         help=CSV_OPTION_HELP[name].replace("--dataset csv", applies))
+            for name in names]
 
 
 def csv_options(kind_param: str):

@@ -41,6 +41,7 @@ COMMANDS = {
     "gallery": "cli.report_cmd:gallery_command",
     "check-loss": "cli.check_loss_cmd:check_loss_command",
     "check-head": "cli.check_head_cmd:check_head_command",
+    "embed": "cli.embed_cmd:embed_command",
     "index": "cli.search_cmd:index",
     "search": "cli.search_cmd:search",
     "serve": "cli.search_cmd:serve",

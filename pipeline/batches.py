@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from .cache import FeatureCache
+from .cache import IMAGE_PIPELINE_ATTRS, FeatureCache
 from .errors import VseError
 from .models import PixelBackbone
 
@@ -97,6 +97,7 @@ class PairSource(Protocol):
     backbone: PixelBackbone | None  # the CNN the model runs on the inputs (RC mode)
     location: str            # the cache or dataset root, for messages
     feature_source: dict     # recorded in checkpoints: backbone, crops, dataset
+    image_pipeline: dict | None  # recorded in checkpoints: how `vse extract` made the features
     encode_batch_size: int   # images per forward pass in validation
 
 
@@ -137,6 +138,11 @@ class CachedFeatures:
                          "grid" if self.index.attrs.get("grid") else "regions")
         self.feature_source = {k: self.index.attrs.get(k) for k in ("backbone", "crops", "dataset", "grid")
                                if k in self.index.attrs}
+        # how an image became its features (None for imported precomputed features: no image
+        # pipeline to repeat), kept in checkpoints for `vse embed`
+        attrs = self.index.attrs
+        self.image_pipeline = ({k: attrs[k] for k in IMAGE_PIPELINE_ATTRS if k in attrs}
+                               if attrs.get("weights_sha256") else None)
 
 
 class PairBatches(torch.utils.data.Dataset):

@@ -34,6 +34,11 @@ from .index import CaptionIndex, IndexedRows, caption_fingerprint
 FORMAT = "vse-features"
 FORMAT_VERSION = 1
 SHARD_FORMAT = "vse-features-shard"
+# The attributes of a cache `vse extract` made that say how an image became its features:
+# checkpoints keep them ("image_pipeline"), and `vse embed` rebuilds that pipeline from them.
+IMAGE_PIPELINE_ATTRS = ("backbone", "weights_sha256", "weights_file", "crops", "image_size", "resize",
+                        "resize_mode", "interpolation", "mean", "std", "engine", "precision", "grid",
+                        "input_scale")
 SET_DTYPE = np.float16  # members of a set are stored in half precision (a 7×7 Lite0 grid: 125 kB)
 DEFAULT_SHARD_SIZE = 1000
 _STRING = h5py.string_dtype("utf-8")

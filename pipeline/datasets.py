@@ -508,6 +508,60 @@ def load_csv(root, *, layout: CsvLayout | None = None,
     return dataset
 
 
+@dataclass(frozen=True)
+class CsvItem:
+    """One usable row of a CSV read as a table of items (`vse embed`): ``where`` is
+    ``<file name>:<line>``; ``image`` the path relative to the CSV's folder (existence is not
+    checked: a missing file is the embedder's to report), ``image_id`` the id column's value or
+    that path; ``caption`` may be empty."""
+
+    where: str
+    image: str
+    image_id: str
+    caption: str
+
+
+def read_csv_items(path, layout: CsvLayout | None = None, *, captions: bool = True) -> list[CsvItem]:
+    """The rows of a CSV in ``layout``'s columns (the caption column only when ``captions``),
+    for embedding rather than training: no split, no grouping.  A path that leaves the CSV's
+    folder, a row of the wrong width or an empty path is refused in one line naming it."""
+    layout = layout or CsvLayout()
+    path = _csv_file(path)
+    folder = path.parent
+    rows = _CsvRows(_decode_utf8(path), layout.csv_separator, path)
+    header = next((row for _, row in rows if any(value.strip() for value in row)), None)
+    if header is None:
+        raise VseError("empty file (no header row)", path)
+    header = [name.strip() for name in header]
+
+    def find(name, flag):
+        return find_column(header, name, flag, layout.csv_separator, path)
+
+    image = find(layout.csv_img_key, "--csv-img-key")
+    caption = find(layout.csv_caption_key, "--csv-caption-key") if captions else None
+    id_column = None if layout.csv_id_key is None else find(layout.csv_id_key, "--csv-id-key")
+    bases = list(dict.fromkeys([folder, folder.resolve()]))
+    items = []
+    for line, row in rows:
+        if not any(value.strip() for value in row):
+            continue
+        if len(row) != len(header):
+            raise VseError(f"line {line}: {len(row)} fields, the header has {len(header)}", path)
+        name = row[image].strip()
+        relative = _csv_image_path(name, bases) if name else None
+        if relative is None:
+            raise VseError(f"line {line}: image path {name!r} " + ("is empty" if not name else
+                           f"leaves the CSV's folder {folder}"), path)
+        image_id = relative if id_column is None else row[id_column].strip()
+        if not image_id:
+            raise VseError(f"line {line}: the id column {layout.csv_id_key!r} is empty", path)
+        items.append(CsvItem(f"{path.name}:{line}", relative, image_id,
+                             row[caption].strip() if caption is not None else ""))
+    if not items:
+        raise VseError("no rows under the header", path)
+    return items
+
+
 class _CsvRows:
     """(first line number, fields) of each row of a CSV text; strict quoting: a quote left
     open (which would swallow the rows after it) or text after a closing quote is a VseError
@@ -548,15 +602,20 @@ class _CsvColumns:
                            f"{header[self.split]!r} is read (--csv-split-key '' ignores it)", path)
 
     def find(self, name: str, flag: str) -> int:
-        found = [i for i, column in enumerate(self.header) if column == name]
-        if len(found) > 1:
-            raise VseError(f"column {name!r} ({flag}) appears {len(found)} times in the header", self.path)
-        if not found:
-            hint = (f"; a single column: is the separator {self.separator!r} right (--csv-separator)?"
-                    if len(self.header) == 1 else "")
-            raise VseError(f"no column {name!r} ({flag}); the header has "
-                           f"{', '.join(map(repr, self.header))}{hint}", self.path)
-        return found[0]
+        return find_column(self.header, name, flag, self.separator, self.path)
+
+
+def find_column(header: list[str], name: str, flag: str, separator: str, path: Path) -> int:
+    """The position of column ``name`` (option ``flag``) in ``header``; VseError if missing or repeated."""
+    found = [i for i, column in enumerate(header) if column == name]
+    if len(found) > 1:
+        raise VseError(f"column {name!r} ({flag}) appears {len(found)} times in the header", path)
+    if not found:
+        hint = (f"; a single column: is the separator {separator!r} right (--csv-separator)?"
+                if len(header) == 1 else "")
+        raise VseError(f"no column {name!r} ({flag}); the header has {', '.join(map(repr, header))}{hint}",
+                       path)
+    return found[0]
 
 
 def _read_csv_rows(rows: _CsvRows, columns: _CsvColumns, path: Path, report: LoadReport):

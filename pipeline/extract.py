@@ -277,39 +277,20 @@ def _compute_shards(forward, plan: CropPlan, paths, image_ids, writer: ShardedWr
                for a in range(start, stop, options.batch_size)]
     if not batches:
         return
-    workers = loader_workers(options, forward)
-    images = _PreparedImages(paths, plan)
-    if forward.in_loader_workers and workers:
-        loader = torch.utils.data.DataLoader(
-            _EncodedBatches(images, batches, forward, engine_threads_per_worker(workers)),
-            batch_size=None, num_workers=workers,
-            worker_init_fn=_own_engine, prefetch_factor=PREFETCH_BATCHES)
-
-        def encode(features):
-            return features
-    else:
-        loader = torch.utils.data.DataLoader(
-            images, batch_sampler=batches, num_workers=workers, pin_memory=runtime.pin_memory(device),
-            prefetch_factor=PREFETCH_BATCHES if workers else None)
-
-        def encode(prepared):
-            x = plan.network_input(prepared.to(device, non_blocking=True),
-                                   channels_last=forward.channels_last)
-            return plan.average(forward(x))
+    batches_out = encode_images(forward, plan, paths, batches, loader_workers(options, forward), device)
     shard_of = {row: i for i in todo for row in range(*writer.bounds[i])}
     progress = tqdm(total=sum(len(b) for b in batches), unit="img", dynamic_ncols=True,
                     desc=f"{options.backbone} {plan.crops}C {forward.name}",
                     disable=not (options.progress and distributed.is_main()))
     shard, features, bad_rows = None, None, []
     started = time.perf_counter()
-    with progress, torch.inference_mode():
-        for batch_rows, loaded, errors in loader:
-            batch_rows = batch_rows.tolist()
+    with progress:
+        for batch_rows, batch, errors in batches_out:
             if shard_of[batch_rows[0]] != shard:
                 shard = shard_of[batch_rows[0]]
                 start, stop = writer.bounds[shard]
                 features, bad_rows = np.empty((stop - start, *writer.item_shape), writer.dtype), []
-            batch = encode(loaded).cpu().numpy()
+            batch = batch.numpy()
             for k, message in enumerate(errors):
                 if message:
                     if not options.skip_bad_images:
@@ -325,6 +306,41 @@ def _compute_shards(forward, plan: CropPlan, paths, image_ids, writer: ShardedWr
                 result.shards_computed += 1
                 result.images_computed += stop - start
     result.seconds = time.perf_counter() - started
+
+
+def encode_images(forward, plan: CropPlan, paths, batches: list[list[int]], workers: int,
+                  device: torch.device):
+    """(rows, features on the CPU, error messages) of each of ``batches`` (lists of indices
+    into ``paths``), in order: images decoded and cropped by ``plan`` in ``workers`` loader
+    processes, encoded by ``forward`` (an engine; ``None``: the uint8 prepared images
+    themselves, for a model with its own CNN).  An unreadable image gives a blank input and
+    its message, never an exception: the caller decides.  `vse extract` and `vse embed`."""
+    images = _PreparedImages(paths, plan)
+    if forward is not None and forward.in_loader_workers and workers:
+        loader = torch.utils.data.DataLoader(
+            _EncodedBatches(images, batches, forward, engine_threads_per_worker(workers)),
+            batch_size=None, num_workers=workers,
+            worker_init_fn=_own_engine, prefetch_factor=PREFETCH_BATCHES)
+
+        def encode(features):
+            return features
+    else:
+        loader = torch.utils.data.DataLoader(
+            images, batch_sampler=batches, num_workers=workers, pin_memory=runtime.pin_memory(device),
+            prefetch_factor=PREFETCH_BATCHES if workers else None)
+
+        def encode(prepared):
+            if forward is None:
+                return prepared
+            x = plan.network_input(prepared.to(device, non_blocking=True),
+                                   channels_last=forward.channels_last)
+            return plan.average(forward(x))
+    for batch_rows, loaded, errors in loader:
+        # inference mode per batch, never held across the yield: a generator left suspended
+        # (its consumer raised) would leave it on for the whole thread
+        with torch.inference_mode():
+            features = encode(loaded).cpu()
+        yield batch_rows.tolist(), features, list(errors)
 
 
 def _my_shards(writer: ShardedWriter) -> list[int]:

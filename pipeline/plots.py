@@ -143,8 +143,9 @@ def pool_weights(tables: dict[str, dict], out_stem) -> list[Path]:
 
 
 def run_pool_weights(run_dirs) -> dict[str, dict]:
-    """run name → the pool weight tables its best.pt (else last.pt) keeps; runs without any are
-    left out.  Loads checkpoints, so torch is imported only when a run has one."""
+    """run name → the pool weight tables its best.pt (else last.pt) keeps; runs without any,
+    or whose checkpoint cannot be read, are left out.  Loads checkpoints, so torch is imported
+    only when a run has one."""
     from .runs import RunFolder, run_names
 
     out = {}
@@ -153,8 +154,12 @@ def run_pool_weights(run_dirs) -> dict[str, dict]:
         checkpoint = next((p for p in (folder.best, folder.last) if p.is_file()), None)
         if checkpoint is not None:
             from .checkpoint import load_checkpoint
+            from .errors import VseError
 
-            tables = load_checkpoint(checkpoint).get("pool_weights")
+            try:
+                tables = load_checkpoint(checkpoint).get("pool_weights")
+            except VseError:  # the figure is extra: an unreadable checkpoint only loses its line
+                continue
             if tables:
                 out[name] = tables
     return out

@@ -143,6 +143,7 @@ class ImageSource:
         self.backbone_name, self.weights_sha256 = loaded.name, loaded.weights_sha256
         self.feature_dim = loaded.feature_dim
         self.set_kind = "grid" if grid else None
+        self.image_pipeline = None  # the checkpoint's backbone entry and its name say it all
         name = loaded.name if not finetune else f"{loaded.name}, fine-tuned end to end (RC)"
         self.feature_source = {"backbone": name, "crops": 1, "dataset": dataset_kind, "finetuned": finetune,
                                **({"grid": list(loaded.grid)} if grid else {})}
@@ -175,6 +176,23 @@ def freeze_unused_parameters(backbone: PixelBackbone, side: int) -> list[str]:
             unused.append(name)
         parameter.grad = None
     return unused
+
+
+def rc_model(state: dict, checkpoint) -> tuple[VSEModel, Preprocessing]:
+    """The model of an RC checkpoint with the CNN weights it carries, frozen, in eval mode on
+    the CPU, and the CNN's preprocessing (`vse embed`)."""
+    entry = state["backbone"]
+    loaded = load_backbone(entry["name"], state["train_config"].get("backbone_weights"),
+                           grid=bool(entry.get("grid")))
+    p = loaded.preprocessing
+    model = VSEModel(ModelConfig.from_dict(state["model_config"]),
+                     PixelBackbone(loaded.module, p.mean, p.std, trainable=False))
+    try:
+        model.load_state_dict(join_state(state["model"], entry["state"]))
+    except RuntimeError as exc:
+        raise VseError(f"checkpoint does not match the model it describes ({str(exc).splitlines()[0][:160]})",
+                       checkpoint) from exc
+    return model.eval(), p
 
 
 def embed_rc_checkpoint(checkpoint, dataset_kind: str, root, split: str, device: torch.device,

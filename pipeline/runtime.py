@@ -16,11 +16,13 @@ import torch
 from .errors import VseError
 
 
-def resolve_device(name: str = "auto") -> torch.device:
+def resolve_device(name: str | torch.device = "auto") -> torch.device:
     """``auto`` → the local CUDA device when there is one, else CPU.  ``cuda`` under torchrun is
     this process's GPU (``LOCAL_RANK``); an explicit ``cuda:N`` is refused there (every rank
     would land on GPU N: choose GPUs with CUDA_VISIBLE_DEVICES).  A CUDA device becomes the
     current one, so no CUDA state (context, caching allocator, NCCL) opens on GPU 0 by default."""
+    if isinstance(name, torch.device):
+        return name
     name = (name or "auto").lower()
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"

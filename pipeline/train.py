@@ -326,6 +326,7 @@ class Trainer:
             "train_config": self.cfg.to_dict(),
             "world_size": self.world,
             "feature_source": self.source.feature_source,
+            **({"image_pipeline": self.source.image_pipeline} if self.source.image_pipeline else {}),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),

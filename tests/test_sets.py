@@ -162,3 +162,111 @@ def test_nan_in_a_set_is_named_by_vse_info(tmp_path):
     assert result.exit_code == 1 and "broken cache" in result.output and "NaN" in result.output
     with FeatureCache(cache) as c:
         assert c.check().nan_rows.tolist() == [2] and c.dtype == np.float16  # write_cache stores sets in f16
+
+
+# ---------------------------------------------------------------------------- training on sets
+
+SET_TRAIN = ("--epochs", 1, "--embed-dim", 16, "--word-dim", 8, "--batch-size", 16, "--lr", 5e-3,
+             "--min-word-count", 1, "--val-every", 0, "--workers", 0, "--device", "cpu")
+
+
+@pytest.fixture(scope="module")
+def set_cache(tmp_path_factory) -> Path:
+    """40 real demo images' captions; each image a set of K = 6 members: its learnable vector
+    (conftest.learnable_features) plus member noise, as a 2 × 3 grid."""
+    from conftest import learnable_features
+
+    ids, captions = demo_captions(40)
+    caption_image = np.repeat(np.arange(40), 5)
+    base = learnable_features(captions, caption_image, 40, dim=24)
+    rng = np.random.default_rng(1)
+    sets = base[:, None, :] + 0.3 * rng.standard_normal((40, 6, 24)).astype(np.float32)
+    splits = {"train": np.arange(24), "dev": np.arange(24, 32), "test": np.arange(32, 40)}
+    path = tmp_path_factory.mktemp("sets") / "sets.h5"
+    return write_feature_cache(path, sets, captions, caption_image, splits, image_ids=ids, grid=[2, 3])
+
+
+@pytest.fixture(scope="module")
+def set_relevance(set_cache, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("rel") / "svd.h5"
+    assert vse("relevance", "--features", set_cache, "--method", "svd", "--k", 8, "--out", out).exit_code == 0
+    return out
+
+
+def _records(run: Path) -> list[dict]:
+    import json
+
+    return [{k: v for k, v in json.loads(line).items() if k != "time"}
+            for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("loss", ["sh", "mh", "order", "lseh", "ladder", "csn", "cmn", "mvn"])
+def test_every_loss_trains_on_sets_and_keeps_its_pool_weights(set_cache, set_relevance, tmp_path, loss):
+    import torch
+
+    extra = ("--relevance", set_relevance) if loss in ("lseh", "ladder") else ()
+    result = vse("train", "--features", set_cache, "--run-dir", tmp_path / "r", "--loss", loss,
+                 "--image-pool", "gpo", *extra, *SET_TRAIN)
+    assert result.exit_code == 0, result.output
+    (record,) = _records(tmp_path / "r")
+    assert np.isfinite(record["rsum"]) and record["epoch"] == 1
+    weights = torch.load(tmp_path / "r" / "best.pt", weights_only=True)["pool_weights"]["image"]
+    assert len(weights) == 6 and all(abs(sum(row) - 1) < 1e-5 for row in weights)  # one row per set size
+
+
+def test_a_resumed_set_run_equals_an_uninterrupted_one(set_cache, tmp_path):
+    """The size augmentation draws from the run's torch RNG, which a checkpoint restores."""
+    import torch
+
+    common = ("--image-pool", "gpo", "--loss", "mh", *SET_TRAIN[2:], "--seed", 3)
+    straight = vse("train", "--features", set_cache, "--run-dir", tmp_path / "a", "--epochs", 3, *common)
+    assert straight.exit_code == 0, straight.output
+    first = vse("train", "--features", set_cache, "--run-dir", tmp_path / "b", "--epochs", 1, *common)
+    assert first.exit_code == 0, first.output
+    resumed = vse("train", "--run-dir", tmp_path / "b", "--resume", "--epochs", 3)
+    assert resumed.exit_code == 0, resumed.output
+    assert _records(tmp_path / "a") == _records(tmp_path / "b")
+    a, b = (torch.load(tmp_path / r / "last.pt", weights_only=True)["model"] for r in "ab")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_augmentation_runs_in_training_only(set_cache):
+    import torch
+
+    from pipeline.cache import FeatureCache as Cache
+    from pipeline.models import ModelConfig, VSEModel
+
+    cfg = dict(feature_dim=24, embed_dim=8, vocab_size=0, text_dim=4, image_pool="gpo")
+    model = VSEModel(ModelConfig(**cfg, size_augment="grid"))
+    plain = VSEModel(ModelConfig(**cfg, size_augment=None))
+    plain.load_state_dict(model.state_dict())
+    with Cache(set_cache) as cache:
+        x = torch.from_numpy(cache.read(np.arange(8))).float()
+    model.eval(), plain.eval()
+    assert torch.equal(model.image_encoder(x), plain.image_encoder(x))
+    model.train(), plain.train()
+    torch.manual_seed(0)
+    assert not torch.allclose(model.image_encoder(x), plain.image_encoder(x))
+
+
+def test_plugin_pool_text_pools_and_evaluation(set_cache, tmp_path):
+    run = tmp_path / "attn"
+    result = vse("train", "--features", set_cache, "--run-dir", run, "--image-pool",
+                 "examples/attention_pool.py:AttentionPool", "--text-pool", "gpo", *SET_TRAIN)
+    assert result.exit_code == 0, result.output  # a user's image pool and VSE∞'s BiGRU + GPO
+    evaluated = vse("evaluate", "--checkpoint", run / "best.pt", "--features", set_cache, "--split", "test",
+                    "--json")
+    assert evaluated.exit_code == 0, evaluated.output
+    assert '"rsum"' in evaluated.stdout
+
+
+def test_sets_and_vectors_are_never_taken_for_each_other(set_cache, tiny_cache, sh_run, tmp_path):
+    wants_sets = vse("train", "--features", tiny_cache, "--run-dir", tmp_path / "a", "--image-pool", "gpo",
+                     *SET_TRAIN)
+    assert wants_sets.exit_code == 1 and "one vector per image" in wants_sets.stderr
+    assert len(wants_sets.stderr.strip().splitlines()) == 1 and not (tmp_path / "a" / "last.pt").exists()
+    wants_vectors = vse("train", "--features", set_cache, "--run-dir", tmp_path / "b", *SET_TRAIN)
+    assert wants_vectors.exit_code == 1 and "--image-pool" in wants_vectors.stderr
+    evaluated = vse("evaluate", "--checkpoint", sh_run / "best.pt", "--features", set_cache,
+                    "--split", "test")
+    assert evaluated.exit_code == 1 and "holds sets" in evaluated.stderr
