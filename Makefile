@@ -8,6 +8,10 @@
 #                      (a recorded run: bench/results/f8k_losses/)
 #   make f8k-fast    — every loss in cached-text mode, 5 seeds, mean ± std, significance, human
 #                      judgments (experiments/f8k_fast.yaml; bench/results/f8k_fast/)
+#   make f8k-sets    — 1C against the 7 × 7 grid pooled by mean / max / GPO, 3 seeds
+#                      (experiments/f8k_sets.yaml; bench/results/f8k_sets/)
+#   make f8k-vse-infty — MH vs LSEH (svd, bert) on the VSE∞-style model, 3 seeds, human judgments
+#                      (experiments/f8k_vse_infty.yaml; bench/results/f8k_vse_infty/)
 
 PYTHON  ?= python3
 VENV    ?= .venv
@@ -20,7 +24,7 @@ FLICKR8K ?= ../shared/data/flickr8k
 export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
-.PHONY: install demo test bench f8k-vsepp f8k-losses f8k-fast clean
+.PHONY: install demo test bench f8k-vsepp f8k-losses f8k-fast f8k-sets f8k-vse-infty clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -114,6 +118,34 @@ f8k-fast: $(F8K_FEATURES) $(F8K_TEXT) $(CACHE)/f8k_svd.h5 $(CACHE)/f8k_bert.h5 $
 	$(VSE) report $(FAST_OUT)/results.csv --columns recall --epochs-to-best | tee $(FAST_OUT)/table_recall.md
 	$(VSE) report $(FAST_OUT)/results.csv --columns human | tee $(FAST_OUT)/table_human.md
 	$(PY) bench/f8k_claims.py $(FAST_OUT)/results.csv | tee $(FAST_OUT)/claims.json
+
+# ---- sets (VSE∞): the 7 × 7 grid pooled by mean / max / GPO, and LSEH on the VSE∞-style model --
+F8K_GRID   = $(CACHE)/f8k_effnet_grid7.h5
+F8K_TOKENS = $(CACHE)/f8k_minilm_tokens.h5
+SETS_OUT   = bench/results/f8k_sets
+INFTY_OUT  = bench/results/f8k_vse_infty
+
+$(F8K_GRID): $(VENV)/.installed
+	$(VSE) extract --dataset flickr8k --root $(FLICKR8K) --grid --out $@
+
+$(F8K_TOKENS): $(F8K_FEATURES)
+	$(VSE) encode-text --features $(F8K_FEATURES) --model minilm --tokens --out $@
+
+f8k-sets: $(F8K_FEATURES) $(F8K_GRID) $(F8K_TEXT)
+	$(VSE) sweep experiments/f8k_sets.yaml --runs-dir $(F8K_RUNS)
+	$(VSE) evaluate --runs '$(F8K_RUNS)/sets/*' --split test --judgments $(JUDGMENTS) --out $(SETS_OUT)/results.csv
+	$(VSE) report $(SETS_OUT)/results.csv --columns recall --epochs-to-best | tee $(SETS_OUT)/table_recall.md
+	$(PY) bench/f8k_claims.py $(SETS_OUT)/results.csv --claims sets | tee $(SETS_OUT)/claims.json
+	$(VSE) plot --runs '$(F8K_RUNS)/sets/*' --out $(SETS_OUT)/figures
+
+f8k-vse-infty: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5 $(CACHE)/f8k_bert.h5
+	$(VSE) sweep experiments/f8k_vse_infty.yaml --runs-dir $(F8K_RUNS)
+	$(VSE) evaluate --runs '$(F8K_RUNS)/vse_infty/*' --split test --judgments $(JUDGMENTS) \
+	  --out $(INFTY_OUT)/results.csv
+	$(VSE) report $(INFTY_OUT)/results.csv --columns recall --epochs-to-best | tee $(INFTY_OUT)/table_recall.md
+	$(VSE) report $(INFTY_OUT)/results.csv --columns human | tee $(INFTY_OUT)/table_human.md
+	$(PY) bench/f8k_claims.py $(INFTY_OUT)/results.csv --claims vse_infty | tee $(INFTY_OUT)/claims.json
+	$(VSE) plot --runs '$(F8K_RUNS)/vse_infty/*' --out $(INFTY_OUT)/figures
 
 test: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -333,7 +333,7 @@ def main() -> None:
     kinds = args.kinds.split(",")
     results, targets, service_index = [], {}, None
     try:
-        for dim in (int(d) for d in args.dims.split(",")):
+        for dim in (int(d) for d in args.dims.split(",") if d):  # --dims '': the service alone
             embeddings = workdir / f"embeddings_{dim}.h5"
             started = time.perf_counter()
             write_embeddings_file(embeddings, args.n, dim, args.tune_queries, checkpoint)

@@ -26,7 +26,8 @@ def _with_csv_options(command):
 @click.option("--features", type=click.Path(dir_okay=False),
               help="The feature cache whose image pipeline to use, when the checkpoint does not record "
                    "it (older checkpoints) and the cache it names has moved.")
-@click.option("--batch-size", type=int, default=64, show_default=True, help="Images per forward pass.")
+@click.option("--batch-size", type=int, default=None,
+              help="Images per forward pass [default: vse extract's].")
 @click.option("--workers", type=int, default=None, help="Image decoding processes [default: the cores - 1].")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:1, mps.")
 @click.option("--strict", is_flag=True, help="Stop (writing nothing) if any image cannot be read, "

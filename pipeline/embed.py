@@ -46,7 +46,6 @@ from .search_index import EMBEDDINGS_FORMAT, EMBEDDINGS_VERSION, GROUP_FIELD
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 TABLE_SUFFIXES = (".csv", ".tsv")
 PART_SIZE = 1024  # items per part file: the most a killed run loses
-DEFAULT_BATCH = 64
 
 
 # ---------------------------------------------------------------------------- inputs
@@ -338,7 +337,7 @@ class EmbedResult:
 
 
 def embed_files(checkpoint, out, images=None, captions=None, *, layout: CsvLayout | None = None,
-                device="auto", batch_size: int = DEFAULT_BATCH, workers: int | None = None,
+                device="auto", batch_size: int | None = None, workers: int | None = None,
                 features=None, strict: bool = False, overwrite: bool = False,
                 progress: bool = False, part_size: int = PART_SIZE) -> EmbedResult:
     """Embed ``images`` and/or ``captions`` (see ``image_items``, ``caption_items``) with
@@ -351,6 +350,7 @@ def embed_files(checkpoint, out, images=None, captions=None, *, layout: CsvLayou
 
     if images is None and captions is None:
         raise VseError("nothing to embed: give --images and/or --captions")
+    batch_size = ExtractOptions.batch_size if batch_size is None else batch_size  # extract's batches
     if batch_size < 1 or part_size < 1:
         raise VseError(f"--batch-size must be at least 1, not {batch_size}")
     out = Path(out)

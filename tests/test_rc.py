@@ -276,3 +276,21 @@ def test_cli_rc_options_and_their_errors(images_root, tmp_path):
     assert result.exit_code == 1 and "--finetune needs --rc" in result.output
     result = runner.invoke(cli, base + ["--rc"])
     assert result.exit_code == 1 and "--rc needs --root" in result.output
+
+
+def test_rc_pools_the_cnn_map_end_to_end_and_embeds_like_evaluate(images_root, tmp_path):
+    """--rc --image-pool gpo: the CNN's map as a set (VSE∞'s grid setting), fine-tuned; evaluated
+    on images, and `vse embed` of the same files gives the same image embeddings."""
+    trainer = Trainer(_rc(images_root, tmp_path / "grid", epochs=1, loss="mh", finetune=True,
+                          image_pool="gpo"), **QUIET)
+    trainer.fit()
+    state = load_checkpoint(tmp_path / "grid" / "best.pt")
+    assert state["backbone"]["grid"] is True and len(state["pool_weights"]["image"]) == 16 * 16
+    emb = embed_rc_checkpoint(tmp_path / "grid" / "best.pt", "flickr8k", images_root, "test",
+                              torch.device("cpu"))
+    from pipeline.embed import Embedder
+
+    names = [trainer.index.paths[r] for r in emb.image_rows]
+    embedded = Embedder.from_checkpoint(tmp_path / "grid" / "best.pt", "cpu").embed_images(names)
+    expected = emb.images / np.linalg.norm(emb.images, axis=1, keepdims=True)
+    np.testing.assert_allclose(embedded, expected, atol=1e-5)

@@ -258,6 +258,13 @@ def test_plugin_pool_text_pools_and_evaluation(set_cache, tmp_path):
                     "--json")
     assert evaluated.exit_code == 0, evaluated.output
     assert '"rsum"' in evaluated.stdout
+    import torch
+
+    kept = torch.load(run / "best.pt", weights_only=True)["pool_weights"]
+    assert set(kept) == {"text"}  # the user's attention pool has no rank weights; the BiGRU's GPO has
+    plotted = vse("plot", "--runs", run, "--out", tmp_path / "figs")
+    assert plotted.exit_code == 0, plotted.output
+    assert (tmp_path / "figs" / "pool_weights.png").stat().st_size > 5000
 
 
 def test_sets_and_vectors_are_never_taken_for_each_other(set_cache, tiny_cache, sh_run, tmp_path):
