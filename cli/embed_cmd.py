@@ -17,8 +17,8 @@ def _with_csv_options(command):
 
 @click.command("embed")
 @click.argument("checkpoint", type=click.Path(dir_okay=False))
-@click.option("--images", type=click.Path(), help="A folder of images, a CSV (image column), or a list "
-              "file of paths (one per line, relative to the list's folder).")
+@click.option("--images", type=click.Path(), help="A folder of images, one image, a CSV (image column), "
+              "or a list file of paths (one per line, relative to the list's folder).")
 @click.option("--captions", type=click.Path(dir_okay=False),
               help="A text file (one caption per line) or a CSV (caption column).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Embeddings file (.h5) to write.")

@@ -65,7 +65,7 @@ class Items:
 
 def image_items(source, layout: CsvLayout | None = None) -> Items:
     """The images of ``source``: a folder (every image file under it, sorted; id: the path
-    relative to it), a CSV/TSV (``layout``'s image column, and its id column when named;
+    relative to it), one image file, a CSV/TSV (``layout``'s image column, and its id column when named;
     an image of several rows counts once), or a list file (one path per line, relative to
     the list's folder; id: the line)."""
     source = Path(source)
@@ -77,6 +77,8 @@ def image_items(source, layout: CsvLayout | None = None) -> Items:
         return Items(names, names, files)
     if not source.is_file():
         raise VseError("not found (images: a folder, a CSV or a list file of paths)", source)
+    if source.suffix.lower() in IMAGE_SUFFIXES:  # one image file
+        return Items([source.name], [str(source)], [source])
     if source.suffix.lower() in TABLE_SUFFIXES:
         path_of: dict[str, str] = {}
         for item in read_csv_items(source, layout, captions=False):

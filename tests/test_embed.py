@@ -144,14 +144,14 @@ def test_the_service_side_embeds_a_query_like_the_file(made, tmp_path):
 
     embedder = Embedder.from_checkpoint(made["gpo"], "cpu")
     name = sorted((made["root"] / "images").iterdir())[0]
-    out = tmp_path / "e.h5"
-    assert vse("embed", made["gpo"], "--images", name, "--out", out, "--workers", 0).exit_code == 1  # a file
     listing = tmp_path / "one.txt"
     listing.write_text(f"{name}\n")
-    assert vse("embed", made["gpo"], "--images", listing, "--out", out, "--workers", 0,
-               "--no-progress").exit_code == 0
-    query = embedder.embed_images([Image.open(name).convert("RGB")])
-    assert np.abs(query - _read(out, "images")[0]).max() <= TOLERANCE
+    for source in (name, listing):  # one image file, or a list of one
+        out = tmp_path / f"{source.suffix[1:]}.h5"
+        assert vse("embed", made["gpo"], "--images", source, "--out", out, "--workers", 0,
+                   "--no-progress").exit_code == 0
+        query = embedder.embed_images([Image.open(name).convert("RGB")])
+        assert np.abs(query - _read(out, "images")[0]).max() <= TOLERANCE
     assert embedder.dim == 16 and embedder.similarity == "cosine"
 
 
