@@ -68,6 +68,14 @@ VSE_INFTY_CLAIMS = [
 CLAIM_SETS = {"fast": CLAIMS, "sets": SETS_CLAIMS, "vse_infty": VSE_INFTY_CLAIMS}
 
 
+def _peaked_last(row: dict) -> bool:
+    """True when a run's best epoch is its last one, so it might have gone on improving."""
+    try:
+        return int(float(row["epochs_to_best"])) >= int(float(row["epochs"]))
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 def main(path: str, claims: str = "fast") -> dict:
     groups = {}
     for g in seed_groups(read_results(path)):
@@ -84,6 +92,9 @@ def main(path: str, claims: str = "fast") -> dict:
         p_reverse = welch_greater([sign * v for v in b], [sign * v for v in a])
         verdict = ("holds" if p_claimed < ALPHA else "reversed" if p_reverse < ALPHA
                    else "inside the seed noise")
+        if metric == "epochs_to_best" and all(_peaked_last(r) for g in (better, worse)
+                                              for r in groups[g].rows):
+            verdict = "not measurable: every run was best at its last epoch (still improving)"
         (ma, sa, na), (mb, sb, nb) = mean_std(a), mean_std(b)
         out.append({"claim": claim, "paper": paper, "metric": metric,
                     better: {"mean": ma, "std": sa, "n": na}, worse: {"mean": mb, "std": sb, "n": nb},
