@@ -12,6 +12,8 @@
 #                      (experiments/f8k_sets.yaml; bench/results/f8k_sets/)
 #   make f8k-vse-infty — MH vs LSEH (svd, bert) on the VSE∞-style model, 3 seeds, human judgments
 #                      (experiments/f8k_vse_infty.yaml; bench/results/f8k_vse_infty/)
+#   make f8k-text-pool — VSE++'s GRU vs VSE∞'s BiGRU + GPO caption encoder, one seed
+#                      (experiments/f8k_text_pool.yaml; bench/results/f8k_text_pool/)
 
 PYTHON  ?= python3
 VENV    ?= .venv
@@ -24,7 +26,7 @@ FLICKR8K ?= ../shared/data/flickr8k
 export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
-.PHONY: install demo test bench f8k-vsepp f8k-losses f8k-fast f8k-sets f8k-vse-infty clean
+.PHONY: install demo test bench f8k-vsepp f8k-losses f8k-fast f8k-sets f8k-vse-infty f8k-text-pool clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -124,6 +126,7 @@ F8K_GRID   = $(CACHE)/f8k_effnet_grid7.h5
 F8K_TOKENS = $(CACHE)/f8k_minilm_tokens.h5
 SETS_OUT   = bench/results/f8k_sets
 INFTY_OUT  = bench/results/f8k_vse_infty
+TEXTPOOL_OUT = bench/results/f8k_text_pool
 
 $(F8K_GRID): $(VENV)/.installed
 	$(VSE) extract --dataset flickr8k --root $(FLICKR8K) --grid --out $@
@@ -146,6 +149,12 @@ f8k-vse-infty: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5 $(CACHE)/f8k_bert.h
 	$(VSE) report $(INFTY_OUT)/results.csv --columns human | tee $(INFTY_OUT)/table_human.md
 	$(PY) bench/f8k_claims.py $(INFTY_OUT)/results.csv --claims vse_infty | tee $(INFTY_OUT)/claims.json
 	$(VSE) plot --runs '$(F8K_RUNS)/vse_infty/*' --out $(INFTY_OUT)/figures
+
+f8k-text-pool: $(F8K_FEATURES)
+	$(VSE) sweep experiments/f8k_text_pool.yaml --runs-dir $(F8K_RUNS)
+	$(VSE) evaluate --runs '$(F8K_RUNS)/text_pool/*' --split test --judgments $(JUDGMENTS) \
+	  --out $(TEXTPOOL_OUT)/results.csv
+	$(VSE) report $(TEXTPOOL_OUT)/results.csv --columns recall --epochs-to-best | tee $(TEXTPOOL_OUT)/table_recall.md
 
 test: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
