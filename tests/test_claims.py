@@ -1,0 +1,53 @@
+"""bench/f8k_claims.py: the verdict of a paper's claim from a results table over seeds."""
+
+import csv
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+import f8k_claims  # noqa: E402
+
+COLUMNS = ["run", "loss", "seed", "epochs", "epochs_to_best", "rsum"]
+
+
+def write_results(path: Path, rows) -> Path:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(COLUMNS)
+        writer.writerows(rows)
+    return path
+
+
+def verdicts(path: Path) -> dict:
+    return {c["claim"]: c["verdict"] for c in f8k_claims.main(str(path), "fast")["claims"]}
+
+
+LSEH_FASTER = "LSEH reaches its best in fewer epochs than VSE++"
+LSEH_RSUM = "LSEH beats VSE++ on rsum"
+
+
+def test_clear_gap_holds_and_equal_rows_are_noise(tmp_path):
+    rows = [[f"mh,seed={s}", "mh", s, 6, 5 + s % 2, 280 + s] for s in range(3)]
+    rows += [[f"lseh,seed={s}", "lseh", s, 6, 2 + s % 2, 300 + s] for s in range(3)]
+    out = verdicts(write_results(tmp_path / "r.csv", rows))
+    assert out[LSEH_RSUM] == "holds"            # +20 with a spread of 1
+    assert out[LSEH_FASTER] == "holds"          # 2-3 epochs against 5-6
+    assert out["VSE++ (max of hinges) beats VSE0 (sum of hinges)"] == "not measured"  # no sh rows
+
+
+def test_epochs_to_best_is_not_measurable_when_every_run_peaked_last(tmp_path):
+    rows = [[f"{loss},seed={s}", loss, s, 3, 3, 280 + s] for loss in ("mh", "lseh") for s in range(3)]
+    out = verdicts(write_results(tmp_path / "r.csv", rows))
+    assert out[LSEH_FASTER].startswith("not measurable")
+    assert out[LSEH_RSUM] == "inside the seed noise"
+
+
+@pytest.mark.parametrize("last", [3, 4])
+def test_one_run_that_peaked_early_makes_it_measurable(tmp_path, last):
+    rows = [[f"{loss},seed={s}", loss, s, 4, 4, 280 + s] for loss in ("mh", "lseh") for s in range(3)]
+    rows[3][4] = last  # lseh seed 0
+    out = verdicts(write_results(tmp_path / "r.csv", rows))
+    assert out[LSEH_FASTER].startswith("not measurable") == (last == 4)
