@@ -49,14 +49,10 @@ class QueryError(VseError):
 
 
 def load_embedder(checkpoint, device: str = "auto"):
-    """The model that embeds queries: THE seam between search and `vse embed`."""
-    try:
-        from .embed import Embedder
-    except ImportError as exc:
-        if exc.name not in ("pipeline.embed", __package__ + ".embed"):
-            raise
-        raise VseError("embedding a query needs `vse embed` (pipeline/embed.py), which this vse "
-                       "does not have yet", checkpoint) from None
+    """The model that embeds queries: `vse embed`'s, from the checkpoint (imported here, as it
+    loads torch and the encoders, which an index-only search does not need)."""
+    from .embed import Embedder
+
     return Embedder.from_checkpoint(checkpoint, device=device)
 
 

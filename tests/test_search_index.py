@@ -474,14 +474,6 @@ def test_an_index_of_another_model_is_refused_with_the_model(tmp_path, demo, sta
             check_embedder(bad, index, "m.pt")
 
 
-def test_without_vse_embed_the_seam_says_so_in_one_line(tmp_path, built):
-    import importlib.util
-
-    if importlib.util.find_spec("pipeline.embed") is not None:
-        pytest.skip("pipeline.embed exists: the real Embedder is wired in")
-    one_line_error(run("search", built, "--text", "a dog"), "needs `vse embed`")
-
-
 def test_the_index_folder_copes_with_ids_that_are_paths(tmp_path, checkpoint):
     sha = file_sha256(checkpoint)
     ids = ["a/b/ç 1.jpg", "../x.jpg", "plain.jpg"]
