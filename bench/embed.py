@@ -15,17 +15,17 @@ Target: embed ≥ 0.9 of extract (the head costs little).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
+
+from benchkit import write_report  # noqa: E402
 
 
 def main() -> None:
@@ -75,12 +75,8 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                     "loadavg": os.getloadavg()},
         "checkpoint_epoch": load_checkpoint(args.checkpoint).get("epoch"),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n")
+    write_report(report, args.out)
 
 
 def _first_images(dataset, names):

@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from benchkit import trainer_vs_bare  # noqa: E402
+
 
 def synthetic_pair(folder: Path, num_images: int = 8000, dim: int = 1280, text_dim: int = 384):
     """A Flickr8k-sized feature cache and caption-feature file of random vectors."""
@@ -70,37 +72,11 @@ def measure_ratio(cfg, batches: int, rounds: int) -> dict:
     vectors = trainer.captions.vectors                           # the caption vectors in memory
     order = [torch.from_numpy(pairs.caption_ids[pairs.order[s]]) for s in pairs.slices]
     index = [(torch.from_numpy(trainer.index.caption_image)[c], c) for c in order]
-    model, loss_fn, opt = trainer.model, trainer.loss, trainer.optimizer
-    for batch in (pairs[0], pairs[1]):  # warm-up: allocator, kernels
-        trainer.step(batch)
 
-    def bare_loop() -> float:
-        start = time.perf_counter()
-        for rows, caps in index:
-            img, cap = model(images[rows], vectors[caps])
-            loss = loss_fn(img, cap, image_ids=rows)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trainer.trainable, cfg.grad_clip)
-            opt.step()
-        return time.perf_counter() - start
+    def bare_batches():  # the gather from memory is part of the bare loop's work
+        return ((images[rows], (vectors[caps],), rows) for rows, caps in index)
 
-    def trainer_loop() -> float:
-        trainer.progress.batch = 0
-        trainer.epoch_batches = lambda epoch: pairs
-        start = time.perf_counter()
-        trainer.train_epoch()
-        return time.perf_counter() - start
-
-    times = {"bare": [], "trainer": []}
-    for _ in range(rounds):  # interleaved: both share any drift in machine load
-        times["bare"].append(bare_loop())
-        times["trainer"].append(trainer_loop())
-    n_pairs = sum(len(c) for c in order)
-    bare, full = min(times["bare"]), min(times["trainer"])
-    return {"batches": len(order), "pairs": n_pairs, "trainer_pairs_per_s": round(n_pairs / full, 1),
-            "bare_loop_pairs_per_s": round(n_pairs / bare, 1), "ratio": round(bare / full, 3),
-            "target_ratio": 0.8}
+    return trainer_vs_bare(trainer, pairs, bare_batches, sum(len(c) for c in order), rounds, target=0.8)
 
 
 def measure_full_run(cfg) -> dict:

@@ -58,6 +58,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from benchkit import write_report  # noqa: E402
+
 CLUSTERS, LATENT, SPREAD, NOISE, BASIS_SEED = 1000, 64, 1.0, 0.7, 1234
 GEN_CHUNK = 65536
 ITEMS_SEED, TUNE_SEED, EVAL_SEED = 0, 1, 2
@@ -394,10 +396,7 @@ def main() -> None:
                     "loadavg_start": [round(x, 2) for x in load_start],
                     "loadavg_end": [round(x, 2) for x in os.getloadavg()]},
     }
-    text = json.dumps(report, indent=1)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n")
+    write_report(report, args.out, indent=1)
 
 
 if __name__ == "__main__":

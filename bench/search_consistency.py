@@ -16,7 +16,6 @@ With one checkpoint trained on a Flickr8k feature cache:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -27,6 +26,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
+
+from benchkit import write_report  # noqa: E402
 
 
 def recall_at(ranks: np.ndarray) -> dict:
@@ -92,11 +93,7 @@ def main() -> None:
             report[kind] = {"recall_at_10_stored": index.meta.get("recall", {}).get("value"),
                             "params": index.meta.get("params"), **recall_at(ranks)}
     report["flat_equals_evaluate"] = all(report["flat"][k] == v for k, v in report["evaluate"].items())
-    report["created"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    text = json.dumps(report, indent=2, default=str)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n")
+    write_report(report, args.out)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
+from benchkit import trainer_vs_bare, write_report  # noqa: E402
+
 COCO_TRAIN_IMAGES, REGIONS, REGION_DIM = 113_287, 36, 2048
 VAL_EVERY = 50
 
@@ -49,37 +51,8 @@ def measure_ratio(cfg, batches: int, rounds: int) -> dict:
     pairs = trainer.epoch_batches(0)
     pairs.slices = pairs.slices[:batches]
     loaded = [pairs[b] for b in range(len(pairs.slices))]  # the same batches, read once, in memory
-    model, loss_fn, opt = trainer.model, trainer.loss, trainer.optimizer
-    for batch in loaded[:2]:  # warm-up: allocator, kernels
-        trainer.step(batch)
-
-    def bare_loop() -> float:
-        start = time.perf_counter()
-        for batch in loaded:
-            img, cap = model(batch.images, *batch.captions)
-            loss = loss_fn(img, cap, image_ids=batch.image_ids)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trainer.trainable, cfg.grad_clip)
-            opt.step()
-        return time.perf_counter() - start
-
-    def trainer_loop() -> float:
-        trainer.progress.batch = 0
-        trainer.epoch_batches = lambda epoch: pairs
-        start = time.perf_counter()
-        trainer.train_epoch()
-        return time.perf_counter() - start
-
-    times = {"bare": [], "trainer": []}
-    for _ in range(rounds):  # interleaved: both share any drift in machine load
-        times["bare"].append(bare_loop())
-        times["trainer"].append(trainer_loop())
-    n_pairs = sum(len(b.image_ids) for b in loaded)
-    bare, full = min(times["bare"]), min(times["trainer"])
-    return {"batches": len(loaded), "pairs": n_pairs, "trainer_pairs_per_s": round(n_pairs / full, 1),
-            "bare_loop_pairs_per_s": round(n_pairs / bare, 1), "ratio": round(bare / full, 3),
-            "target_ratio": 0.8, "times_s": times}
+    return trainer_vs_bare(trainer, pairs, lambda: ((b.images, b.captions, b.image_ids) for b in loaded),
+                           sum(len(b.image_ids) for b in loaded), rounds, target=0.8)
 
 
 def measure_full_run(cfg) -> dict:
@@ -210,11 +183,7 @@ def main() -> None:
             sizes = [int(s) for s in args.rss_sizes.split(",")]
             report["rss"] = {"images": measure_rss(tmp, args.rss_seconds, sizes), "target_mb": 4096,
                              "members": REGIONS, "dim": REGION_DIM}
-    report["created"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    text = json.dumps(report, indent=2, default=str)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n")
+    write_report(report, args.out)
 
 
 if __name__ == "__main__":

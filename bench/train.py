@@ -16,7 +16,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+
+from benchkit import trainer_vs_bare  # noqa: E402
 
 
 def synthetic_cache(folder: Path, num_images: int, dim: int) -> Path:
@@ -59,45 +60,13 @@ def main() -> None:
         pairs = trainer.epoch_batches(0)
         pairs.slices = pairs.slices[: args.batches]
         in_memory = [pairs[b] for b in range(len(pairs))]
-
-        # warm-up both paths once (allocator, kernels)
-        for batch in in_memory[:2]:
-            trainer.step(batch)
-
-        def bare_loop() -> float:
-            model, loss_fn, opt = trainer.model, trainer.loss, trainer.optimizer
-            start = time.perf_counter()
-            for batch in in_memory:
-                img, cap = model(batch.images, *batch.captions)
-                loss = loss_fn(img, cap, image_ids=batch.image_ids)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                opt.step()
-            return time.perf_counter() - start
-
-        def trainer_loop() -> float:
-            trainer.progress.batch = 0
-            trainer.epoch_batches = lambda epoch: pairs  # the same batches, read from the cache
-            start = time.perf_counter()
-            trainer.train_epoch()
-            return time.perf_counter() - start
-
-        n_pairs = sum(len(b.caption_ids) for b in in_memory)
-        # interleave to share any drift in machine load between the two
-        times = {"trainer": [], "bare": []}
-        for _ in range(2):
-            times["bare"].append(bare_loop())
-            times["trainer"].append(trainer_loop())
-        bare, full = min(times["bare"]), min(times["trainer"])
+        ratio = trainer_vs_bare(trainer, pairs,
+                                lambda: ((b.images, b.captions, b.image_ids) for b in in_memory),
+                                sum(len(b.caption_ids) for b in in_memory), rounds=2, target=0.9)
         print(json.dumps({
             "features": features if args.features else "synthetic (1000 demo images' captions, 1280-d)",
             "loss": args.loss, "batch_size": args.batch_size, "embed_dim": args.embed_dim,
-            "batches": len(in_memory), "pairs": n_pairs, "workers": args.workers, "preload": args.preload,
-            "trainer_pairs_per_s": round(n_pairs / full, 1),
-            "bare_loop_pairs_per_s": round(n_pairs / bare, 1),
-            "ratio": round(bare / full, 3),
-            "target_ratio": 0.9,
+            "workers": args.workers, "preload": args.preload, **ratio,
             "device": str(trainer.device), "torch_threads": torch.get_num_threads(),
         }, indent=2))
 

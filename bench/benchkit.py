@@ -1,0 +1,60 @@
+"""What several benches measure the same way: the trainer against a bare loop of its own steps,
+and writing a report.  Imported by bench/*.py (which put the repository root on sys.path)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+
+def trainer_vs_bare(trainer, pairs, bare_batches, n_pairs: int, rounds: int, target: float) -> dict:
+    """pairs/s of ``trainer.train_epoch()`` over the batch list ``pairs`` against a bare loop of
+    forward, loss, backward, clipping and step of the same model over ``bare_batches()`` (an
+    iterable of (images, caption inputs tuple, image ids), the same ``n_pairs`` pairs without the
+    trainer's reading, progress and bookkeeping).  Both are warmed up once (allocator, kernels)
+    and run interleaved ``rounds`` times, so they share any drift in machine load; the best
+    round of each counts."""
+    model, loss_fn, opt = trainer.model, trainer.loss, trainer.optimizer
+    clip = trainer.cfg.grad_clip
+    for b in range(min(2, len(pairs))):
+        trainer.step(pairs[b])
+
+    def bare_loop() -> float:
+        start = time.perf_counter()
+        for images, captions, image_ids in bare_batches():
+            img, cap = model(images, *captions)
+            loss = loss_fn(img, cap, image_ids=image_ids)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(trainer.trainable, clip)
+            opt.step()
+        return time.perf_counter() - start
+
+    def trainer_loop() -> float:
+        trainer.progress.batch = 0
+        trainer.epoch_batches = lambda epoch: pairs
+        start = time.perf_counter()
+        trainer.train_epoch()
+        return time.perf_counter() - start
+
+    times = {"bare": [], "trainer": []}
+    for _ in range(rounds):
+        times["bare"].append(bare_loop())
+        times["trainer"].append(trainer_loop())
+    bare, full = min(times["bare"]), min(times["trainer"])
+    return {"batches": len(pairs.slices), "pairs": n_pairs, "trainer_pairs_per_s": round(n_pairs / full, 1),
+            "bare_loop_pairs_per_s": round(n_pairs / bare, 1), "ratio": round(bare / full, 3),
+            "target_ratio": target, "times_s": times}
+
+
+def write_report(report: dict, out: Path | None = None, indent: int = 2) -> None:
+    """Stamp ``report`` with its time, print it as JSON, and write it to ``out`` if given."""
+    report["created"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    text = json.dumps(report, indent=indent, default=str)
+    print(text)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
