@@ -475,13 +475,8 @@ def load_csv(root, *, layout: CsvLayout | None = None,
     pair) are skipped and counted; a bad split value is refused naming its line.
     """
     layout = layout or CsvLayout()
-    path = _csv_file(root)
+    path, rows, header = _open_csv(root, layout)
     folder = path.parent
-    rows = _CsvRows(_decode_utf8(path), layout.csv_separator, path)
-    header = next((row for _, row in rows if any(value.strip() for value in row)), None)
-    if header is None:
-        raise VseError("empty file (no header row)", path)
-    header = [name.strip() for name in header]
     columns = _CsvColumns(header, layout, path)
     report = LoadReport()
     captions, paths, split_of = _read_csv_rows(rows, columns, path, report)
@@ -526,13 +521,8 @@ def read_csv_items(path, layout: CsvLayout | None = None, *, captions: bool = Tr
     for embedding rather than training: no split, no grouping.  A path that leaves the CSV's
     folder, a row of the wrong width or an empty path is refused in one line naming it."""
     layout = layout or CsvLayout()
-    path = _csv_file(path)
+    path, rows, header = _open_csv(path, layout)
     folder = path.parent
-    rows = _CsvRows(_decode_utf8(path), layout.csv_separator, path)
-    header = next((row for _, row in rows if any(value.strip() for value in row)), None)
-    if header is None:
-        raise VseError("empty file (no header row)", path)
-    header = [name.strip() for name in header]
 
     def find(name, flag):
         return find_column(header, name, flag, layout.csv_separator, path)
@@ -560,6 +550,17 @@ def read_csv_items(path, layout: CsvLayout | None = None, *, captions: bool = Tr
     if not items:
         raise VseError("no rows under the header", path)
     return items
+
+
+def _open_csv(where, layout: CsvLayout) -> tuple[Path, _CsvRows, list[str]]:
+    """The CSV file named by ``where``, its rows from the one after the header on, and the
+    header (the first row that is not blank, names stripped); VseError if there is none."""
+    path = _csv_file(where)
+    rows = _CsvRows(_decode_utf8(path), layout.csv_separator, path)
+    header = next((row for _, row in rows if any(value.strip() for value in row)), None)
+    if header is None:
+        raise VseError("empty file (no header row)", path)
+    return path, rows, [name.strip() for name in header]
 
 
 class _CsvRows:
