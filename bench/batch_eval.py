@@ -26,13 +26,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.batch_eval import evaluate_runs
-from pipeline.cache import FeatureCache, write_cache
-from pipeline.checkpoint import load_checkpoint, save_checkpoint
-from pipeline.evaluation import embed_checkpoint, evaluate_split_embeddings
-from pipeline.models import ModelConfig, VSEModel
-from pipeline.runtime import resolve_device
-from pipeline.text import TokenizedCaptions, Vocabulary
+from pipeline.core.checkpoint import load_checkpoint, save_checkpoint
+from pipeline.core.runtime import resolve_device
+from pipeline.data.cache import FeatureCache, write_cache
+from pipeline.evaluation.evaluate import embed_checkpoint, evaluate_split_embeddings
+from pipeline.models.vse_model import ModelConfig, VSEModel
+from pipeline.reports.batch_eval import evaluate_runs
+from pipeline.text.vocabulary import TokenizedCaptions, Vocabulary
 
 ROOT = Path(__file__).resolve().parents[1]
 FEATURE_DIM = 1280

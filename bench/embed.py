@@ -37,10 +37,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "embed.json")
     args = parser.parse_args()
 
-    from pipeline.checkpoint import load_checkpoint
-    from pipeline.datasets import load_dataset
-    from pipeline.embed import Embedder, embed_files
-    from pipeline.extract import ExtractOptions, extract_features
+    from pipeline.core.checkpoint import load_checkpoint
+    from pipeline.data.extract import ExtractOptions, extract_features
+    from pipeline.data.readers import load_dataset
+    from pipeline.search.embed import Embedder, embed_files
 
     embedder = Embedder.from_checkpoint(args.checkpoint, "cpu")
     embedder.check_images()
@@ -81,7 +81,7 @@ def main() -> None:
 
 def _first_images(dataset, names):
     """A Dataset of just ``names`` (all in one split), so `extract` reads those images only."""
-    from pipeline.datasets import Dataset
+    from pipeline.data.readers import Dataset
 
     rows = [dataset.image_ids.index(n) for n in names]
     keep = {r: k for k, r in enumerate(rows)}

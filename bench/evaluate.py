@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
-from pipeline.metrics import retrieval_metrics, similarity_ranks
-from pipeline.runtime import resolve_device
+from pipeline.core.runtime import resolve_device
+from pipeline.evaluation.metrics import retrieval_metrics, similarity_ranks
 
 CAPTIONS_PER_IMAGE = 5
 

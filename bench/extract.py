@@ -8,7 +8,7 @@ batches already decoded and in memory (crops and normalisation included: they ar
 the engine's work in ``extract_features`` too); ``end_to_end`` = ``extract_features`` wall
 time (``loop``: its compute loop only, without the one-off start of backbone and workers).
 ``workers``: the loader processes ``extract_features`` used (with ONNX Runtime each runs a
-one-thread session beside its decoding: pipeline.extract).  The image counts are large
+one-thread session beside its decoding: pipeline.data.extract).  The image counts are large
 enough for the sessions' first calls (their memory arenas grow) to weigh a few per cent, as
 in a real extraction; with 256 images they weighed up to a third.
 ``ratio_to_fastest_forward`` = end-to-end ÷ the fastest engine's forward-only (target for
@@ -35,13 +35,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline import runtime
-from pipeline.backbones import load_backbone
-from pipeline.crops import CropPlan
-from pipeline.datasets import Dataset, open_image
-from pipeline.engines import build_engine, onnxruntime_installed
-from pipeline.extract import ExtractOptions, extract_features, loader_workers
-from pipeline.fsutil import write_atomic
+from pipeline.core import runtime
+from pipeline.core.fsutil import write_atomic
+from pipeline.data.extract import ExtractOptions, extract_features, loader_workers
+from pipeline.data.readers import Dataset, open_image
+from pipeline.models.backbones import load_backbone
+from pipeline.models.crops import CropPlan
+from pipeline.models.engines import build_engine, onnxruntime_installed
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,7 @@ A configuration is named by its loss, or by its run name without the seed (a swe
 point, e.g. ``image=grid-gpo``).
 
 Each claim compares two configurations (rows of one loss, all seeds) on one metric with
-Welch's one-sided t-test over the seeds (pipeline.stats, docs/PROTOCOL.md "Seeds and
+Welch's one-sided t-test over the seeds (pipeline.evaluation.stats, docs/PROTOCOL.md "Seeds and
 significance"): "holds" when p < 0.05 in the claimed direction, "reversed" when p < 0.05 the
 other way, otherwise "inside the seed noise".
 """
@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.report import read_results, seed_groups  # noqa: E402
-from pipeline.stats import ALPHA, mean_std, welch_greater  # noqa: E402
+from pipeline.evaluation.stats import ALPHA, mean_std, welch_greater  # noqa: E402
+from pipeline.reports.report import read_results, seed_groups  # noqa: E402
 
 # (claim, paper, better loss, worse loss, metric, lower is better)
 CLAIMS = [

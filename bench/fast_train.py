@@ -37,8 +37,8 @@ def synthetic_pair(folder: Path, num_images: int = 8000, dim: int = 1280, text_d
     """A Flickr8k-sized feature cache and caption-feature file of random vectors."""
     from conftest import demo_captions, write_feature_cache
 
-    import pipeline.relevance.encoders as encoders
-    from pipeline.caption_features import encode_text
+    import pipeline.text.encoders as encoders
+    from pipeline.data.caption_features import encode_text
 
     ids, captions = demo_captions(1000)
     captions = [captions[j % len(captions)] for j in range(5 * num_images)]
@@ -63,7 +63,7 @@ def synthetic_pair(folder: Path, num_images: int = 8000, dim: int = 1280, text_d
 
 
 def measure_ratio(cfg, batches: int, rounds: int) -> dict:
-    from pipeline.train import Trainer
+    from pipeline.training.trainer import Trainer
 
     trainer = Trainer(cfg, echo=lambda *a: None)
     pairs = trainer.epoch_batches(0)
@@ -80,8 +80,8 @@ def measure_ratio(cfg, batches: int, rounds: int) -> dict:
 
 
 def measure_full_run(cfg) -> dict:
-    from pipeline.evaluation import embed_checkpoint, evaluate_split_embeddings
-    from pipeline.train import Trainer
+    from pipeline.evaluation.evaluate import embed_checkpoint, evaluate_split_embeddings
+    from pipeline.training.trainer import Trainer
 
     start, cpu = time.perf_counter(), time.process_time()
     def log(message):
@@ -113,7 +113,7 @@ def main() -> None:
     if bool(args.features) != bool(args.text_features):
         parser.error("give --features and --text-features together (or neither: synthetic)")
 
-    from pipeline.train import TrainConfig
+    from pipeline.training.trainer import TrainConfig
 
     with tempfile.TemporaryDirectory() as tmp:
         features, text = ((args.features, args.text_features) if args.features
@@ -125,7 +125,7 @@ def main() -> None:
         full = (measure_full_run(TrainConfig(run_dir=str(Path(tmp) / "full"), epochs=args.epochs, val_every=0,
                                              lr_decay_epoch=args.lr_decay_epoch, **common))
                 if args.epochs else None)
-    from pipeline.caption_features import CaptionFeatures
+    from pipeline.data.caption_features import CaptionFeatures
 
     print(json.dumps({
         "features": str(args.features) if args.features else "synthetic Flickr8k-sized (8000 × 1280 random)",

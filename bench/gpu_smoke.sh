@@ -131,7 +131,7 @@ step evaluate_rc evaluate_json eval_rc --checkpoint "$WORK/rc/best.pt" --root "$
 import json, re, subprocess, sys
 from pathlib import Path
 import torch
-from pipeline.checkpoint import load_checkpoint
+from pipeline.core.checkpoint import load_checkpoint
 
 work, device, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 seconds = {}

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def measure(backbone: str, args, folder: Path) -> dict:
-    from pipeline.train import TrainConfig, Trainer
+    from pipeline.training.trainer import TrainConfig, Trainer
 
     batch_size = args.batch_size or (128 if backbone == "tiny" else 32)
     cfg = TrainConfig(rc=True, root=args.root, backbone=backbone, run_dir=str(folder / backbone),

@@ -78,7 +78,7 @@ class PeakMemory:
 
 
 def load_flickr8k(root):
-    from pipeline.datasets import load_dataset
+    from pipeline.data.readers import load_dataset
 
     ds = load_dataset("flickr8k", root)
     image = ds.caption_image
@@ -118,7 +118,7 @@ def separation(same, different) -> dict:
 
 
 def synthetic_captions(root, n: int, seed: int = 0) -> list[str]:
-    from pipeline.text import tokenize
+    from pipeline.text.vocabulary import tokenize
 
     captions, _, _, _ = load_flickr8k(root)
     tokens = [tokenize(c) for c in captions]
@@ -177,8 +177,8 @@ def job_flickr8k(args, method: str) -> dict:
 
 def gated_separation(captions, test, bert, same, different) -> dict:
     """cbow+bert: the BERT pair scores, set to 0 where the CBoW cosine is below a threshold."""
-    from pipeline.relevance.cbow import cbow_vectors
     from pipeline.relevance.stage import DEFAULT_CBOW_THRESHOLD
+    from pipeline.text.cbow import cbow_vectors
 
     coarse, _ = cbow_vectors([captions[i] for i in test])
     result = {}
@@ -201,7 +201,7 @@ def job_synthetic(args, method: str, n: int, batch: bool) -> dict:
     captions = synthetic_captions(args.data, n)
     out = {}
     if method == "cbow":  # the GloVe table is a fixed cost: measured on its own
-        from pipeline.glove import load_glove
+        from pipeline.text.glove import load_glove
         with PeakMemory() as mem:
             load_glove()
         out["glove_load"] = mem.result()

@@ -3,7 +3,7 @@ trained on and evaluated, each measurement in its own child process (peak RSS pe
 
 Caches: random float32 features (``--dim``, default 2048 when the disk has room for the
 largest cache twice over: 600k × 2048 × 4 B = 4.9 GB; else 1024) written with
-``pipeline.cache.write_cache`` (default shard size). Captions are the bundled demo's real
+``pipeline.data.cache.write_cache`` (default shard size). Captions are the bundled demo's real
 captions, recycled: one per image (so 600k captions ≈ COCO's 616k), except the last 5,000
 images (the ``test`` split) have 5 each, for an end-to-end 5k × 25k evaluation; the rest is
 ``train``.
@@ -107,7 +107,7 @@ def peak_rss_mb() -> float:
 
 
 def phase_write(path: Path, n: int, dim: int) -> dict:
-    from pipeline.cache import DEFAULT_SHARD_SIZE, write_cache
+    from pipeline.data.cache import DEFAULT_SHARD_SIZE, write_cache
 
     t0 = time.perf_counter()
     ids, captions, caption_image, splits = synthetic_index(n)
@@ -126,7 +126,7 @@ def phase_write(path: Path, n: int, dim: int) -> dict:
 
 
 def phase_read(path: Path, n: int, dim: int) -> dict:
-    from pipeline.cache import FeatureCache
+    from pipeline.data.cache import FeatureCache
 
     t0 = time.perf_counter()
     cache = FeatureCache(path)
@@ -181,7 +181,7 @@ def phase_train(path: Path, run_dir: Path, iterations: int, embed_dim: int, prel
 
 
 def make_trainer(path: Path, run_dir: Path, embed_dim: int, preload: bool = False):
-    from pipeline.train import TrainConfig, Trainer
+    from pipeline.training.trainer import TrainConfig, Trainer
 
     cfg = TrainConfig(features=str(path), run_dir=str(run_dir), loss="mh", batch_size=BATCH_ROWS,
                       embed_dim=embed_dim, val_every=0, val_split="test", val_images=TEST_IMAGES,
@@ -202,7 +202,7 @@ def timed_steps(trainer, batches, count: int) -> list[float]:
 def phase_interleaved(paths: dict, run_dir: Path, embed_dim: int, rounds: int, steps: int) -> dict:
     """Time every size side by side in one process, round after round, so that the other
     jobs' load falls on all sizes alike: training steps, random batch reads, evaluation."""
-    from pipeline.cache import FeatureCache
+    from pipeline.data.cache import FeatureCache
 
     trainers = {n: make_trainer(Path(p), run_dir / n, embed_dim) for n, p in paths.items()}
     batches = {n: _endless_batches(t) for n, t in trainers.items()}
@@ -371,7 +371,7 @@ def main() -> None:
         "total_s": round(time.perf_counter() - started, 1),
     }
     text = json.dumps(report, indent=1)
-    from pipeline.fsutil import write_atomic
+    from pipeline.core.fsutil import write_atomic
 
     write_atomic(args.out, text.encode() + b"\n")
     print(text)

@@ -92,7 +92,7 @@ def write_embeddings_file(path: Path, n: int, dim: int, tune_queries: int, check
     """The embeddings file of EMBEDDINGS.md, written chunk by chunk (never n × D in memory)."""
     import h5py
 
-    from pipeline.fsutil import file_sha256
+    from pipeline.core.fsutil import file_sha256
 
     text = h5py.string_dtype("utf-8")
     with h5py.File(path, "w") as f:
@@ -120,7 +120,7 @@ def write_embeddings_file(path: Path, n: int, dim: int, tune_queries: int, check
 
 
 def child_build(args) -> dict:
-    from pipeline.search_index import IndexOptions, build_index
+    from pipeline.search.faiss_index import IndexOptions, build_index
 
     result = build_index(args.embeddings, args.index, IndexOptions(kind=args.kind), overwrite=True)
     meta = result.meta
@@ -133,7 +133,7 @@ def child_build(args) -> dict:
 
 
 def child_query(args) -> dict:
-    from pipeline.search_index import SearchIndex, recall_at
+    from pipeline.search.faiss_index import SearchIndex, recall_at
 
     queries = generate(args.eval_queries, args.dim, EVAL_SEED)
     started = time.perf_counter()
@@ -164,9 +164,9 @@ def child_query(args) -> dict:
 
 
 def child_serve(args) -> None:
-    from pipeline.search import QueryLimits, Searcher, open_searcher
-    from pipeline.search_index import SearchIndex
-    from pipeline.serve import serve
+    from pipeline.search.faiss_index import SearchIndex
+    from pipeline.search.searcher import QueryLimits, Searcher, open_searcher
+    from pipeline.search.serve import serve
 
     if args.checkpoint:
         searcher = open_searcher(args.index, args.checkpoint)

@@ -43,11 +43,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "search_consistency.json")
     args = parser.parse_args()
 
-    from pipeline.cache import FeatureCache
-    from pipeline.embed import embed_files
-    from pipeline.evaluation import evaluate_split_embeddings
-    from pipeline.inference import encode_split, load_model
-    from pipeline.search_index import IndexOptions, SearchIndex, build_index
+    from pipeline.data.cache import FeatureCache
+    from pipeline.evaluation.evaluate import evaluate_split_embeddings
+    from pipeline.evaluation.inference import encode_split, load_model
+    from pipeline.search.embed import embed_files
+    from pipeline.search.faiss_index import IndexOptions, SearchIndex, build_index
 
     device = torch.device("cpu")
     loaded = load_model(args.checkpoint, device)
@@ -57,7 +57,7 @@ def main() -> None:
         names = [cache.image_ids[r] for r in split.image_rows]
         captions = [cache.captions[r] for r in split.caption_rows]
     evaluated = evaluate_split_embeddings(split)
-    from pipeline.datasets import load_dataset
+    from pipeline.data.readers import load_dataset
 
     dataset = load_dataset(cache.attrs.get("dataset", "flickr8k"), root)
     path_of = dict(zip(dataset.image_ids, dataset.image_paths))

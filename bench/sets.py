@@ -45,7 +45,7 @@ VAL_EVERY = 50
 
 
 def measure_ratio(cfg, batches: int, rounds: int) -> dict:
-    from pipeline.train import Trainer
+    from pipeline.training.trainer import Trainer
 
     trainer = Trainer(cfg, echo=lambda *a: None)
     pairs = trainer.epoch_batches(0)
@@ -124,8 +124,8 @@ def _status_kb(pid: int, key: str) -> int:
 
 
 def measure_rss(workdir: Path, seconds: float, sizes) -> dict:
-    from pipeline.datasets import load_dataset
-    from pipeline.extract import import_precomputed
+    from pipeline.data.extract import import_precomputed
+    from pipeline.data.readers import load_dataset
 
     out = {}
     for images in sizes:
@@ -157,7 +157,7 @@ def main() -> None:
     args = parser.parse_args()
     parts = set(args.parts.split(","))
 
-    from pipeline.train import TrainConfig
+    from pipeline.training.trainer import TrainConfig
 
     report = {"bench": "sets", "features": args.features, "text_features": args.text_features,
               "torch_threads": torch.get_num_threads(),

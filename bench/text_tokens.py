@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
-    from pipeline.caption_features import CaptionFeatures, CaptionTokenFeatures
+    from pipeline.data.caption_features import CaptionFeatures, CaptionTokenFeatures
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", required=True)

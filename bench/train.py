@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--preload", action="store_true")
     args = parser.parse_args()
 
-    from pipeline.train import TrainConfig, Trainer
+    from pipeline.training.trainer import TrainConfig, Trainer
 
     with tempfile.TemporaryDirectory() as tmp:
         features = args.features or str(synthetic_cache(Path(tmp), 1000, 1280))

@@ -22,8 +22,8 @@ import click
 def compare_command(run_a, run_b, split, features, checkpoint_name, permutations, seed, device, as_json):
     """Is RUN_A better than RUN_B on the same test split? R@1/5/10 both ways and rsum, A − B,
     each with the p-value of a paired permutation test over the test queries."""
-    from pipeline.compare import compare_runs, format_comparison
-    from pipeline.runtime import resolve_device
+    from pipeline.core.runtime import resolve_device
+    from pipeline.reports.compare import compare_runs, format_comparison
 
     result = compare_runs(run_a, run_b, device=resolve_device(device), split=split, features=features,
                           checkpoint=checkpoint_name, permutations=permutations, seed=seed)

@@ -3,7 +3,7 @@ defined once: ``--root`` and the csv layout options (``--csv-img-key`` … ``--s
 
 ``--root`` is a dataset folder, or for ``--dataset karpathy`` the ``dataset_*.json`` file itself
 (a folder holding exactly one also works), or for ``--dataset csv`` the CSV file. The value is passed
-on as given: the reader of the chosen layout (``pipeline.datasets.load_dataset``) decides what it
+on as given: the reader of the chosen layout (``pipeline.data.readers.load_dataset``) decides what it
 accepts and says why not in one line, so a missing path or a folder with several ``dataset_*.json``
 is reported the same way from every command.
 """
@@ -14,7 +14,7 @@ import functools
 
 import click
 
-from pipeline.datasets import (
+from pipeline.data.readers import (
     CSV_OPTION_NAMES,
     CSV_SPLIT_KEY,
     CSV_SPLIT_RATIO,
@@ -38,7 +38,7 @@ def root_option(*, required: bool = False, prefix: str = ""):
                         help=prefix + ROOT_HELP)
 
 
-# Help of the csv options (``pipeline.datasets.CsvLayout``'s fields, whose defaults they show).
+# Help of the csv options (``pipeline.data.readers.CsvLayout``'s fields, whose defaults they show).
 CSV_OPTION_HELP = {
     "csv_img_key": f"--dataset csv: the image path column [default: {CsvLayout.csv_img_key}].",
     "csv_caption_key": f"--dataset csv: the caption column [default: {CsvLayout.csv_caption_key}].",
@@ -66,7 +66,7 @@ def csv_option_decorators(names=CSV_OPTION_NAMES, applies: str = "--dataset csv"
 def csv_options(kind_param: str):
     """Adds the csv layout options to a command whose ``--dataset`` parameter is ``kind_param``;
     the command receives ``dataset_options`` (``load_dataset``'s options for that kind, from
-    ``pipeline.datasets.dataset_options``) in their place: a csv option given with another
+    ``pipeline.data.readers.dataset_options``) in their place: a csv option given with another
     ``--dataset`` stops in one line."""
 
     def decorate(command):

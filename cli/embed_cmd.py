@@ -1,4 +1,4 @@
-"""`vse embed`: a checkpoint's embeddings of new images and captions (pipeline/embed.py)."""
+"""`vse embed`: a checkpoint's embeddings of new images and captions (pipeline/search/embed.py)."""
 
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ def embed_command(checkpoint, images, captions, out, csv_img_key, csv_caption_ke
 
     Resumable: run the same command again after an interruption. Unreadable images are
     skipped, counted and listed in the file (/images/failed)."""
-    from pipeline.datasets import CsvLayout
-    from pipeline.embed import embed_files
+    from pipeline.data.readers import CsvLayout
+    from pipeline.search.embed import embed_files
 
     values = dict(csv_img_key=csv_img_key, csv_caption_key=csv_caption_key, csv_separator=csv_separator,
                   csv_id_key=csv_id_key)

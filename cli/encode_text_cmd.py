@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import click
 
-from pipeline.caption_features import DEFAULT_PART_SIZE
-from pipeline.relevance.encoders import ENCODERS
+from pipeline.data.caption_features import DEFAULT_PART_SIZE
+from pipeline.text.encoders import ENCODERS
 
 
 @click.command("encode-text")
@@ -26,8 +26,8 @@ from pipeline.relevance.encoders import ENCODERS
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 def encode_text(features, model, out, tokens, batch_size, part_size, device):
     """Encode every caption of a feature cache with a frozen sentence encoder."""
-    from pipeline.caption_features import describe
-    from pipeline.caption_features import encode_text as run
+    from pipeline.data.caption_features import describe
+    from pipeline.data.caption_features import encode_text as run
 
     result = run(features, model, out, tokens=tokens, device=device, batch_size=batch_size,
                  part_size=part_size, progress=True)

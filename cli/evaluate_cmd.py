@@ -8,7 +8,7 @@ import click
 
 from cli.dataset_root import csv_options, root_option
 from cli.judgment_options import judgment_options
-from pipeline.datasets import IMAGE_DATASET_KINDS, CsvLayout
+from pipeline.data.readers import IMAGE_DATASET_KINDS, CsvLayout
 
 
 def _parse_ks(ctx, param, value):
@@ -55,8 +55,9 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
                      text_features, split, protocol, order, relevance, cs_ks, device, amp, as_json, out,
                      checkpoint_name, judgments, overwrite):
     """Recall@K, median/mean rank and rsum (docs/PROTOCOL.md), both directions."""
-    from pipeline.cache import FeatureCache
-    from pipeline.evaluation import (
+    from pipeline.core.runtime import resolve_device
+    from pipeline.data.cache import FeatureCache
+    from pipeline.evaluation.evaluate import (
         cs_note,
         embed_checkpoint,
         evaluate_npz,
@@ -65,7 +66,6 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
         json_metrics,
         relevance_for_cache,
     )
-    from pipeline.runtime import resolve_device
 
     dev = resolve_device(device)
     if sum(map(bool, (embeddings, checkpoint, run_patterns))) != 1:
@@ -90,17 +90,18 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
     if embeddings:
         if relevance:
             raise click.UsageError("--relevance needs --checkpoint and --features (caption identities)")
-        metrics = evaluate_npz(embeddings, protocol, dev, order)
+        similarity = "order" if order else "cosine"
+        metrics = evaluate_npz(embeddings, protocol, dev, similarity)
         title = f"{embeddings} ({protocol})"
         if judgments:
-            from pipeline.evaluation import judge_npz
+            from pipeline.evaluation.evaluate import judge_npz
 
-            metrics.update(_report_matched(*judge_npz(embeddings, judgments.load(), order, dev)))
+            metrics.update(_report_matched(*judge_npz(embeddings, judgments.load(), similarity, dev)))
     else:
         if not features and not root:
             raise click.UsageError("--checkpoint needs --features CACHE.h5 (or --root DIR for an RC run)")
         if root:
-            from pipeline.rc import embed_rc_checkpoint
+            from pipeline.data.image_source import embed_rc_checkpoint
 
             emb = embed_rc_checkpoint(checkpoint, dataset_kind, root, split, dev, amp=amp,
                                       dataset_options=dataset_options)
@@ -118,7 +119,7 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
     if as_json:
         click.echo(json.dumps(json_metrics(metrics)))
     else:
-        from pipeline.judgments import format_human
+        from pipeline.evaluation.judgments import format_human
 
         click.echo("\n".join(filter(None, [format_table(metrics, title), format_human(metrics)])))
 
@@ -126,16 +127,16 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
 def _judge_split(emb, judgments, features, root, dataset_kind, device, dataset_options=None) -> dict:
     """Human-judgment metrics of a checkpoint's split embeddings; caption keys are rebuilt from
     the cache (or dataset) order and checked against Flickr8k.token.txt when it is at hand."""
-    from pipeline.evaluation import judge_split
-    from pipeline.judgments import token_file_near
+    from pipeline.evaluation.evaluate import judge_split
+    from pipeline.evaluation.judgments import token_file_near
 
     loaded = judgments.load()
     if root:
-        from pipeline.datasets import load_dataset
+        from pipeline.data.readers import load_dataset
 
         index = load_dataset(dataset_kind, root, **(dataset_options or {})).select()[1]
         return _report_matched(*judge_split(emb, index, loaded, device, token_file_near(root)))
-    from pipeline.cache import FeatureCache
+    from pipeline.data.cache import FeatureCache
 
     with FeatureCache(features) as cache:
         token_file = token_file_near(cache.attrs.get("dataset_root"))
@@ -149,11 +150,11 @@ def _report_matched(metrics: dict, matched) -> dict:
 
 def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device, out, checkpoint_name,
                    judgments=None, overwrite=False, text_features=None):
-    from pipeline.batch_eval import evaluate_runs
-    from pipeline.evaluation import cs_note
-    from pipeline.fsutil import RESULTS_FORMAT, guard_output
-    from pipeline.report import format_results, write_results
-    from pipeline.runs import find_runs
+    from pipeline.core.fsutil import RESULTS_FORMAT, guard_output
+    from pipeline.evaluation.evaluate import cs_note
+    from pipeline.reports.batch_eval import evaluate_runs
+    from pipeline.reports.report import format_results, write_results
+    from pipeline.training.run_folder import find_runs
 
     if out:  # before hours of evaluation, not after
         guard_output(out, RESULTS_FORMAT, "a vse results table", overwrite)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import click
 
 from cli.dataset_root import csv_options, root_option
-from pipeline.backbones import BACKBONE_NAMES
-from pipeline.cache import DEFAULT_SHARD_SIZE, FeatureCache
-from pipeline.datasets import DATASET_KINDS
-from pipeline.engines import ENGINES
-from pipeline.errors import VseError
+from pipeline.core.errors import VseError
+from pipeline.data.cache import DEFAULT_SHARD_SIZE, FeatureCache
+from pipeline.data.readers import DATASET_KINDS
+from pipeline.models.backbones import BACKBONE_NAMES
+from pipeline.models.engines import ENGINES
 
 
 def _at_least(low: int):
@@ -78,9 +78,9 @@ def extract_command(kind, root, dataset_options, splits, backbone, crops, grid, 
 
     Under torchrun each rank computes every world_size-th shard.
     """
-    from pipeline import distributed
-    from pipeline.datasets import load_dataset
-    from pipeline.extract import ExtractOptions, extract_features, import_precomputed
+    from pipeline.core import distributed
+    from pipeline.data.extract import ExtractOptions, extract_features, import_precomputed
+    from pipeline.data.readers import load_dataset
 
     dataset = load_dataset(kind, root, **dataset_options)
     if kind == "vsepp-precomp":

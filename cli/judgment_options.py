@@ -1,6 +1,6 @@
 """The ``--judgments FILE --judgments-format F --judgments-threshold T`` options, shared by
 `vse evaluate`, `vse gallery` and `vse relevance-human`: one ``judgments`` argument
-(``pipeline.judgments.JudgmentOptions`` or None)."""
+(``pipeline.evaluation.judgments.JudgmentOptions`` or None)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import functools
 
 import click
 
-from pipeline.judgments import DEFAULT_THRESHOLDS, FORMATS, JudgmentOptions
+from pipeline.evaluation.judgments import DEFAULT_THRESHOLDS, FORMATS, JudgmentOptions
 
 
 def judgment_options(command=None, *, required: bool = False):

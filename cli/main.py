@@ -9,7 +9,7 @@ from collections.abc import MutableMapping
 import click
 
 from pipeline import __version__
-from pipeline.errors import VseError
+from pipeline.core.errors import VseError
 
 
 class VseGroup(click.Group):

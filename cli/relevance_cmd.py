@@ -6,7 +6,7 @@ import click
 
 from cli.dataset_root import csv_options, root_option
 from cli.judgment_options import judgment_options
-from pipeline.datasets import IMAGE_DATASET_KINDS
+from pipeline.data.readers import IMAGE_DATASET_KINDS
 from pipeline.relevance.stage import DEFAULT_CBOW_THRESHOLD, METHODS
 from pipeline.relevance.svd import DEFAULT_SVD_ITERATIONS
 
@@ -93,7 +93,7 @@ def relevance_human(features, root, dataset_kind, dataset_options, split, fit_sp
     import shlex
     import sys
 
-    from pipeline.relevance.human import format_relevance_agreement, score_relevance_methods
+    from pipeline.evaluation.relevance_human import format_relevance_agreement, score_relevance_methods
 
     if bool(features) == bool(root):
         raise click.UsageError("give --features CACHE.h5 or --root DATASET_DIR")

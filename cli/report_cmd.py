@@ -27,7 +27,7 @@ from cli.judgment_options import judgment_options
 def report_command(results, fmt, layout, label, bold, epochs, seeds):
     """Print RESULTS (from `vse evaluate --runs … --out`) as the papers' table; runs that
     differ only by seed are one row, mean ± std (n)."""
-    from pipeline.report import format_results, read_results
+    from pipeline.reports.report import format_results, read_results
 
     click.echo(format_results(read_results(results), fmt, layout, label, bold, epochs, seeds))
 
@@ -41,9 +41,9 @@ def report_command(results, fmt, layout, label, bold, epochs, seeds):
 @click.option("--overwrite", is_flag=True, help="Replace figure files in --out that vse did not write.")
 def plot_command(patterns, results, out_dir, overwrite):
     """Validation curves, R@1 against negative set size, epochs to best M-Recall, learned pool weights."""
-    from pipeline.plots import plot_runs
-    from pipeline.report import read_results
-    from pipeline.runs import find_runs
+    from pipeline.reports.plots import plot_runs
+    from pipeline.reports.report import read_results
+    from pipeline.training.run_folder import find_runs
 
     if not patterns and not results:
         raise click.UsageError("give --runs 'runs/*' and/or --results results.csv")
@@ -79,9 +79,9 @@ def gallery_command(checkpoint, features, images_root, split, n, k, embed, seed,
                     overwrite):
     """A static HTML page of query images with their top captions and query captions with
     their top images, ground truth marked (opens in a browser, no server)."""
-    from pipeline.checkpoint import load_checkpoint
-    from pipeline.gallery import build_gallery
-    from pipeline.runtime import resolve_device
+    from pipeline.core.checkpoint import load_checkpoint
+    from pipeline.core.runtime import resolve_device
+    from pipeline.reports.gallery import build_gallery
 
     if not features:
         features = load_checkpoint(checkpoint)["train_config"].get("features")

@@ -8,10 +8,10 @@ import sys
 
 import click
 
-from pipeline.search import QueryLimits
-from pipeline.search_index import GROUPS, KINDS, RECALL_AT, IndexOptions
-from pipeline.search_index import option_default as default
-from pipeline.serve import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_THUMB
+from pipeline.search.faiss_index import GROUPS, KINDS, RECALL_AT, IndexOptions
+from pipeline.search.faiss_index import option_default as default
+from pipeline.search.searcher import QueryLimits
+from pipeline.search.serve import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_THUMB
 
 LIMITS = QueryLimits()
 
@@ -51,7 +51,7 @@ LIMITS = QueryLimits()
 def index(embeddings, out, of, kind, exact_below, hnsw_m, ef_construction, ef_search, nlist, pq_m, nbits,
           nprobe, recall_target, recall_queries, seed, image_root, overwrite):
     """Build a nearest-neighbour index (FAISS, cosine) over an embeddings file of `vse embed`."""
-    from pipeline.search_index import build_index
+    from pipeline.search.faiss_index import build_index
 
     options = IndexOptions(kind=kind, of=of, exact_below=exact_below, hnsw_m=hnsw_m,
                            ef_construction=ef_construction, ef_search=ef_search, nlist=nlist, pq_m=pq_m,
@@ -82,8 +82,8 @@ def search(index_path, text, image, k, checkpoint, device, as_json):
     """Search an index with a text or an image, embedded by the index's model."""
     from pathlib import Path
 
-    from pipeline.errors import VseError
-    from pipeline.search import check_k, check_text, decode_image, open_searcher
+    from pipeline.core.errors import VseError
+    from pipeline.search.searcher import check_k, check_text, decode_image, open_searcher
 
     if (text is None) == (image is None):
         raise VseError("give one query: --text TEXT or --image FILE")
@@ -129,9 +129,9 @@ def search(index_path, text, image, k, checkpoint, device, as_json):
 def serve(index_path, checkpoint, host, port, device, image_root, max_upload_mb, max_query_chars, max_k,
           thumb_size):
     """Serve an index: a JSON API (/api/search, /api/search/image, /api/info) and a search page (/)."""
-    from pipeline.errors import VseError
-    from pipeline.search import open_searcher
-    from pipeline.serve import serve as run
+    from pipeline.core.errors import VseError
+    from pipeline.search.searcher import open_searcher
+    from pipeline.search.serve import serve as run
 
     if max_upload_mb <= 0 or thumb_size < 16:
         raise VseError("--max-upload-mb must be positive and --thumb-size at least 16")

@@ -24,7 +24,7 @@ def sweep_command(ctx, config, jobs, resume, runs_dir, dry_run, seeds, loss_opti
     """Train the grid of CONFIG (YAML: base: + grid:), skipping finished runs.
 
     Training options given here override the file's base: for every run (not a grid axis)."""
-    from pipeline.sweep import load_sweep, plan, run_sweep
+    from pipeline.training.sweep import load_sweep, plan, run_sweep
 
     if jobs < 1:
         raise click.UsageError("--jobs must be at least 1")

@@ -12,8 +12,8 @@ from pathlib import Path
 import click
 
 from cli.train_options import TrainOption, given_values, train_options
-from pipeline.config import LOSS_FLAGS, TrainConfig, option_names
-from pipeline.errors import VseError
+from pipeline.core.config import LOSS_FLAGS, TrainConfig, option_names
+from pipeline.core.errors import VseError
 
 __all__ = ["TrainOption", "train_command"]
 
@@ -62,9 +62,9 @@ def train_command(ctx, config_file, resume, overwrite, loss_option, **options):
     """Train a joint embedding on a feature cache, or end to end on images (--rc).
 
     Every option and its default: docs/OPTIONS.md."""
-    from pipeline import distributed
-    from pipeline.runs import RunFolder
-    from pipeline.train import Trainer
+    from pipeline.core import distributed
+    from pipeline.training.run_folder import RunFolder
+    from pipeline.training.trainer import Trainer
 
     values, given = given_values(ctx, options, loss_option,
                                  _read_config_file(config_file) if config_file else {})

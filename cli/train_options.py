@@ -1,4 +1,4 @@
-"""The training options of `vse train` and `vse sweep`, generated from ``pipeline.config.TrainConfig``.
+"""The training options of `vse train` and `vse sweep`, generated from ``pipeline.core.config.TrainConfig``.
 
 Every field of TrainConfig becomes one click option (its help, type, choices and flag spelling
 come from the field), plus the loss flags (``config.LOSS_FLAGS``) and ``--loss-option``. The
@@ -16,8 +16,8 @@ import click
 from click.core import ParameterSource
 
 from cli.dataset_root import csv_option_decorators, root_option
-from pipeline import config as options
-from pipeline.config import LOSS_FLAGS, UNSET, TrainConfig
+from pipeline.core import config as options
+from pipeline.core.config import LOSS_FLAGS, UNSET, TrainConfig
 
 _CLICK_TYPES = {int: click.INT, float: click.FLOAT, str: click.STRING}
 
@@ -141,7 +141,7 @@ def options_markdown(config_class=TrainConfig) -> str:
     command = click.command()(train_options(config_class=config_class)(lambda **kwargs: None))
     helps = {param.name: param.help or "" for param in command.params}  # as --help shows them
     lines = ["# Training options (`vse train`, `vse sweep`)", "",
-             "Generated from `pipeline/config.py` by `python -m cli.train_options > docs/OPTIONS.md`;",
+             "Generated from `pipeline/core/config.py` by `python -m cli.train_options > docs/OPTIONS.md`;",
              "do not edit by hand. *Resume*: `--resume` may change it. *Identity*: part of what a run",
              "computes (runs differing only in other options and the seed are one row of `vse report`).",
              "*Older runs*: the value a run written before the option existed used.", "",

@@ -24,7 +24,7 @@ def demo_captions(num_images: int) -> tuple[list[str], list[str]]:
 
 def write_feature_cache(path, features, captions, caption_image, splits, image_ids=None, **attrs) -> Path:
     """A feature cache as `vse extract` writes it (features stored inline, no shards)."""
-    from pipeline.cache import write_cache
+    from pipeline.data.cache import write_cache
 
     n = len(features)
     image_ids = image_ids or [f"img{i}" for i in range(n)]
@@ -35,7 +35,7 @@ def write_feature_cache(path, features, captions, caption_image, splits, image_i
 def learnable_features(captions, caption_image, num_images, dim=32, seed=0, noise=0.1):
     """Image features = a fixed random projection of the words of the image's captions + noise,
     so a tiny model can learn the pairing in a few epochs."""
-    from pipeline.text import tokenize
+    from pipeline.text.vocabulary import tokenize
 
     rng = np.random.default_rng(seed)
     vocab = sorted({w for c in captions for w in tokenize(c)})
@@ -85,7 +85,7 @@ def train(features, run_dir, *extra):
 
 def train_run(cache, run_dir, **options):
     """A finished tiny run (``TINY_TRAIN`` and ``options``) in ``run_dir``."""
-    from pipeline.train import TrainConfig, Trainer
+    from pipeline.training.trainer import TrainConfig, Trainer
 
     config = TrainConfig(features=str(cache), run_dir=str(run_dir), **{**TINY_TRAIN, **options})
     Trainer(config, **QUIET).fit()

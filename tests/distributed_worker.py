@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from pipeline import distributed as dist
-from pipeline.train import TrainConfig, Trainer
+from pipeline.core import distributed as dist
+from pipeline.training.trainer import TrainConfig, Trainer
 
 
 def one_step(config: dict) -> dict:

@@ -1,4 +1,4 @@
-"""Stand-ins for the search tests until `vse embed` (pipeline/embed.py) is merged:
+"""Stand-ins for the search tests until `vse embed` (pipeline/search/embed.py) is merged:
 
 - ``write_embeddings``: an embeddings file exactly as `vse embed` is to write it (groups
   images and captions, their attributes; docs/ARCHITECTURE.md "Search index"), with h5py;
@@ -30,7 +30,7 @@ def unit_rows(x: np.ndarray) -> np.ndarray:
 
 
 class StandInEmbedder:
-    """What `pipeline.embed.Embedder` offers, without a model."""
+    """What `pipeline.search.embed.Embedder` offers, without a model."""
 
     def __init__(self, checkpoint_sha256: str, dim: int = 32, similarity: str = "cosine"):
         self.checkpoint_sha256, self.dim, self.similarity = checkpoint_sha256, dim, similarity
@@ -38,7 +38,7 @@ class StandInEmbedder:
 
     @classmethod
     def for_checkpoint(cls, checkpoint, dim: int = 32) -> StandInEmbedder:
-        from pipeline.fsutil import file_sha256
+        from pipeline.core.fsutil import file_sha256
 
         return cls(file_sha256(checkpoint), dim)
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 from conftest import demo_captions, train, vse, write_feature_cache
 
-from pipeline.cache import FeatureCache
+from pipeline.data.cache import FeatureCache
 
 DEMO = Path(__file__).resolve().parents[1] / "data"
 

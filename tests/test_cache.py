@@ -8,9 +8,9 @@ import h5py
 import numpy as np
 import pytest
 
-from pipeline.cache import FORMAT, FeatureCache, ShardedWriter, shards_dir, write_cache
-from pipeline.errors import VseError
-from pipeline.index import CaptionIndex
+from pipeline.core.errors import VseError
+from pipeline.data.cache import FORMAT, FeatureCache, ShardedWriter, shards_dir, write_cache
+from pipeline.data.caption_index import CaptionIndex
 
 N, D = 23, 6
 

@@ -1,4 +1,4 @@
-"""Training options declared once (pipeline/config.py): the CLI, the checks, the resume rule,
+"""Training options declared once (pipeline/core/config.py): the CLI, the checks, the resume rule,
 run identity and docs/OPTIONS.md are all derived from TrainConfig's fields; the registries are
 the one list of names; --help reads no torch."""
 
@@ -15,8 +15,8 @@ from conftest import ROOT
 
 from cli.main import cli
 from cli.train_options import given_values, options_markdown, train_options
-from pipeline import registry
-from pipeline.config import (
+from pipeline.core import registry
+from pipeline.core.config import (
     TrainConfig,
     execution_only,
     old_defaults,
@@ -24,7 +24,7 @@ from pipeline.config import (
     resume_config,
     resume_may_change,
 )
-from pipeline.errors import VseError
+from pipeline.core.errors import VseError
 
 
 @dataclasses.dataclass
@@ -94,9 +94,9 @@ def test_choices_come_from_the_registries_and_are_checked_in_config_files_too():
 
 
 def test_every_registry_name_resolves_to_its_part():
-    from pipeline.backbones import BUILDERS
-    from pipeline.heads import pool_class
-    from pipeline.losses import LOSSES
+    from pipeline.models.backbones import BUILDERS
+    from pipeline.models.heads import pool_class
+    from pipeline.models.losses import LOSSES
 
     assert tuple(LOSSES) == registry.LOSSES.names
     for name, cls in LOSSES.items():
@@ -112,7 +112,8 @@ def test_every_registry_name_resolves_to_its_part():
 def test_help_reads_no_torch(command):
     code = ("import sys\nfrom cli.main import cli\ntry:\n"
             f"    cli.main([{command!r}, '--help'], standalone_mode=False, prog_name='vse')\n"
-            "except SystemExit:\n    pass\nprint('torch' in sys.modules, 'pipeline.train' in sys.modules)")
+            "except SystemExit:\n    pass\n"
+            "print('torch' in sys.modules, 'pipeline.training.trainer' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                             check=True)
     assert "--epochs INTEGER" in result.stdout  # the help was shown ...
@@ -131,7 +132,7 @@ def test_sweep_takes_the_training_options_as_overrides_of_base(tmp_path, tiny_ca
     result = CliRunner().invoke(cli, ["sweep", str(path), "--dry-run", "--epochs", "1",
                                       "--negative-set-size", "4"])
     assert result.exit_code == 0, result.output
-    from pipeline.sweep import load_sweep
+    from pipeline.training.sweep import load_sweep
 
     runs = load_sweep(path, overrides={"epochs": 1, "loss_options": {"negative_set_size": 4}}).runs
     assert [r.config["epochs"] for r in runs] == [1, 1]
@@ -157,7 +158,7 @@ def test_csv_options_of_train_rc_reach_the_reader_and_stay_out_of_cached_runs(tm
         "--epochs", "1", "--batch-size", "4", "--embed-dim", "8", "--word-dim", "4", "--min-word-count", "1",
         "--val-every", "0", "--workers", "0", "--device", "cpu"])
     assert result.exit_code == 0, result.output
-    from pipeline.checkpoint import load_checkpoint
+    from pipeline.core.checkpoint import load_checkpoint
 
     saved = load_checkpoint(run / "last.pt")["train_config"]
     layout = (saved["csv_img_key"], saved["csv_caption_key"], saved["csv_separator"])

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from conftest import vse
 
-from pipeline.datasets import (
+from pipeline.core.errors import VseError
+from pipeline.data.readers import (
     CSV_SPLIT_RATIO,
     CsvLayout,
     dataset_options,
@@ -21,7 +22,6 @@ from pipeline.datasets import (
     parse_split_ratio,
     seeded_split,
 )
-from pipeline.errors import VseError
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "data"
@@ -279,7 +279,7 @@ def test_extract_writes_the_index_and_the_split_of_the_csv(tmp_path):
                   "--quiet", "--out", out)
     assert result.exit_code == 0, result.output
     assert f"wrote {out}: 12 images" in result.output
-    from pipeline.cache import FeatureCache
+    from pipeline.data.cache import FeatureCache
 
     index = load_dataset("csv", path).select()[1]
     with FeatureCache(out) as cache:
@@ -315,7 +315,7 @@ def test_extract_writes_the_index_and_the_split_of_the_csv(tmp_path):
         assert cache.image_ids == again.image_ids and cache.captions == again.captions
 
         # the gallery finds the images of a csv cache under its dataset_root
-        from pipeline.gallery import ImageSources
+        from pipeline.reports.gallery import ImageSources
 
         sources = ImageSources(cache.attrs["dataset_root"], tmp_path / "g.html")
         assert sources.path(cache.image_ids[0]) == tmp_path / "data" / "images" / NAMES[0]
@@ -370,7 +370,7 @@ def test_train_rc_and_evaluate_root_and_relevance_human_on_a_csv(tmp_path):
         scores.append(json.loads(result.output))
     assert scores[0] == scores[1] and 0 <= scores[0]["rsum"] <= 600
 
-    from pipeline.rc import ImageSource
+    from pipeline.data.image_source import ImageSource
 
     source = ImageSource("csv", tsv, "tiny", dataset_options=dataset_options(
         "csv", csv_separator="\\t", csv_img_key="image", csv_caption_key="text"))

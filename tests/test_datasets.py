@@ -10,14 +10,14 @@ import pytest
 from conftest import vse
 from PIL import Image
 
-from pipeline.datasets import (
+from pipeline.core.errors import VseError
+from pipeline.data.readers import (
     ConcatenatedRows,
     Dataset,
     LoadReport,
     load_dataset,
     open_image,
 )
-from pipeline.errors import VseError
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_FLICKR8K = REPO.parent / "shared" / "data" / "flickr8k"
@@ -354,7 +354,7 @@ def test_cli_takes_the_karpathy_json_as_root(tmp_path):
                   "--workers", "0", "--quiet", "--out", out)
     assert result.exit_code == 0, result.output
     assert f"wrote {out}: 7 images" in result.output
-    from pipeline.cache import FeatureCache
+    from pipeline.data.cache import FeatureCache
 
     with FeatureCache(out) as cache:
         assert [len(cache.split(s)) for s in ("train", "dev", "test")] == [4, 1, 2]

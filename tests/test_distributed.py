@@ -12,10 +12,10 @@ import pytest
 import torch
 from rc_data import make_flickr8k
 
-from pipeline.caption_features import encode_text
-from pipeline.checkpoint import load_checkpoint
+from pipeline.core.checkpoint import load_checkpoint
+from pipeline.data.caption_features import encode_text
 from pipeline.relevance.stage import build_relevance
-from pipeline.train import TrainConfig, Trainer
+from pipeline.training.trainer import TrainConfig, Trainer
 
 pytestmark = pytest.mark.slow  # processes, real images or servers: `pytest -m "not slow"` skips them
 
@@ -133,6 +133,6 @@ def test_vse_train_under_torchrun_trains_rc_mode(launched):
 
 
 def test_every_built_in_loss_is_stepped_under_torchrun():
-    from pipeline.losses import LOSS_NAMES
+    from pipeline.models.losses import LOSS_NAMES
 
     assert set(LOSS_NAMES) <= {case["loss"] for case in CACHED_LOSSES.values()}

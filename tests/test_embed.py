@@ -45,8 +45,8 @@ def made(tmp_path_factory):
 
 
 def _evaluate_embeddings(checkpoint: Path, cache: Path):
-    from pipeline.cache import FeatureCache
-    from pipeline.inference import encode_split, load_model
+    from pipeline.data.cache import FeatureCache
+    from pipeline.evaluation.inference import encode_split, load_model
 
     loaded = load_model(checkpoint, torch.device("cpu"))
     with FeatureCache(cache) as fc:
@@ -80,7 +80,7 @@ def test_embedded_files_equal_evaluate_embeddings(made, tmp_path, model, cache):
     vectors, caption_ids, _ = _read(out, "captions")
     assert caption_ids[0] == "captions.txt:1" and len(vectors) == len(captions)
     assert np.abs(vectors - split.captions).max() <= TOLERANCE
-    from pipeline.fsutil import file_sha256
+    from pipeline.core.fsutil import file_sha256
     assert attrs["checkpoint_sha256"] == file_sha256(made[model]) and attrs["complete"]
     assert np.allclose(np.linalg.norm(images, axis=1), 1, atol=1e-6)
 
@@ -104,7 +104,7 @@ def test_a_broken_image_is_skipped_counted_and_listed_and_strict_refuses(made, t
 
 
 def test_an_interrupted_embed_goes_on_from_its_parts(made, tmp_path, monkeypatch):
-    import pipeline.embed as embed
+    import pipeline.search.embed as embed
 
     out = tmp_path / "e.h5"
 
@@ -140,7 +140,7 @@ def test_csv_inputs_take_the_named_columns(made, tmp_path):
 def test_the_service_side_embeds_a_query_like_the_file(made, tmp_path):
     from PIL import Image
 
-    from pipeline.embed import Embedder
+    from pipeline.search.embed import Embedder
 
     embedder = Embedder.from_checkpoint(made["gpo"], "cpu")
     name = sorted((made["root"] / "images").iterdir())[0]

@@ -1,4 +1,4 @@
-"""The forward-pass engines (pipeline.engines): torch and ONNX Runtime agree on real photos,
+"""The forward-pass engines (pipeline.models.engines): torch and ONNX Runtime agree on real photos,
 the exported graph is a cache keyed by the weights, a run is resumed only by its own engine."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import torch
 from click.testing import CliRunner
 
 from cli.main import cli
-from pipeline import engines
-from pipeline.backbones import load_backbone
-from pipeline.cache import FeatureCache, ShardedWriter, shards_dir
-from pipeline.datasets import Dataset
-from pipeline.errors import VseError
-from pipeline.extract import ExtractOptions, extract_features
+from pipeline.core.errors import VseError
+from pipeline.data.cache import FeatureCache, ShardedWriter, shards_dir
+from pipeline.data.extract import ExtractOptions, extract_features
+from pipeline.data.readers import Dataset
+from pipeline.models import engines
+from pipeline.models.backbones import load_backbone
 
 IMAGES = Path(__file__).resolve().parents[2] / "shared" / "data" / "flickr8k" / "images"
 pytestmark = [
@@ -124,7 +124,7 @@ def test_onnxruntime_in_loader_workers_gives_the_features_of_one_session(tmp_pat
     Bit-identical here; the tolerance is the engines' (threads may change float sums)."""
     reference, _ = _extract(tmp_path / "main.h5", onnx_dir, engine="onnxruntime", crops=10, workers=0)
     monkeypatch.setattr(engines, "ORT_BATCH", 7)  # 2 images × 10 crops = 20 inputs: 3 calls
-    from pipeline import extract
+    from pipeline.data import extract
 
     made, real_init = [], extract._EncodedBatches.__init__
 

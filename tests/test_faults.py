@@ -48,7 +48,8 @@ pytestmark = pytest.mark.slow  # processes, real images or servers: `pytest -m "
 
 ROOT = Path(__file__).resolve().parents[1]
 KILLED = -signal.SIGKILL
-PRELOAD = ("pipeline.extract", "pipeline.train", "pipeline.evaluation", "pipeline.relevance.stage",
+PRELOAD = ("pipeline.data.extract", "pipeline.training.trainer", "pipeline.evaluation.evaluate",
+           "pipeline.relevance.stage",
            "sklearn.decomposition", "sklearn.feature_extraction.text", "nltk.stem", "joblib")
 
 
@@ -83,7 +84,7 @@ def _arm(hook: str) -> None:
 
         h5py.Group.create_dataset = create_then_die
     elif kind == "shard-written":
-        from pipeline.cache import ShardedWriter
+        from pipeline.data.cache import ShardedWriter
 
         write_shard = ShardedWriter.write_shard
 
@@ -94,7 +95,7 @@ def _arm(hook: str) -> None:
 
         ShardedWriter.write_shard = write_then_die
     elif kind == "partial":
-        from pipeline import fsutil
+        from pipeline.core import fsutil
 
         name, nth = args[0], int(args[1])
         fsync_file, seen = fsutil._fsync_file, []
@@ -109,7 +110,7 @@ def _arm(hook: str) -> None:
 
         fsutil._fsync_file = half_written_then_die
     elif kind == "enospc":
-        from pipeline import fsutil
+        from pipeline.core import fsutil
 
         fsync_file = fsutil._fsync_file
 
@@ -138,7 +139,7 @@ def _arm(hook: str) -> None:
 
         resource.setrlimit(resource.RLIMIT_NOFILE, (int(args[0]), int(args[1])))
     elif kind == "step":
-        from pipeline.train import Trainer
+        from pipeline.training.trainer import Trainer
 
         step = Trainer.step
 
@@ -245,7 +246,7 @@ def _extract_args(root, out):
 
 
 def _features(path) -> bytes:
-    from pipeline.cache import FeatureCache
+    from pipeline.data.cache import FeatureCache
 
     with FeatureCache(path) as cache:
         return cache.features[...].tobytes()
@@ -319,7 +320,7 @@ def _train_args(cache, run_dir):
 
 
 def _checkpoint(path):
-    from pipeline.checkpoint import load_checkpoint
+    from pipeline.core.checkpoint import load_checkpoint
 
     return load_checkpoint(path)
 
@@ -392,7 +393,7 @@ def reference_relevance(vse, tiny_cache, tmp_path_factory):
 
 @pytest.mark.parametrize("hook", ["dataset:vectors:1", "partial:rel.h5:1"])
 def test_killed_relevance_leaves_no_valid_looking_file(vse, tiny_cache, reference_relevance, tmp_path, hook):
-    from pipeline.errors import VseError
+    from pipeline.core.errors import VseError
     from pipeline.relevance import read_relevance
 
     out = tmp_path / "rel.h5"
@@ -502,7 +503,7 @@ def test_relevance_on_a_full_disk_keeps_the_previous_pair(vse, tiny_cache, tmp_p
 @pytest.mark.parametrize("soft,hard", [(64, 64), (64, 4096)])
 def test_a_cache_of_more_shards_than_open_files(vse, tmp_path, soft, hard):
     """HDF5 keeps every shard it reads open and reads one it cannot open as NaN, silently."""
-    from pipeline.cache import write_cache
+    from pipeline.data.cache import write_cache
 
     rows = np.arange(300 * 4, dtype=np.float32).reshape(300, 4)
     cache = write_cache(tmp_path / "c.h5", rows, [f"i{i}" for i in range(300)], [], [],

@@ -16,10 +16,10 @@ from conftest import DEMO_DATA, demo_captions, learnable_features, write_feature
 from PIL import Image, ImageOps
 
 from cli.main import cli
-from pipeline.evaluation import embed_checkpoint
-from pipeline.gallery import THUMB_SIZE, Mark, build_gallery
-from pipeline.runtime import resolve_device
-from pipeline.train import TrainConfig, Trainer
+from pipeline.core.runtime import resolve_device
+from pipeline.evaluation.evaluate import embed_checkpoint
+from pipeline.reports.gallery import THUMB_SIZE, Mark, build_gallery
+from pipeline.training.trainer import TrainConfig, Trainer
 
 NASTY = ('<script>document.title="pwned"</script>'
          '<img src=x onerror="document.title=\'pwned\'"> & "q"')

@@ -22,15 +22,15 @@ from click.testing import CliRunner
 from conftest import QUIET, TINY_TRAIN
 
 from cli.main import cli
-from pipeline import distributed, runtime
-from pipeline import factories as factories_module
-from pipeline import train as train_module
-from pipeline.batches import Batch
-from pipeline.captions import CachedCaptionVectors, GRUCaptions
-from pipeline.checkpoint import load_checkpoint
-from pipeline.errors import VseError
-from pipeline.models import ModelConfig, TextEncoder
-from pipeline.train import TrainConfig, Trainer
+from pipeline.core import distributed, runtime
+from pipeline.core.checkpoint import load_checkpoint
+from pipeline.core.errors import VseError
+from pipeline.data.batches import Batch
+from pipeline.data.captions import CachedCaptionVectors, GRUCaptions
+from pipeline.models.vse_model import ModelConfig, TextEncoder
+from pipeline.training import factories as factories_module
+from pipeline.training import trainer as train_module
+from pipeline.training.trainer import TrainConfig, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -261,7 +261,7 @@ def trained(sh_run):
 
 
 def test_evaluation_and_validation_run_in_fp32_unless_asked(trained, tiny_cache, tmp_path, monkeypatch):
-    from pipeline import inference
+    from pipeline.evaluation import inference
 
     asked = []
     real = inference.precision
@@ -296,7 +296,7 @@ def test_full_fp32_turns_tf32_off_on_a_gpu_and_back():
 
 @CUDA
 def test_a_checkpoint_embeds_the_same_on_cpu_and_gpu(trained, tiny_cache):
-    from pipeline.evaluation import embed_checkpoint
+    from pipeline.evaluation.evaluate import embed_checkpoint
 
     cpu = embed_checkpoint(trained / "best.pt", tiny_cache, "test", torch.device("cpu"))
     gpu = embed_checkpoint(trained / "best.pt", tiny_cache, "test", runtime.resolve_device("cuda"))
@@ -357,13 +357,13 @@ def test_one_host_sync_per_training_step(tiny_cache, tmp_path, monkeypatch, loss
     # the loss, read once; on a CPU also the clipping coefficient (free there: no device to
     # wait for; on a GPU clip_gradients reads nothing, see the next test)
     assert [call.split(":")[0] + call.split(" ")[-1] for call in reads.calls] == [
-        "__bool__ in train.py(clip_gradients)", "item in train.py(step)"]
+        "__bool__ in trainer.py(clip_gradients)", "item in trainer.py(step)"]
 
 
 def test_gradient_clipping_reads_nothing_back_from_a_device(monkeypatch):
     """On any device but the CPU (here "meta", which has no data to read) clip_gradients
     scales the gradients as clip_grad_norm_ does, without a host read."""
-    from pipeline.train import clip_gradients
+    from pipeline.training.trainer import clip_gradients
 
     parameters = [torch.nn.Parameter(torch.empty(4, 3, device="meta")) for _ in range(2)]
     for q in parameters:
@@ -390,7 +390,7 @@ def test_caption_lengths_stay_on_the_host():
 def test_packing_is_pack_padded_sequence_without_its_blocking_copy():
     from torch.nn.utils.rnn import pack_padded_sequence
 
-    from pipeline.layers import pack_by_length as _pack
+    from pipeline.models.layers import pack_by_length as _pack
 
     torch.manual_seed(0)
     padded, lengths = torch.randn(16, 9, 5), torch.randint(1, 10, (16,))

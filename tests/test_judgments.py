@@ -9,9 +9,9 @@ import pytest
 from conftest import DEMO_DATA, SHARED_FLICKR8K, vse
 from scipy.stats import kendalltau, spearmanr
 
-from pipeline.errors import VseError
-from pipeline.index import caption_keys
-from pipeline.judgments import (
+from pipeline.core.errors import VseError
+from pipeline.data.caption_index import caption_keys
+from pipeline.evaluation.judgments import (
     SplitIdentity,
     auc,
     check_caption_keys,
@@ -123,7 +123,7 @@ def test_unreadable_files_are_one_line_errors(tmp_path):
 
 
 def test_caption_keys_rebuild_the_token_file_of_the_demo_data():
-    from pipeline.datasets import load_dataset
+    from pipeline.data.readers import load_dataset
 
     ds = load_dataset("flickr8k", DEMO_DATA)
     keys = caption_keys(ds.image_ids, ds.caption_image)
@@ -136,7 +136,7 @@ def test_caption_keys_rebuild_the_token_file_of_the_demo_data():
 
 @pytest.mark.skipif(not SHARED_FLICKR8K.is_dir(), reason="full Flickr8k not present")
 def test_caption_keys_rebuild_the_full_token_file_and_every_crowdflower_pair_matches():
-    from pipeline.datasets import load_dataset
+    from pipeline.data.readers import load_dataset
 
     ds = load_dataset("flickr8k", SHARED_FLICKR8K)
     keys = caption_keys(ds.image_ids, ds.caption_image)
@@ -290,7 +290,7 @@ def judged_run(tmp_path_factory):
     against its token file) and a csv of judgments: test-image pairs plus 3 pairs outside."""
     from conftest import demo_captions, learnable_features, write_feature_cache
 
-    from pipeline.train import TrainConfig, Trainer
+    from pipeline.training.trainer import TrainConfig, Trainer
 
     root = tmp_path_factory.mktemp("judged")
     ids, captions = demo_captions(40)
@@ -315,9 +315,9 @@ def judged_run(tmp_path_factory):
 def test_evaluate_checkpoint_and_npz_and_runs_give_the_same_human_columns(judged_run, tmp_path):
     import json
 
-    from pipeline.evaluation import embed_checkpoint
-    from pipeline.report import read_results
-    from pipeline.runtime import resolve_device
+    from pipeline.core.runtime import resolve_device
+    from pipeline.evaluation.evaluate import embed_checkpoint
+    from pipeline.reports.report import read_results
 
     checkpoint, cache, judgments = judged_run
     common = ["--judgments", judgments, "--judgments-format", "csv", "--device", "cpu"]
@@ -329,7 +329,7 @@ def test_evaluate_checkpoint_and_npz_and_runs_give_the_same_human_columns(judged
     assert f"judgments: {total - 3} of {total} judged pairs in the split; 3 left out" in single.stderr
     # the npz route (rows named by image_ids / caption_keys) gives the same numbers
     emb = embed_checkpoint(checkpoint, cache, "test", resolve_device("cpu"))
-    from pipeline.cache import FeatureCache
+    from pipeline.data.cache import FeatureCache
 
     with FeatureCache(cache) as c:
         keys = caption_keys(c.image_ids, c.caption_image)
@@ -387,8 +387,8 @@ def test_evaluate_an_rc_checkpoint_on_images_with_judgments(tmp_path):
 
     from rc_data import make_flickr8k
 
-    from pipeline.datasets import load_dataset
-    from pipeline.train import TrainConfig, Trainer
+    from pipeline.data.readers import load_dataset
+    from pipeline.training.trainer import TrainConfig, Trainer
 
     root = make_flickr8k(tmp_path / "f8k", sizes=(("train", 4), ("dev", 1), ("test", 3)))
     Trainer(TrainConfig(rc=True, root=str(root), backbone="tiny", run_dir=str(tmp_path / "rc"), epochs=1,
@@ -436,7 +436,7 @@ def test_relevance_methods_scored_by_people_follow_the_ladder_rule(judged_run, t
 
     from sklearn.metrics import roc_auc_score
 
-    from pipeline.cache import FeatureCache
+    from pipeline.data.cache import FeatureCache
     from pipeline.relevance import build_relevance, read_relevance
 
     _, cache, judgments = judged_run
@@ -489,9 +489,9 @@ def test_relevance_methods_scored_by_people_follow_the_ladder_rule(judged_run, t
 def test_relevance_human_out_refuses_a_foreign_file_and_replaces_its_own_report(judged_run, tmp_path):
     import json
 
-    from pipeline.fsutil import output_format
+    from pipeline.core.fsutil import output_format
+    from pipeline.evaluation.relevance_human import REPORT_FORMAT
     from pipeline.relevance import build_relevance
-    from pipeline.relevance.human import REPORT_FORMAT
 
     _, cache, judgments = judged_run
     stored = tmp_path / "cbow.h5"

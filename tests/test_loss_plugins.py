@@ -14,13 +14,13 @@ from click.testing import CliRunner
 from conftest import TINY_TRAIN
 
 from cli.main import cli
-from pipeline.checkpoint import load_checkpoint
-from pipeline.errors import VseError
-from pipeline.loss_check import run_contract
-from pipeline.loss_plugins import loss_traits, make_loss
-from pipeline.losses import LOSS_NAMES, LOSSES, VseLoss
-from pipeline.metrics import SIMILARITIES
-from pipeline.train import TrainConfig, Trainer
+from pipeline.core.checkpoint import load_checkpoint
+from pipeline.core.errors import VseError
+from pipeline.models.loss_check import run_contract
+from pipeline.models.loss_plugins import loss_traits, make_loss
+from pipeline.models.losses import LOSS_NAMES, LOSSES, VseLoss
+from pipeline.models.similarity import SIMILARITIES
+from pipeline.training.trainer import TrainConfig, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "examples/infonce_learnable_tau.py:LearnableTemperatureInfoNCE"
@@ -144,8 +144,8 @@ def test_the_loss_parameters_are_optimised_and_resumed(tiny_cache, tmp_path):
 
 
 def test_order_code_form_is_carried_into_the_checkpoint_and_evaluation(tiny_cache, tmp_path):
-    from pipeline.evaluation import embed_checkpoint, evaluate_split_embeddings
-    from pipeline.metrics import evaluate_embeddings
+    from pipeline.evaluation.evaluate import embed_checkpoint, evaluate_split_embeddings
+    from pipeline.evaluation.metrics import evaluate_embeddings
 
     config = TrainConfig(features=str(tiny_cache), run_dir=str(tmp_path / "run"), loss="order",
                          loss_options={"squared": False}, epochs=1, **TINY_TRAIN)
@@ -155,7 +155,7 @@ def test_order_code_form_is_carried_into_the_checkpoint_and_evaluation(tiny_cach
     emb = embed_checkpoint(tmp_path / "run" / "best.pt", tiny_cache, "test", torch.device("cpu"))
     assert emb.similarity == "order-norm" and (emb.images >= 0).all()
     assert evaluate_split_embeddings(emb) == evaluate_embeddings(emb.images, emb.captions,
-                                                                 emb.caption_image, order="order-norm")
+                                                                 emb.caption_image, similarity="order-norm")
 
 
 def test_the_docs_list_the_registry():

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from pipeline.losses import LOSS_NAMES, LOSSES, build_loss
+from pipeline.models.losses import LOSS_NAMES, LOSSES, build_loss
 
 # A 3 × 3 score table used by several golden values: S = img @ cap.T with img = I.
 S3 = [[0.9, 0.8, 0.5],
@@ -455,7 +455,7 @@ def reference_vsepp_loss(scores, margin, max_violation):
 
 
 def test_order_unsquared_golden_and_reference():
-    from pipeline.metrics import order_scores
+    from pipeline.models.similarity import order_scores
 
     img = torch.tensor([[1.0, 1.0], [0.0, 2.0]], dtype=torch.float64)
     cap = torch.tensor([[0.5, 0.5], [1.0, 3.0]], dtype=torch.float64)

@@ -1,6 +1,6 @@
-"""The metric table (pipeline.metrics.METRICS) is the one source of metric names: what the
+"""The metric table (pipeline.evaluation.metrics.METRICS) is the one source of metric names: what the
 evaluation returns, its JSON, the printed tables, the report layouts and `vse compare` all read
-it. And the general formulas are defined once: the human-judgment tau-b is pipeline.metrics'."""
+it. And the general formulas are defined once: the human-judgment tau-b is pipeline.evaluation.metrics'."""
 
 import json
 import math
@@ -9,10 +9,16 @@ import numpy as np
 import pytest
 from scipy.stats import kendalltau
 
-from pipeline.evaluation import evaluate_split_embeddings, format_table, json_metrics
-from pipeline.inference import SplitEmbeddings
-from pipeline.judgments import SplitIdentity, format_human, human_metrics, match_judgments, read_judgments
-from pipeline.metrics import (
+from pipeline.evaluation.evaluate import evaluate_split_embeddings, format_table, json_metrics
+from pipeline.evaluation.inference import SplitEmbeddings
+from pipeline.evaluation.judgments import (
+    SplitIdentity,
+    format_human,
+    human_metrics,
+    match_judgments,
+    read_judgments,
+)
+from pipeline.evaluation.metrics import (
     METRIC_GROUPS,
     METRIC_KEYS,
     METRICS,
@@ -104,9 +110,9 @@ def test_a_fractional_median_rank_and_an_undefined_spearman_print_as_everywhere_
 
 
 def test_report_layouts_and_compare_name_only_table_keys():
-    from pipeline.compare import COMPARED
-    from pipeline.report import LAYOUTS, format_value, table_columns
-    from pipeline.stats import paired_permutation_test
+    from pipeline.evaluation.stats import paired_permutation_test
+    from pipeline.reports.compare import COMPARED
+    from pipeline.reports.report import LAYOUTS, format_value, table_columns
 
     table = {m.key for m in METRICS}
     for layout, keys in LAYOUTS.items():
@@ -138,9 +144,9 @@ def test_the_table_is_well_formed():
 
 
 def test_the_one_tau_b_equals_scipy_on_ties_and_the_judgments_use_it():
-    import pipeline.judgments.metrics as human
-    import pipeline.metrics as metrics
-    from pipeline.judgments import grouped_kendall_tau_b
+    import pipeline.evaluation.judgments.metrics as human
+    import pipeline.evaluation.metrics as metrics
+    from pipeline.evaluation.judgments import grouped_kendall_tau_b
 
     assert human.kendall_tau_b is metrics.kendall_tau_b
     assert not hasattr(human, "_signs") and not hasattr(human, "_mean_defined")

@@ -7,8 +7,8 @@ import pytest
 import torch
 from scipy.stats import kendalltau
 
-from pipeline.errors import VseError
-from pipeline.metrics import (
+from pipeline.core.errors import VseError
+from pipeline.evaluation.metrics import (
     METRIC_KEYS,
     coherent_score,
     coherent_scores,
@@ -66,10 +66,10 @@ def integer_embeddings(rng, num_images, num_captions, dim=3):
 def score_paths(request, monkeypatch):
     """Run a rank test through both code paths: the score matrix held once for both
     directions, and recomputed in blocks per direction (what large test sets use)."""
-    import pipeline.metrics
+    import pipeline.evaluation.metrics
 
     if request.param == "blocked products":
-        monkeypatch.setattr(pipeline.metrics, "FULL_MATRIX_ELEMENTS", 0)
+        monkeypatch.setattr(pipeline.evaluation.metrics, "FULL_MATRIX_ELEMENTS", 0)
     return request.param
 
 
@@ -149,11 +149,11 @@ def test_order_scores_golden_and_slow_loop():
     images = np.array([[1.0, 1.0], [0.0, 2.0]])
     captions = np.array([[0.5, 0.5], [1.0, 3.0]])
     # S = [[0, -4], [-0.25, -2]]: image 1's own caption (-2) loses to caption 0 (-0.25).
-    i2t, t2i = similarity_ranks(images, captions, [0, 1], order=True)
+    i2t, t2i = similarity_ranks(images, captions, [0, 1], similarity="order")
     assert i2t.tolist() == [0, 1] and t2i.tolist() == [0, 0]
     rng = np.random.default_rng(4)
     images, captions = (np.abs(a) for a in integer_embeddings(rng, 9, 45, dim=4))
-    got = similarity_ranks(images, captions, order=True, block=2)
+    got = similarity_ranks(images, captions, similarity="order", block=2)
     expected = slow_ranks(order_scores(images, captions), np.arange(45) // 5)
     np.testing.assert_array_equal(got[0], expected[0])
     np.testing.assert_array_equal(got[1], expected[1])
@@ -372,3 +372,16 @@ def test_coherent_score_equals_the_reference_without_ties(seed):
         for tie_break in ("low", "high"):
             assert coherent_score(scores, relevance, k, tie_break=tie_break) == pytest.approx(
                 reference_cs(scores, relevance, k), abs=1e-12)
+
+
+def test_old_order_keyword_still_works_with_a_note():
+    """order= was the old spelling of similarity=: kept for one version, and it says so."""
+    torch.manual_seed(0)
+    images, captions = torch.randn(4, 3).abs(), torch.randn(20, 3).abs()
+    new = similarity_ranks(images, captions, similarity="order")
+    with pytest.warns(DeprecationWarning, match="similarity="):
+        old = similarity_ranks(images, captions, order=True)
+    assert all(np.array_equal(a, b) for a, b in zip(new, old))
+    with pytest.warns(DeprecationWarning):
+        assert evaluate_embeddings(images, captions, order="order-norm") == \
+            evaluate_embeddings(images, captions, similarity="order-norm")

@@ -13,7 +13,7 @@ import torch
 from conftest import train, vse
 from test_bad_inputs import assert_one_error_line, extract, flickr8k_layout
 
-from pipeline.fsutil import output_format
+from pipeline.core.fsutil import output_format
 
 REFUSED = "--overwrite replaces it"
 
@@ -198,7 +198,7 @@ def _same_count_other_captions(tiny_cache, path) -> Path:
     """A cache like ``tiny_cache`` whose 200 captions are the same texts in another order."""
     from conftest import write_feature_cache
 
-    from pipeline.cache import FeatureCache
+    from pipeline.data.cache import FeatureCache
 
     with FeatureCache(tiny_cache) as cache:
         features, captions = cache.read(np.arange(cache.num_images)), cache.captions
@@ -211,8 +211,8 @@ def _same_count_other_captions(tiny_cache, path) -> Path:
 def test_caches_and_relevance_files_carry_the_caption_fingerprint(tiny_cache, tmp_path):
     import h5py
 
-    from pipeline.cache import FeatureCache
-    from pipeline.index import caption_fingerprint
+    from pipeline.data.cache import FeatureCache
+    from pipeline.data.caption_index import caption_fingerprint
 
     with FeatureCache(tiny_cache) as cache:
         expected = caption_fingerprint(cache.captions)

@@ -10,14 +10,14 @@ from click.testing import CliRunner
 from rc_data import make_flickr8k
 
 from cli.main import cli
-from pipeline.backbones import load_backbone
-from pipeline.checkpoint import load_checkpoint
-from pipeline.datasets import load_dataset, open_image
-from pipeline.errors import VseError
-from pipeline.extract import ExtractOptions, extract_features
-from pipeline.inference import encode_split
-from pipeline.rc import RandomCrops, embed_rc_checkpoint, resized_crop_box
-from pipeline.train import TrainConfig, Trainer
+from pipeline.core.checkpoint import load_checkpoint
+from pipeline.core.errors import VseError
+from pipeline.data.extract import ExtractOptions, extract_features
+from pipeline.data.image_source import RandomCrops, embed_rc_checkpoint, resized_crop_box
+from pipeline.data.readers import load_dataset, open_image
+from pipeline.evaluation.inference import encode_split
+from pipeline.models.backbones import load_backbone
+from pipeline.training.trainer import TrainConfig, Trainer
 
 SMALL = dict(embed_dim=16, word_dim=8, batch_size=4, lr=5e-3, min_word_count=1, val_every=0, workers=0,
              log_every=1)
@@ -94,7 +94,7 @@ def test_frozen_backbone_takes_no_gradient_and_stays_in_eval_mode(images_root, t
 
 
 def test_freeze_bn_keeps_batchnorm_statistics_when_finetuning():
-    from pipeline.models import PixelBackbone
+    from pipeline.models.vse_model import PixelBackbone
 
     def net():
         torch.manual_seed(0)
@@ -224,7 +224,7 @@ def test_evaluate_an_rc_checkpoint(images_root, tiny_features, tmp_path):
     from_cache = json.loads(result.output)
     emb = embed_rc_checkpoint(tmp_path / "frozen" / "best.pt", "flickr8k", images_root, "test",
                               torch.device("cpu"))
-    from pipeline.evaluation import evaluate_split_embeddings
+    from pipeline.evaluation.evaluate import evaluate_split_embeddings
 
     assert evaluate_split_embeddings(emb)["rsum"] == pytest.approx(from_cache["rsum"])
     # fine-tuned CNN: no cache matches; refused in one line, and evaluated on images instead
@@ -288,7 +288,7 @@ def test_rc_pools_the_cnn_map_end_to_end_and_embeds_like_evaluate(images_root, t
     assert state["backbone"]["grid"] is True and len(state["pool_weights"]["image"]) == 16 * 16
     emb = embed_rc_checkpoint(tmp_path / "grid" / "best.pt", "flickr8k", images_root, "test",
                               torch.device("cpu"))
-    from pipeline.embed import Embedder
+    from pipeline.search.embed import Embedder
 
     names = [trainer.index.paths[r] for r in emb.image_rows]
     embedded = Embedder.from_checkpoint(tmp_path / "grid" / "best.pt", "cpu").embed_images(names)

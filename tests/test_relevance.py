@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.errors import VseError
+from pipeline.core.errors import VseError
 from pipeline.relevance import (
     BatchRelevance,
     RelevanceFn,
@@ -135,7 +135,7 @@ def test_project_captions_reproduces_the_stored_vectors(tmp_path):
 
 
 def test_cbow_is_the_normalised_mean_of_glove_vectors():
-    from pipeline.glove import load_glove
+    from pipeline.text.glove import load_glove
 
     index, table = load_glove()
     captions = ["A dog runs", "qzxv wwqk", "dog dog cat"]
@@ -149,7 +149,7 @@ def test_cbow_is_the_normalised_mean_of_glove_vectors():
 
 
 def test_cbow_blocks_give_the_same_vectors(monkeypatch):
-    import pipeline.relevance.cbow as cbow
+    import pipeline.text.cbow as cbow
 
     _, captions = demo_captions(4)
     captions = captions + ["qzxv"]
@@ -223,7 +223,7 @@ def svd_file(tmp_path_factory, tiny_cache):
 
 
 def test_build_writes_every_caption_fitted_on_train(svd_file, tiny_cache):
-    from pipeline.cache import FeatureCache
+    from pipeline.data.cache import FeatureCache
 
     out, summary = svd_file
     with FeatureCache(tiny_cache) as cache:
@@ -265,7 +265,7 @@ def test_batch_relevance_is_the_submatrix_of_all_cosines(svd_file):
 def test_any_function_of_caption_indices_serves_as_the_batch_relevance():
     """A plain function (B,) → (B, B) stands where a BatchRelevance does: a loss that uses
     relevance computes the same value from either."""
-    from pipeline.losses import build_loss
+    from pipeline.models.losses import build_loss
 
     def constant(indices):
         return torch.ones(len(indices), len(indices))

@@ -8,9 +8,9 @@ from click.testing import CliRunner
 from conftest import train_run
 
 from cli.main import cli
-from pipeline.errors import VseError
-from pipeline.report import format_results, read_results, write_results
-from pipeline.runs import find_runs, fractional_epochs, read_validation_log, run_names
+from pipeline.core.errors import VseError
+from pipeline.reports.report import format_results, read_results, write_results
+from pipeline.training.run_folder import find_runs, fractional_epochs, read_validation_log, run_names
 
 
 @pytest.fixture(scope="module")
@@ -75,11 +75,11 @@ def test_evaluate_runs_writes_one_row_per_usable_run(runs, tiny_cache, tmp_path)
 
 
 def test_each_cache_is_opened_and_tokenised_once(runs, monkeypatch):
-    import pipeline.batch_eval as batch_eval
-    from pipeline.runtime import resolve_device
+    import pipeline.reports.batch_eval as batch_eval
+    from pipeline.core.runtime import resolve_device
 
     opened, encoded = [], []
-    from pipeline.text import TokenizedCaptions
+    from pipeline.text.vocabulary import TokenizedCaptions
 
     real_cache, real_encode = batch_eval.FeatureCache, TokenizedCaptions.encode
     monkeypatch.setattr(batch_eval, "FeatureCache", lambda path: opened.append(path) or real_cache(path))
@@ -93,10 +93,10 @@ def test_each_cache_is_opened_and_tokenised_once(runs, monkeypatch):
 
 
 def test_relevance_adds_the_coherent_score(runs, tiny_cache, tmp_path):
-    from pipeline.batch_eval import evaluate_runs
-    from pipeline.evaluation import coherent_score_report, embed_checkpoint
+    from pipeline.core.runtime import resolve_device
+    from pipeline.evaluation.evaluate import coherent_score_report, embed_checkpoint
     from pipeline.relevance import build_relevance
-    from pipeline.runtime import resolve_device
+    from pipeline.reports.batch_eval import evaluate_runs
 
     relevance = tmp_path / "svd.h5"
     build_relevance(tiny_cache, "svd", relevance, k=20, device="cpu")
@@ -192,7 +192,7 @@ def test_validation_log_tolerates_a_killed_writer_and_resumed_duplicates(tmp_pat
     assert records[1]["mrecall"] == 5.0
     # epoch 1 ended at iteration 8, so the validations sit at 3/8, 1, 12/8, 2 epochs
     assert fractional_epochs(records) == [0.375, 1.0, 1.5, 2.0]
-    from pipeline.runs import epochs_to_best
+    from pipeline.training.run_folder import epochs_to_best
     assert epochs_to_best(records) == 1  # the first record reaching the maximum
 
 
@@ -201,7 +201,7 @@ def _is_png(path):
 
 
 def test_plots_from_runs_and_from_results(runs, tmp_path):
-    from pipeline.plots import plot_runs
+    from pipeline.reports.plots import plot_runs
 
     run_dirs = [runs / "sh", runs / "mh"]
     written = plot_runs(run_dirs, tmp_path / "a")
@@ -219,7 +219,7 @@ def test_plots_from_runs_and_from_results(runs, tmp_path):
 
 
 def test_negative_set_sizes_of_rows():
-    from pipeline.plots import negative_set
+    from pipeline.reports.plots import negative_set
 
     assert negative_set({"loss": "mh", "negative_set_size": 8, "batch_size": 128}) == 8
     assert negative_set({"loss": "mh", "negative_set_size": None, "batch_size": 128}) == 127

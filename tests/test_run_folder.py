@@ -1,4 +1,4 @@
-"""The run folder has an owner (pipeline.runs.RunFolder): a finished run is never overwritten
+"""The run folder has an owner (pipeline.training.run_folder.RunFolder): a finished run is never overwritten
 without --overwrite, which keeps the old files until the new run's first checkpoint is
 complete; --resume knows a file by its identity, not its path; TensorBoard curves are written
 live and continue without duplicate steps after a resume."""
@@ -15,11 +15,11 @@ from click.testing import CliRunner
 from conftest import QUIET, TINY_TRAIN, demo_captions, write_feature_cache
 
 from cli.main import cli
-from pipeline.checkpoint import load_checkpoint
-from pipeline.config import TrainConfig
-from pipeline.errors import VseError
-from pipeline.runs import DONE_MARKER, REPLACING, RunFolder
-from pipeline.train import Trainer
+from pipeline.core.checkpoint import load_checkpoint
+from pipeline.core.config import TrainConfig
+from pipeline.core.errors import VseError
+from pipeline.training.run_folder import DONE_MARKER, REPLACING, RunFolder
+from pipeline.training.trainer import Trainer
 
 
 def _config(cache, run_dir, **overrides) -> TrainConfig:

@@ -1,4 +1,4 @@
-"""One training process per run folder (pipeline.runlock): a second `vse train` on a run
+"""One training process per run folder (pipeline.core.runlock): a second `vse train` on a run
 folder in use stops with one line naming the holder; a dead holder's lock is taken over."""
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from pipeline.errors import VseError
-from pipeline.runlock import LOCK_NAME, RunLock
-from pipeline.runs import find_runs
+from pipeline.core.errors import VseError
+from pipeline.core.runlock import LOCK_NAME, RunLock
+from pipeline.training.run_folder import find_runs
 
 pytestmark = pytest.mark.slow  # processes, real images or servers: `pytest -m "not slow"` skips them
 
 ROOT = Path(__file__).resolve().parents[1]
-HOLD = ("import sys; from pipeline.runlock import RunLock; lock = RunLock(sys.argv[1]).acquire(); "
+HOLD = ("import sys; from pipeline.core.runlock import RunLock; lock = RunLock(sys.argv[1]).acquire(); "
         "print('held', flush=True); sys.stdin.read()")
 
 
@@ -100,7 +100,7 @@ def test_the_lock_is_reentrant_in_a_process_and_only_rank_0_takes_it(tmp_path, m
 
 
 def test_a_sweep_run_is_not_started_twice_and_a_stale_lock_does_not_block_it(tiny_cache, tmp_path):
-    from pipeline.sweep import load_sweep, run_sweep
+    from pipeline.training.sweep import load_sweep, run_sweep
 
     spec = tmp_path / "s.yaml"
     spec.write_text(f"name: s\nruns_dir: {tmp_path / 'runs'}\n"

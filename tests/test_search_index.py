@@ -19,10 +19,10 @@ from search_fakes import (
 )
 
 from cli.main import cli
-from pipeline import search as search_module
-from pipeline.errors import VseError
-from pipeline.fsutil import file_sha256, output_format
-from pipeline.search_index import (
+from pipeline.core.errors import VseError
+from pipeline.core.fsutil import file_sha256, output_format
+from pipeline.search import searcher as search_module
+from pipeline.search.faiss_index import (
     FAISS_FILE,
     ITEMS_FILE,
     EmbeddingsFile,
@@ -194,7 +194,7 @@ def test_ivfpq_trains_tunes_nprobe_and_says_when_the_target_is_out_of_reach(tmp_
 
 
 def test_ivfpq_defaults_follow_the_data(tmp_path, checkpoint):
-    from pipeline.search_index import resolved_params
+    from pipeline.search.faiss_index import resolved_params
 
     params = resolved_params("ivfpq", IndexOptions(), 1_000_000, 1024)
     assert (params["nlist"], params["m"], params["nbits"]) == (4096, 64, 8)
@@ -220,7 +220,7 @@ def test_exact_top_k_in_chunks_equals_one_pass():
 
 
 def test_rows_are_read_in_the_order_asked_across_chunks(tmp_path, checkpoint, monkeypatch):
-    import pipeline.search_index as si
+    import pipeline.search.faiss_index as si
 
     x, _ = clustered_file(tmp_path / "e.h5", checkpoint, n=50, queries=0)
     monkeypatch.setattr(si, "CHUNK_ROWS", 7)
@@ -317,7 +317,7 @@ def test_out_is_guarded_and_replaced_only_when_complete(tmp_path, demo, monkeypa
     out = tmp_path / "idx"
     assert run("index", embeddings, "--out", out).exit_code == 0
     before = (out / "meta.json").read_text()
-    import pipeline.search_index as si
+    import pipeline.search.faiss_index as si
 
     def broken(index, path):
         path.write_bytes(b"half")
@@ -332,7 +332,7 @@ def test_out_is_guarded_and_replaced_only_when_complete(tmp_path, demo, monkeypa
 
 
 def test_a_killed_build_leaves_only_a_hidden_folder_that_the_next_build_removes(tmp_path, demo):
-    from pipeline.fsutil import atomic_dir
+    from pipeline.core.fsutil import atomic_dir
 
     embeddings, _ = demo
     out = tmp_path / "idx"
@@ -393,7 +393,7 @@ def test_altered_items_or_a_missing_file_are_refused(built):
 
 def test_ids_count_not_ntotal_is_refused(tmp_path, built):
     """An items file with one id fewer, its digest updated too: the counts still disagree."""
-    from pipeline.search_index import _write_items
+    from pipeline.search.faiss_index import _write_items
 
     index = SearchIndex(built)
     _write_items(built / ITEMS_FILE, "images", index.ids[:-1], index.shown[:-1])
@@ -460,7 +460,7 @@ def test_search_refuses_another_model_and_says_where_the_model_is(tmp_path, buil
 
 def test_an_index_of_another_model_is_refused_with_the_model(tmp_path, demo, standin):
     """The model is checked after loading too: its own digest, its dimension, its similarity."""
-    from pipeline.search import check_embedder
+    from pipeline.search.searcher import check_embedder
 
     out = tmp_path / "idx"
     assert run("index", demo[0], "--out", out).exit_code == 0

@@ -27,11 +27,11 @@ from search_fakes import (
 )
 
 from cli.main import cli
-from pipeline import search as search_module
-from pipeline.fsutil import file_sha256
-from pipeline.search import QueryLimits, Searcher
-from pipeline.search_index import IndexOptions, SearchIndex, build_index
-from pipeline.serve import DEFAULT_HOST, create_app
+from pipeline.core.fsutil import file_sha256
+from pipeline.search import searcher as search_module
+from pipeline.search.faiss_index import IndexOptions, SearchIndex, build_index
+from pipeline.search.searcher import QueryLimits, Searcher
+from pipeline.search.serve import DEFAULT_HOST, create_app
 
 pytestmark = pytest.mark.slow  # processes, real images or servers: `pytest -m "not slow"` skips them
 

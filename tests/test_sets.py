@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from conftest import DEMO_DATA, demo_captions, vse, write_feature_cache
 
-from pipeline.cache import FeatureCache
-from pipeline.errors import VseError
+from pipeline.core.errors import VseError
+from pipeline.data.cache import FeatureCache
 
 # ---------------------------------------------------------------------------- precomputed regions
 
@@ -233,8 +233,8 @@ def test_a_resumed_set_run_equals_an_uninterrupted_one(set_cache, tmp_path):
 def test_the_augmentation_runs_in_training_only(set_cache):
     import torch
 
-    from pipeline.cache import FeatureCache as Cache
-    from pipeline.models import ModelConfig, VSEModel
+    from pipeline.data.cache import FeatureCache as Cache
+    from pipeline.models.vse_model import ModelConfig, VSEModel
 
     cfg = dict(feature_dim=24, embed_dim=8, vocab_size=0, text_dim=4, image_pool="gpo")
     model = VSEModel(ModelConfig(**cfg, size_augment="grid"))

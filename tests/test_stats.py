@@ -10,12 +10,12 @@ from click.testing import CliRunner
 from scipy.stats import ttest_ind
 
 from cli.main import cli
-from pipeline.errors import VseError
-from pipeline.report import format_results, seed_groups
-from pipeline.runs import config_id
-from pipeline.stats import mean_std, paired_permutation_test, recall_hits, welch_greater
-from pipeline.sweep import load_sweep
-from pipeline.train import TrainConfig
+from pipeline.core.errors import VseError
+from pipeline.evaluation.stats import mean_std, paired_permutation_test, recall_hits, welch_greater
+from pipeline.reports.report import format_results, seed_groups
+from pipeline.training.run_folder import config_id
+from pipeline.training.sweep import load_sweep
+from pipeline.training.trainer import TrainConfig
 
 # ---------------------------------------------------------------------------- statistics
 
@@ -122,7 +122,7 @@ def test_a_run_from_before_an_option_reads_as_the_value_it_used(tmp_path):
     kernel, so they group with new runs of adam_kernel 'default', not with 'fused' ones."""
     import json
 
-    from pipeline.runs import read_config
+    from pipeline.training.run_folder import read_config
 
     new = TrainConfig(features="x.h5", run_dir="runs/a", adam_kernel="default").to_dict()
     old = {k: v for k, v in new.items() if k != "adam_kernel"}

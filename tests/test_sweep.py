@@ -6,11 +6,11 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from pipeline.checkpoint import load_checkpoint
-from pipeline.errors import VseError
-from pipeline.runs import DONE_MARKER
-from pipeline.sweep import expand_grid, load_sweep, param_string, plan, run_sweep
-from pipeline.train import Trainer
+from pipeline.core.checkpoint import load_checkpoint
+from pipeline.core.errors import VseError
+from pipeline.training.run_folder import DONE_MARKER
+from pipeline.training.sweep import expand_grid, load_sweep, param_string, plan, run_sweep
+from pipeline.training.trainer import Trainer
 
 BASE = ("  embed_dim: 16\n  word_dim: 8\n  batch_size: 16\n  lr: 0.005\n  min_word_count: 1\n"
         "  workers: 0\n  log_every: 1\n")

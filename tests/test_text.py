@@ -3,8 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.errors import VseError
-from pipeline.text import SPECIALS, TokenizedCaptions, Vocabulary, tokenize
+from pipeline.core.errors import VseError
+from pipeline.text.vocabulary import SPECIALS, TokenizedCaptions, Vocabulary, tokenize
 
 
 def test_tokenize_lowercases_and_drops_punctuation():

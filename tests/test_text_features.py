@@ -11,14 +11,14 @@ from click.testing import CliRunner
 from conftest import QUIET, TINY_TRAIN, demo_captions, learnable_features, write_feature_cache
 
 from cli.main import cli
-from pipeline.cache import FeatureCache
-from pipeline.caption_features import CaptionFeatures, encode_text, parts_dir
-from pipeline.checkpoint import load_checkpoint
-from pipeline.errors import VseError
-from pipeline.index import caption_fingerprint
-from pipeline.losses import LOSS_NAMES
-from pipeline.models import VectorTextEncoder
-from pipeline.train import TrainConfig, Trainer
+from pipeline.core.checkpoint import load_checkpoint
+from pipeline.core.errors import VseError
+from pipeline.data.cache import FeatureCache
+from pipeline.data.caption_features import CaptionFeatures, encode_text, parts_dir
+from pipeline.data.caption_index import caption_fingerprint
+from pipeline.models.losses import LOSS_NAMES
+from pipeline.models.vse_model import VectorTextEncoder
+from pipeline.training.trainer import TrainConfig, Trainer
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +61,7 @@ def test_encode_text_cbow_gives_the_relevance_vectors_in_cache_order(tiny_cache,
 
 
 def test_encode_text_resumes_a_killed_run_reusing_its_parts(tiny_cache, tiny_text, tmp_path, monkeypatch):
-    from pipeline.relevance import encoders
+    from pipeline.text import encoders
 
     out = tmp_path / "text.h5"
     real, calls = encoders.encode_captions, []

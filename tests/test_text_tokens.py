@@ -12,18 +12,18 @@ from click.testing import CliRunner
 from conftest import demo_captions, write_feature_cache
 
 from cli.main import cli
-from pipeline.cache import FeatureCache
-from pipeline.caption_features import (
+from pipeline.core.errors import VseError
+from pipeline.data.cache import FeatureCache
+from pipeline.data.caption_features import (
     CaptionFeatures,
     CaptionTokenFeatures,
     caption_features_layout,
     encode_text,
     parts_dir,
 )
-from pipeline.errors import VseError
-from pipeline.index import caption_fingerprint
-from pipeline.relevance.encoders import TOKEN_DEFINITIONS
-from pipeline.relevance.vectors import ragged_rows
+from pipeline.data.caption_index import caption_fingerprint
+from pipeline.text.encoders import TOKEN_DEFINITIONS
+from pipeline.text.vectors import ragged_rows
 
 FLOAT16_HALF_ULP = 2.0 ** -11  # relative rounding of a value stored as float16
 
@@ -56,7 +56,7 @@ def _arrays(path):
 
 
 def test_minilm_tokens_are_what_its_mean_pooling_averages(minilm_files):
-    from pipeline.relevance.bert import load_bert
+    from pipeline.text.bert import load_bert
 
     captions, tokens_path, vectors_path = minilm_files
     file = CaptionTokenFeatures(tokens_path, captions)
@@ -88,9 +88,9 @@ def test_minilm_tokens_are_what_its_mean_pooling_averages(minilm_files):
 
 
 def test_cbow_tokens_are_the_glove_vectors_of_known_words(tiny_cache, cbow_tokens):
-    from pipeline.glove import load_glove
-    from pipeline.relevance.cbow import cbow_vectors
-    from pipeline.text import tokenize
+    from pipeline.text.cbow import cbow_vectors
+    from pipeline.text.glove import load_glove
+    from pipeline.text.vocabulary import tokenize
 
     with FeatureCache(tiny_cache) as cache:
         captions = cache.captions
@@ -108,7 +108,7 @@ def test_cbow_tokens_are_the_glove_vectors_of_known_words(tiny_cache, cbow_token
 
 
 def test_a_caption_without_known_words_gets_one_zero_token(tmp_path):
-    from pipeline.relevance.cbow import cbow_token_vectors
+    from pipeline.text.cbow import cbow_token_vectors
 
     vectors, lengths, empty = cbow_token_vectors(["a dog", "zzqxv qqzzx", "the cat sat"])
     assert lengths.tolist() == [2, 1, 3] and empty == 1 and vectors.shape == (6, 50)
@@ -156,7 +156,7 @@ def test_round_trip_of_the_ragged_file(tiny_cache, cbow_tokens):
 
 def test_encode_text_tokens_resumes_a_killed_run_with_the_same_arrays(tiny_cache, cbow_tokens, tmp_path,
                                                                       monkeypatch):
-    from pipeline.relevance import encoders
+    from pipeline.text import encoders
 
     out = tmp_path / "tokens.h5"
     real, calls = encoders.encode_caption_tokens, []

@@ -10,9 +10,9 @@ from click.testing import CliRunner
 from conftest import TINY_TRAIN, demo_captions, learnable_features, write_feature_cache
 
 from cli.main import cli
-from pipeline.checkpoint import load_checkpoint
-from pipeline.errors import VseError
-from pipeline.train import TrainConfig, Trainer
+from pipeline.core.checkpoint import load_checkpoint
+from pipeline.core.errors import VseError
+from pipeline.training.trainer import TrainConfig, Trainer
 
 
 def _config(tiny_cache, run_dir, **overrides):
@@ -118,7 +118,7 @@ def test_cli_resume_takes_the_runs_options_and_refuses_changes(tiny_cache, tmp_p
 
 
 def test_resume_refuses_another_number_of_processes(tiny_cache, tmp_path):
-    from pipeline.checkpoint import save_checkpoint
+    from pipeline.core.checkpoint import save_checkpoint
 
     run = tmp_path / "run"
     Trainer(_config(tiny_cache, run, loss="sh", epochs=1), echo=lambda *a: None).fit()
@@ -146,9 +146,9 @@ def test_nan_features_stop_training_with_a_clear_error(tmp_path):
 
 
 def test_collapse_warning_points_to_warmup(tiny_cache, tmp_path):
-    from pipeline.loss_plugins import loss_traits
-    from pipeline.losses import build_loss
-    from pipeline.train import CollapseMonitor
+    from pipeline.models.loss_plugins import loss_traits
+    from pipeline.models.losses import build_loss
+    from pipeline.training.trainer import CollapseMonitor
 
     said = []
     monitor = CollapseMonitor(loss_traits(build_loss("mh")), 16, said.append, patience=3)
@@ -273,7 +273,7 @@ def test_what_resume_may_change_leaves_the_updates_alone(tiny_cache, tmp_path):
 
 @pytest.mark.parametrize("scale", [0.01, 100.0])  # within the max norm, and far above it
 def test_clip_gradients_is_clip_grad_norm_bit_for_bit(scale):
-    from pipeline.train import clip_gradients
+    from pipeline.training.trainer import clip_gradients
 
     g = torch.Generator().manual_seed(3)
     ours = [torch.nn.Parameter(torch.randn(shape, generator=g)) for shape in ((7, 5), (5,), (3, 4, 2))]
@@ -289,7 +289,7 @@ def test_clip_gradients_is_clip_grad_norm_bit_for_bit(scale):
 
 
 def test_adam_kernels_make_the_same_updates_and_old_runs_resume_with_their_own(tiny_cache, tmp_path):
-    from pipeline.checkpoint import save_checkpoint
+    from pipeline.core.checkpoint import save_checkpoint
 
     opts = dict(loss="sh", epochs=1)
     fused = Trainer(_config(tiny_cache, tmp_path / "fused", **opts), echo=lambda *a: None)

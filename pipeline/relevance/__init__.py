@@ -10,11 +10,11 @@ Modules: ``vectors`` (the definition), ``svd`` / ``cbow`` / ``bert`` (the vector
 ``stage`` (cache → file).
 """
 
-from .batch import BatchRelevance, RelevanceFn
-from .stage import METHODS, RelevanceSummary, build_relevance, compute_relevance_vectors
-from .store import RelevanceFile, read_relevance
-from .svd import SvdModel, project_captions, svd_terms
-from .vectors import RelevanceVectors, relevance_matrix
+from pipeline.relevance.batch import BatchRelevance, RelevanceFn
+from pipeline.relevance.stage import METHODS, RelevanceSummary, build_relevance, compute_relevance_vectors
+from pipeline.relevance.store import RelevanceFile, read_relevance
+from pipeline.relevance.svd import SvdModel, project_captions, svd_terms
+from pipeline.text.vectors import RelevanceVectors, relevance_matrix
 
 __all__ = ["BatchRelevance", "RelevanceFn", "METHODS", "RelevanceSummary", "build_relevance",
            "compute_relevance_vectors", "RelevanceFile", "read_relevance", "SvdModel",

@@ -18,10 +18,10 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from ..cache import check_caption_fingerprint
-from ..errors import VseError
-from .store import read_relevance
-from .vectors import relevance_matrix
+from pipeline.core.errors import VseError
+from pipeline.data.cache import check_caption_fingerprint
+from pipeline.relevance.store import read_relevance
+from pipeline.text.vectors import relevance_matrix
 
 DEFAULT_MAX_DEVICE_BYTES = 1 << 30
 

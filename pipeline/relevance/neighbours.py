@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import runtime
-from ..errors import VseError
-from .vectors import relevance_matrix
+from pipeline.core import runtime
+from pipeline.core.errors import VseError
+from pipeline.text.vectors import relevance_matrix
 
 BLOCK_BYTES = {"cpu": 256 << 20, "cuda": 2 << 30}  # the block × pool score matrix (float32)
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import VseError
-from ..fsutil import atomic_path, flush_to_disk, guard_output, output_format
-from .encoders import encode_captions, encoder_identity
-from .neighbours import top_neighbours
-from .store import DTYPES, FORMAT, write_relevance
-from .svd import DEFAULT_SVD_ITERATIONS, MODEL_FORMAT, SvdModel, model_path_for
-from .vectors import RelevanceVectors
+from pipeline.core.errors import VseError
+from pipeline.core.fsutil import atomic_path, flush_to_disk, guard_output, output_format
+from pipeline.relevance.neighbours import top_neighbours
+from pipeline.relevance.store import DTYPES, FORMAT, write_relevance
+from pipeline.relevance.svd import DEFAULT_SVD_ITERATIONS, MODEL_FORMAT, SvdModel, model_path_for
+from pipeline.text.encoders import encode_captions, encoder_identity
+from pipeline.text.vectors import RelevanceVectors
 
 METHODS = ("svd", "bert", "cbow", "cbow+bert")
 DEFAULT_CBOW_THRESHOLD = 0.8  # the ladder code's EcoSTSMatrix(coocthreshold=0.8)
@@ -74,7 +74,7 @@ def build_relevance(features, method: str, out, *, k: int = 400, neighbours: int
                     progress: bool = False, overwrite: bool = False) -> RelevanceSummary:
     """Run the stage on a feature cache: vectors for all its captions, fitted on
     ``fit_splits``; optional top-``neighbours`` lists among the fitting captions."""
-    from ..cache import FeatureCache
+    from pipeline.data.cache import FeatureCache
 
     features, out = Path(features), Path(out)
     if method not in METHODS:

@@ -21,10 +21,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from .. import __version__
-from ..errors import VseError
-from ..fsutil import atomic_h5
-from .vectors import RelevanceVectors
+from pipeline import __version__
+from pipeline.core.errors import VseError
+from pipeline.core.fsutil import atomic_h5
+from pipeline.text.vectors import RelevanceVectors
 
 FORMAT = "vse-relevance"
 FORMAT_VERSION = 1

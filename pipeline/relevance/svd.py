@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import VseError
-from ..fsutil import atomic_path
-from .vectors import normalise_rows
+from pipeline.core.errors import VseError
+from pipeline.core.fsutil import atomic_path
+from pipeline.text.vectors import normalise_rows
 
 MODEL_FORMAT = "vse-relevance-svd"
 MODEL_FORMAT_VERSION = 1

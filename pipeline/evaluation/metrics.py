@@ -1,0 +1,595 @@
+"""Retrieval metrics and the coherent score, exactly as ``docs/PROTOCOL.md`` defines them, the
+table of every metric's name (``METRICS``), and the general formulas the human-judgment
+metrics share (Kendall's tau-b, Spearman's rho, NDCG@K, ROC AUC).
+
+Pure torch/numpy, no file I/O.  Everything is vectorised over queries; the only Python
+loops run over blocks of queries.  A score matrix of up to ``FULL_MATRIX_ELEMENTS`` (COCO
+5K's 5,000 × 25,000) is computed once for both directions; larger ones are recomputed per
+direction, ``block`` queries at a time, so memory stays bounded.  Work runs on the device
+the caller picks (GPU when asked).
+
+Conventions:
+
+- ``images`` (N, D) and ``captions`` (M, D) are embeddings; the score of a pair is their
+  inner product (cosine for L2-normalised embeddings) or, with ``similarity="order"``, the
+  order-embedding score ``s(i, c) = -||max(0, c - i)||^2``; ``similarity="order-norm"`` is
+  VSE++ code's unsquared ``-||max(0, c - i)||`` (``models.similarity``).
+- ``caption_image`` (M,) maps each caption to its image; by default M = 5N and captions
+  5k..5k+4 belong to image k.
+- Ranks are 0-based and ties count against the query: a constant model ranks last.
+- Scores are computed in float32 (float64 when the embeddings are float64).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from pipeline.core.errors import VseError
+from pipeline.models.similarity import (  # noqa: F401 (SIMILARITIES, order_scores: re-exported)
+    SIMILARITIES,
+    caption_image_scores,
+    image_caption_scores,
+    order_scores,
+    similarity_name,
+)
+
+DEFAULT_BLOCK = 1024
+# Score matrices up to this many elements (COCO 5K: 5,000 × 25,000) are computed once and
+# serve both directions; larger ones are recomputed per direction in blocks.
+FULL_MATRIX_ELEMENTS = 5000 * 25000
+CAPTIONS_PER_IMAGE = 5
+RECALL_KS = (1, 5, 10)
+PROTOCOLS = ("single", "5fold", "5k")
+COCO_FOLDS = 5
+COCO_FOLD_SIZE = 1000
+COCO_5K_IMAGES = 5000
+# CS@K: which of the candidates tied in score at the K-th place are kept (lower / higher index).
+TIE_BREAKS = ("low", "high")
+
+
+# ---------------------------------------------------------------------------- the metric table
+
+# The two retrieval directions, as keys name them and as tables print them.
+DIRECTIONS = {"i2t": "image→text", "t2i": "text→image"}
+METRIC_GROUPS = ("recall", "rank", "sum", "cs", "human", "count", "training")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric: every command that computes, prints, tabulates or compares metrics reads
+    its name, headers, direction and format from ``METRICS``.
+
+    ``key``: the name results carry (results.csv column, JSON key); ``{k}`` stands for the K
+    of a family (``i2t_cs@{k}``: CS@100, CS@1000 …). ``label``: its column header in `vse
+    report`'s tables. ``short``: its name in `vse evaluate`'s printed table. ``direction``:
+    ``i2t`` (image→text, caption retrieval), ``t2i`` or ``both``. ``group``: one of
+    ``METRIC_GROUPS`` (``recall`` R@K, ``rank`` median / mean rank, ``sum`` rsum and
+    M-Recall, ``cs`` the coherent score, ``human`` agreement with people, ``count`` how many
+    pairs or queries a human metric saw, ``training`` what the validation log says).
+    ``decimals``: printed decimals; ``whole``: a whole value prints without them (a median
+    rank; a mean of medians over folds or seeds keeps its decimal). ``in_json``: in `vse
+    evaluate --json` (M-Recall, = rsum / 6, never was)."""
+
+    key: str
+    label: str
+    short: str
+    direction: str
+    group: str
+    higher_is_better: bool = True
+    decimals: int = 1
+    whole: bool = False
+    in_json: bool = True
+
+    def format(self, value, missing: str = "") -> str:
+        """``value`` as tables print it; ``missing`` for None or NaN (undefined)."""
+        if value is None or value != value:  # NaN, of any float type
+            return missing
+        if self.whole and float(value).is_integer():
+            return f"{value:.0f}"
+        return f"{value:.{self.decimals}f}"
+
+
+def recall_key(direction: str, k: int) -> str:
+    """The key of R@K in one direction (``i2t_r1``)."""
+    return f"{direction}_r{k}"
+
+
+def _retrieval_metrics(d: str) -> tuple[Metric, ...]:
+    return (*(Metric(recall_key(d, k), f"R@{k}", f"R@{k}", d, "recall") for k in RECALL_KS),
+            Metric(f"{d}_medr", "Med r", "medr", d, "rank", higher_is_better=False, whole=True),
+            Metric(f"{d}_meanr", "Mean r", "meanr", d, "rank", higher_is_better=False))
+
+
+def _human_metrics(direction: str) -> tuple[Metric, ...]:
+    """docs/PROTOCOL.md, "Human judgments": tau-b, NDCG@K, plausible-match R@K, R-precision."""
+    prefix = f"human_{direction}_"
+    return (Metric(prefix + "tau", "tau", "tau", direction, "human", decimals=3),
+            Metric(prefix + "ndcg@{k}", "NDCG@{k}", "ndcg@{k}", direction, "human", decimals=3),
+            Metric(prefix + "r@{k}", "R@{k}", "r@{k}", direction, "human"),
+            Metric(prefix + "rprec", "R-P", "rprec", direction, "human"))
+
+
+def _human_counts(direction: str) -> tuple[Metric, ...]:
+    return tuple(Metric(f"human_{direction}_{what}", what, what, direction, "count", decimals=0)
+                 for what in ("queries", "tau_queries"))
+
+
+METRICS: tuple[Metric, ...] = (
+    *_retrieval_metrics("i2t"),
+    *_retrieval_metrics("t2i"),
+    Metric("rsum", "rsum", "rsum", "both", "sum"),
+    Metric("mrecall", "M-Recall", "M-Recall", "both", "sum", decimals=2, in_json=False),
+    Metric("i2t_cs@{k}", "Caption CS@{k}", "i2t_cs@{k}", "i2t", "cs", decimals=3),
+    Metric("t2i_cs@{k}", "Image CS@{k}", "t2i_cs@{k}", "t2i", "cs", decimals=3),
+    *_human_metrics("i2t"),
+    *_human_metrics("t2i"),
+    Metric("human_spearman", "Spearman", "Spearman", "both", "human", decimals=3),
+    *_human_counts("i2t"),
+    *_human_counts("t2i"),
+    Metric("human_pairs", "pairs", "pairs", "both", "count", decimals=0),
+    Metric("human_unmatched", "unmatched", "unmatched", "both", "count", decimals=0),
+    Metric("epochs_to_best", "Epochs to best", "epochs to best", "both", "training", higher_is_better=False,
+           decimals=0),  # LSEH's efficiency measure: epochs to the best validation M-Recall
+)
+_BY_KEY = {m.key: m for m in METRICS}
+_POSITION = {m.key: i for i, m in enumerate(METRICS)}
+
+
+def metric_keys(*groups: str) -> tuple[str, ...]:
+    """Keys of the table's metrics of ``groups``, in table order."""
+    unknown = set(groups) - set(METRIC_GROUPS)
+    if unknown:
+        raise ValueError(f"unknown metric groups {sorted(unknown)}")
+    return tuple(m.key for m in METRICS if m.group in groups)
+
+
+def _family(key: str) -> tuple[str, int | None]:
+    """(table key, K): ``i2t_cs@100`` → (``i2t_cs@{k}``, 100); ``rsum`` → (``rsum``, None)."""
+    if key in _BY_KEY:
+        return key, None
+    family, at, k = key.rpartition("@")
+    if at and k.isdigit() and f"{family}@{{k}}" in _BY_KEY:
+        return f"{family}@{{k}}", int(k)
+    return key, None
+
+
+def is_metric(key: str) -> bool:
+    """Whether ``key`` names a metric of the table (a family's member with its K included)."""
+    return _family(key)[0] in _BY_KEY
+
+
+def metric_of(key: str) -> Metric:
+    """The definition of ``key``, with K filled in for a family's member (``i2t_cs@100``)."""
+    family, k = _family(key)
+    if family not in _BY_KEY:
+        raise KeyError(f"{key!r} is not a metric of pipeline.evaluation.metrics.METRICS")
+    found = _BY_KEY[family]
+    if k is None:
+        return found
+    return replace(found, key=key, label=found.label.format(k=k), short=found.short.format(k=k))
+
+
+def metric_order(key: str) -> tuple[int, int]:
+    """Sort key of metric keys: table order, then K (``ndcg@10`` after ``tau``, R@5 before R@10)."""
+    family, k = _family(key)
+    return _POSITION[family], k or 0
+
+
+# The retrieval metrics of one evaluation (``retrieval_metrics``), in results.csv's order.
+METRIC_KEYS = metric_keys("recall", "rank", "sum")
+
+
+# ---------------------------------------------------------------------------- ranks
+
+
+def similarity_ranks(images, captions, caption_image=None, *, similarity: str = "cosine", order=None,
+                     device=None, block: int = DEFAULT_BLOCK) -> tuple[np.ndarray, np.ndarray]:
+    """0-based ranks ``(i2t, t2i)`` of the ground truth, ties counted against the query.
+
+    ``i2t[k]`` = number of captions not of image k scoring >= the best caption of image k;
+    ``t2i[j]`` = number of images other than caption j's image scoring >= that image.
+    ``device`` defaults to the device of ``images`` when it is a tensor, else the CPU.
+    """
+    similarity = _old_order_keyword(similarity, order)
+    device = _pick_device(images, device)
+    images = _embeddings(images, "image", device)
+    captions = _embeddings(captions, "caption", device, like=images)
+    caption_image = _caption_index(caption_image, len(images), len(captions), device)
+    block = _positive_block(block)
+    if len(images) * len(captions) <= FULL_MATRIX_ELEMENTS:
+        # Small enough to hold: one product serves both directions (half the work), and
+        # both read the very same score values.
+        scores = image_caption_scores(images, captions, similarity)
+        i2t = _i2t_ranks(lambda a, b: scores[a:b], caption_image, len(images), block)
+        truth = scores[caption_image, torch.arange(len(captions), device=scores.device)]
+        at_least = torch.zeros(len(captions), dtype=torch.long, device=scores.device)
+        for start in range(0, len(images), block):
+            at_least += (scores[start:start + block] >= truth).sum(dim=0)
+        return i2t.cpu().numpy(), (at_least - 1).cpu().numpy()  # minus the ground truth itself
+    return (_i2t_ranks(lambda a, b: image_caption_scores(images[a:b], captions, similarity), caption_image,
+                       len(images), block).cpu().numpy(),
+            _t2i_ranks(images, captions, caption_image, similarity, block).cpu().numpy())
+
+
+def _i2t_ranks(score_rows, caption_image, num_images, block):
+    """``score_rows(a, b)`` gives the (b - a, M) scores of images a..b-1 against all captions."""
+    by_image = torch.argsort(caption_image, stable=True)
+    counts = torch.bincount(caption_image, minlength=num_images)
+    # The captions of images start..stop-1 are by_image[first[start]:first[stop]].
+    first = np.concatenate([[0], np.cumsum(counts.cpu().numpy())])
+    ranks = torch.empty(num_images, dtype=torch.long, device=caption_image.device)
+    for start in range(0, num_images, block):
+        stop = min(start + block, num_images)
+        scores = score_rows(start, stop)  # (b, M)
+        truth = by_image[first[start]:first[stop]]
+        row = caption_image[truth] - start
+        truth_scores = scores[row, truth]
+        best = torch.full((stop - start,), -math.inf, dtype=scores.dtype, device=scores.device)
+        best.scatter_reduce_(0, row, truth_scores, reduce="amax")
+        at_least_best = (scores >= best[:, None]).sum(dim=1, dtype=torch.int32)
+        truth_at_least_best = torch.zeros_like(at_least_best).scatter_add_(
+            0, row, (truth_scores >= best[row]).int())
+        ranks[start:stop] = at_least_best - truth_at_least_best
+    return ranks
+
+
+def _t2i_ranks(images, captions, caption_image, similarity, block):
+    num_captions = len(captions)
+    ranks = torch.empty(num_captions, dtype=torch.long, device=images.device)
+    for start in range(0, num_captions, block):
+        stop = min(start + block, num_captions)
+        scores = caption_image_scores(captions[start:stop], images, similarity)  # (b, N)
+        truth_scores = scores.gather(1, caption_image[start:stop, None])
+        # Minus one: the ground truth itself.
+        ranks[start:stop] = (scores >= truth_scores).sum(dim=1, dtype=torch.int32) - 1
+    return ranks
+
+
+# ---------------------------------------------------------------------------- metrics
+
+
+def retrieval_metrics(i2t_ranks, t2i_ranks) -> dict[str, float]:
+    """R@1/5/10, medr, meanr per direction, rsum and mrecall (= rsum / 6), plain floats."""
+    metrics = {}
+    for direction, ranks in (("i2t", i2t_ranks), ("t2i", t2i_ranks)):
+        ranks = np.asarray(ranks)
+        if ranks.ndim != 1 or ranks.size == 0:
+            raise VseError(f"{direction} ranks must be a non-empty 1-D array, "
+                           f"got shape {ranks.shape}")
+        for k in RECALL_KS:
+            metrics[recall_key(direction, k)] = 100.0 * int(np.count_nonzero(ranks < k)) / ranks.size
+        metrics[f"{direction}_medr"] = float(np.floor(np.median(ranks)) + 1)
+        metrics[f"{direction}_meanr"] = float(np.mean(ranks) + 1)
+    metrics["rsum"] = sum(metrics[key] for key in metric_keys("recall"))
+    metrics["mrecall"] = metrics["rsum"] / 6
+    return {key: metrics[key] for key in METRIC_KEYS}  # the table's order (results.csv's)
+
+
+def evaluate_embeddings(images, captions, caption_image=None, protocol: str = "single", *,
+                        fold_size: int = COCO_FOLD_SIZE, similarity: str = "cosine", order=None, device=None,
+                        block: int = DEFAULT_BLOCK) -> dict:
+    """Retrieval metrics under one protocol.
+
+    - ``single``: all images and captions at once (Flickr test sets, validation).
+    - ``5fold``: COCO 1K — 5 folds of ``fold_size`` images (rows f·size … f·size+size-1
+      and their captions); each metric, rsum included, is the mean over the folds, and the
+      per-fold dicts are returned under ``folds``.
+    - ``5k``: COCO 5K — like ``single`` but at least 5,000 images are required.
+    """
+    similarity = _old_order_keyword(similarity, order)
+    if protocol not in PROTOCOLS:
+        raise VseError(f"unknown evaluation protocol {protocol!r} "
+                       f"(expected {', '.join(PROTOCOLS)})")
+    num_images = len(images)
+    if protocol == "5k" and num_images < COCO_5K_IMAGES:
+        raise VseError(f"the 5k protocol needs at least {COCO_5K_IMAGES} images, "
+                       f"got {num_images}")
+    if protocol != "5fold":
+        return retrieval_metrics(*similarity_ranks(images, captions, caption_image,
+                                                   similarity=similarity, device=device, block=block))
+    if num_images != COCO_FOLDS * fold_size:
+        raise VseError(f"the 5fold protocol needs exactly {COCO_FOLDS} × {fold_size} = "
+                       f"{COCO_FOLDS * fold_size} images, got {num_images}")
+    device = _pick_device(images, device)
+    images = _embeddings(images, "image", device)
+    captions = _embeddings(captions, "caption", device, like=images)
+    caption_image = _caption_index(caption_image, len(images), len(captions), device)
+    folds = []
+    for fold in range(COCO_FOLDS):
+        start = fold * fold_size
+        in_fold = torch.nonzero((caption_image >= start) & (caption_image < start + fold_size))
+        in_fold = in_fold[:, 0]
+        folds.append(retrieval_metrics(*similarity_ranks(
+            images[start:start + fold_size], captions[in_fold], caption_image[in_fold] - start,
+            similarity=similarity, device=device, block=block)))
+    metrics = {key: float(np.mean([f[key] for f in folds])) for key in METRIC_KEYS}
+    metrics["folds"] = folds
+    return metrics
+
+
+# ---------------------------------------------------------------------------- coherent score
+
+
+def coherent_score(scores, relevance, k: int, *, tie_break: str = "low") -> float:
+    """CS@k: mean over queries (rows) of Kendall's tau-b between the model scores and the
+    relevance of the query's k highest-scoring candidates.
+
+    Candidates tied in score at the k-th place are taken in index order (a stable sort,
+    ``tie_break="low"``); ``"high"`` takes the higher indices first, as the ladder-loss
+    reference code (``np.argsort(s)[::-1][:k]``) does.  A query whose tau-b is undefined (all
+    k scores tied, or all k relevances tied — scipy returns nan there) is left out of the
+    mean (the reference's mean becomes nan); if every query is, the result is nan.
+    """
+    scores = _finite_matrix(scores, "scores")
+    relevance = _finite_matrix(relevance, "relevance", like=scores)
+    if relevance.shape != scores.shape:
+        raise VseError(f"relevance shape {tuple(relevance.shape)} does not match scores "
+                       f"shape {tuple(scores.shape)}")
+    _check_k(k, scores.shape[1])
+    taus = _top_k_kendall_tau_b(scores, relevance, [k], tie_break)[0]
+    return mean_defined(taus)
+
+
+def coherent_scores(img_emb, cap_emb, relevance_ref, ks=(100, 1000), *, similarity: str = "cosine",
+                    order=None, device=None, block: int = DEFAULT_BLOCK,
+                    tie_break: str = "low") -> dict[str, float]:
+    """CS@k in both directions on one caption per image (the ladder-loss evaluation).
+
+    ``cap_emb[q]`` is image q's reference caption (caption 5q in the 5-caption layout) and
+    ``relevance_ref[q, p]`` = rel(t_q, t_p) between reference captions.  Image→text uses
+    R(q, p) = relevance_ref[q, p]; text→image the transpose.  Keys ``i2t_cs@k``, ``t2i_cs@k``.
+    ``tie_break`` as in ``coherent_score``.
+    """
+    similarity = _old_order_keyword(similarity, order)
+    device = _pick_device(img_emb, device)
+    images = _embeddings(img_emb, "image", device)
+    captions = _embeddings(cap_emb, "caption", device, like=images)
+    n = len(images)
+    if len(captions) != n:
+        raise VseError(f"the coherent score needs one caption per image: {n} images, "
+                       f"{len(captions)} captions")
+    relevance = _finite_matrix(relevance_ref, "relevance", like=images)
+    if relevance.shape != (n, n):
+        raise VseError(f"relevance must be {n} × {n} (reference captions), "
+                       f"got {tuple(relevance.shape)}")
+    ks = [int(k) for k in ks]
+    for k in ks:
+        _check_k(k, n)
+    block = _positive_block(block)
+    result = {}
+    for direction in ("i2t", "t2i"):
+        taus = [[] for _ in ks]
+        for start in range(0, n, block):
+            stop = min(start + block, n)
+            if direction == "i2t":
+                scores = image_caption_scores(images[start:stop], captions, similarity)
+                rel = relevance[start:stop]
+            else:
+                scores = caption_image_scores(captions[start:stop], images, similarity)
+                rel = relevance[:, start:stop].T
+            for per_k, block_taus in zip(taus, _top_k_kendall_tau_b(scores, rel, ks, tie_break)):
+                per_k.append(block_taus)
+        for k, per_k in zip(ks, taus):
+            result[f"{direction}_cs@{k}"] = mean_defined(torch.cat(per_k))
+    return result
+
+
+def _top_k_kendall_tau_b(scores, relevance, ks, tie_break: str = "low") -> list[torch.Tensor]:
+    """Per row, ``kendall_tau_b`` over the top-k candidates, for each k in ``ks``."""
+    if tie_break not in TIE_BREAKS:
+        raise VseError(f"tie_break must be one of {', '.join(TIE_BREAKS)}, got {tie_break!r}")
+    if tie_break == "low":
+        ranked = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :max(ks)]
+    else:  # a stable sort of the reversed row: among tied scores the higher index comes first
+        flipped = torch.sort(scores.flip(1), dim=1, descending=True, stable=True).indices
+        ranked = scores.shape[1] - 1 - flipped[:, :max(ks)]
+    x_all = scores.gather(1, ranked)  # non-increasing along each row
+    y_all = relevance.gather(1, ranked)
+    return [kendall_tau_b(x_all[:, :k], y_all[:, :k]) for k in ks]
+
+
+# ---------------------------------------------------------------------------- general formulas
+
+
+def kendall_tau_b(x, y, lengths=None) -> torch.Tensor:
+    """Kendall's tau-b (Kendall 1945, ties corrected; what scipy.stats.kendalltau returns)
+    between ``x[r]`` and ``y[r]`` for each row r of two (rows, k) arrays of finite values: a
+    (rows,) float64 tensor, nan where undefined (every x or every y of the row tied, or fewer
+    than 2 items). ``lengths`` (rows,): row r holds only its first ``lengths[r]`` items (the
+    rest is padding, ignored).
+
+    Knight's O(k log k) form, as scipy computes it: with the n pairs sorted by (x, y)
+    descending, n0 = n(n-1)/2 pairs, n1 / n2 / n3 pairs tied in x / in y / in both, and
+    D = #{i < j: y_i < y_j} (the discordant pairs),
+    tau-b = (n0 - n1 - n2 + n3 - 2 D) / sqrt((n0 - n1) (n0 - n2)).
+    All counts are exact integers; memory is O(rows · k). Padding becomes (+inf, +inf): it
+    sorts first, adds no discordant pair, and its p(p-1)/2 pairs tied among themselves (in x,
+    in y, in both) are taken off again.
+    """
+    x, y = torch.as_tensor(x), torch.as_tensor(y)
+    k = x.shape[1]
+    n = torch.full((x.shape[0],), k, dtype=torch.long, device=x.device)
+    if lengths is not None:
+        n = torch.as_tensor(lengths, dtype=torch.long, device=x.device)
+        padding = torch.arange(k, device=x.device)[None, :] >= n[:, None]
+        x, y = x.masked_fill(padding, math.inf), y.masked_fill(padding, math.inf)
+    by_y = torch.sort(y, dim=1, descending=True, stable=True).indices
+    by_x_then_y = by_y.gather(1, torch.sort(x.gather(1, by_y), dim=1, descending=True,
+                                            stable=True).indices)
+    x, y = x.gather(1, by_x_then_y), y.gather(1, by_x_then_y)
+    padded_pairs = (k - n) * (k - n - 1) // 2
+    x_changes = _changes(x)
+    tied_x = _tied_pairs(x_changes) - padded_pairs
+    tied_y = _tied_pairs(_changes(torch.sort(y, dim=1).values)) - padded_pairs
+    tied_both = _tied_pairs(x_changes | _changes(y)) - padded_pairs
+    pairs = n * (n - 1) // 2
+    numerator = pairs - tied_x - tied_y + tied_both - 2 * _ascending_pairs(y)
+    untied = ((pairs - tied_x) * (pairs - tied_y)).double()
+    tau = numerator.double() / untied.sqrt()
+    return torch.where(untied > 0, tau, torch.nan)
+
+
+def spearman(x, y) -> float:
+    """Spearman's rho: Pearson correlation of the average ranks (nan if either is constant)."""
+    from scipy.stats import rankdata
+
+    rx, ry = rankdata(x), rankdata(y)
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    denominator = math.sqrt(float(rx @ rx) * float(ry @ ry))
+    return float(rx @ ry) / denominator if denominator > 0 else math.nan
+
+
+def auc(scores, positive) -> float:
+    """Area under the ROC curve of ``scores`` separating ``positive`` from the rest: the
+    probability that a random positive scores above a random negative, ties counted 1/2."""
+    from scipy.stats import rankdata
+
+    positive = np.asarray(positive, dtype=bool)
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    if not n_pos or not n_neg:
+        return math.nan
+    ranks = rankdata(scores)
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def ndcg(scores, gains, k: int) -> np.ndarray:
+    """NDCG@k (Järvelin & Kekäläinen 2002) of each row's candidates ranked by ``scores``
+    (descending; tied scores put the lower gain first, against the query):
+    DCG@k = sum_{r=1..k} gain_r / log2(r + 1), divided by the DCG@k of the gains in ideal
+    order; nan where every gain is 0. (rows, L) arrays; a row shorter than L is padded with
+    score -inf and gain 0."""
+    s, g = np.asarray(scores, np.float64), np.asarray(gains, np.float64)
+    by_gain = np.argsort(g, axis=1, kind="stable")
+    s1, g1 = np.take_along_axis(s, by_gain, 1), np.take_along_axis(g, by_gain, 1)
+    ranked = np.take_along_axis(g1, np.argsort(-s1, axis=1, kind="stable"), 1)[:, :k]
+    ideal = -np.sort(-g, axis=1)[:, :k]
+    discount = 1.0 / np.log2(np.arange(2, ranked.shape[1] + 2))
+    dcg, idcg = ranked @ discount, ideal @ discount
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(idcg > 0, dcg / idcg, np.nan)
+
+
+def mean_defined(values) -> float:
+    """The mean of the defined (not NaN) values, NaN when none is: how per-query values
+    (CS@K's and the human metrics' tau-b, NDCG) become one number."""
+    values = torch.as_tensor(values)
+    defined = values[~torch.isnan(values)]
+    return float(defined.mean()) if defined.numel() else math.nan
+
+
+def _changes(values) -> torch.Tensor:
+    """(q, k) bool: True where a run of equal values starts (always at column 0)."""
+    starts = torch.ones_like(values, dtype=torch.bool)
+    starts[:, 1:] = values[:, 1:] != values[:, :-1]
+    return starts
+
+
+def _tied_pairs(run_starts) -> torch.Tensor:
+    """Pairs inside the same run, per row: sum over runs of c(c-1)/2."""
+    position = torch.arange(run_starts.shape[1], device=run_starts.device).expand_as(run_starts)
+    run_start = torch.where(run_starts, position, 0).cummax(dim=1).values
+    return (position - run_start).sum(dim=1)
+
+
+def _ascending_pairs(values) -> torch.Tensor:
+    """#{i < j: values_i < values_j} per row, by merge-sort counting in log2(k) rounds.
+
+    Round w compares the left and right halves of every block of 2w positions: each
+    right element counts the left elements below it (a batched ``searchsorted`` into the
+    sorted left half), so every pair i < j is counted once, in the round that splits it.
+    """
+    rows, k = values.shape
+    size = 1 << max(0, k - 1).bit_length()
+    padded = values.new_zeros(rows, size)
+    padded[:, :k] = values  # the padding sits after every real value and is never counted
+    real = torch.arange(size, device=values.device) < k
+    total = torch.zeros(rows, dtype=torch.long, device=values.device)
+    width = 1
+    while width < size:
+        blocks = padded.view(rows, size // (2 * width), 2, width)
+        left = torch.sort(blocks[:, :, 0], dim=-1).values
+        below = torch.searchsorted(left, blocks[:, :, 1].contiguous(), side="left")
+        total += (below * real.view(-1, 2, width)[:, 1]).sum(dim=(1, 2))
+        width *= 2
+    return total
+
+
+def _old_order_keyword(similarity, order):
+    """``order=`` is the old spelling of ``similarity=`` (it took a bool or a similarity name);
+    it is kept for one version, with a note."""
+    if order is None:
+        return similarity
+    warnings.warn("order= is now similarity= (a name of models.similarity.SIMILARITIES); "
+                  "order= goes in the next version", DeprecationWarning, stacklevel=3)
+    return similarity_name(order)
+
+
+def _check_k(k, num_candidates: int) -> None:
+    if not isinstance(k, (int, np.integer)) or not 2 <= k <= num_candidates:
+        raise VseError(f"CS@K needs 2 <= K <= {num_candidates} (the number of candidates), "
+                       f"got K={k}")
+
+
+# ---------------------------------------------------------------------------- input checks
+
+
+def _pick_device(reference, device) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    return reference.device if isinstance(reference, torch.Tensor) else torch.device("cpu")
+
+
+def _embeddings(values, name: str, device, like=None) -> torch.Tensor:
+    tensor = _finite_matrix(values, f"{name} embeddings", device=device, like=like)
+    if like is not None and tensor.shape[1] != like.shape[1]:
+        raise VseError(f"{name} embeddings have dimension {tensor.shape[1]}, "
+                       f"expected {like.shape[1]}")
+    if len(tensor) == 0:
+        raise VseError(f"no {name} embeddings")
+    return tensor
+
+
+def _finite_matrix(values, name: str, device=None, like=None) -> torch.Tensor:
+    """A 2-D float tensor on ``device`` (or like's); float64 stays float64, else float32."""
+    tensor = torch.as_tensor(values)
+    if device is None:
+        device = like.device if like is not None else tensor.device
+    if tensor.ndim != 2:
+        raise VseError(f"{name} must be a 2-D array, got shape {tuple(tensor.shape)}")
+    dtype = torch.float64 if tensor.dtype == torch.float64 else torch.float32
+    if like is not None:
+        dtype = like.dtype
+    tensor = tensor.to(device=device, dtype=dtype)
+    if not bool(torch.isfinite(tensor).all()):
+        raise VseError(f"{name} contain NaN or infinite values")
+    return tensor
+
+
+def _caption_index(caption_image, num_images: int, num_captions: int, device) -> torch.Tensor:
+    if caption_image is None:
+        if num_captions != CAPTIONS_PER_IMAGE * num_images:
+            raise VseError(f"{num_captions} captions for {num_images} images: without an "
+                           f"explicit caption→image index there must be "
+                           f"{CAPTIONS_PER_IMAGE} per image")
+        return torch.arange(num_captions, device=device) // CAPTIONS_PER_IMAGE
+    index = torch.as_tensor(caption_image)
+    if index.shape != (num_captions,) or index.dtype.is_floating_point or index.dtype == torch.bool:
+        raise VseError(f"caption_image must be {num_captions} integer image indices, got "
+                       f"shape {tuple(index.shape)} of {index.dtype}")
+    index = index.to(device=device, dtype=torch.long)
+    if num_captions and (int(index.min()) < 0 or int(index.max()) >= num_images):
+        raise VseError(f"caption_image has indices outside 0..{num_images - 1}")
+    if int(torch.bincount(index, minlength=num_images).min()) == 0:
+        raise VseError("caption_image leaves an image without any caption")
+    return index
+
+
+def _positive_block(block) -> int:
+    if not isinstance(block, (int, np.integer)) or block < 1:
+        raise VseError(f"block must be a positive integer, got {block!r}")
+    return int(block)

@@ -1,0 +1,262 @@
+"""The loss contract (``vse check-loss``): what every loss, built-in or a user's own, must
+satisfy for the trainer to use it.
+
+- finite scalar: a 0-d finite tensor on a float32 batch;
+- float64 gradcheck: analytic gradients match finite differences (on random inputs, where
+  hinges and maxima are differentiable);
+- same-image pairs never negatives: the value does not move when the score of a pair whose
+  caption belongs to the query's image changes (and nothing else does);
+- invariance to permuting the batch (pairs, ids and relevance permuted together);
+- one 2 × (B/2)-process step under gloo (the trainer's gather with gradient) equals one
+  B step: the value and the gradients of the embeddings and of the loss's parameters;
+- ms per call at B = 128 (forward + backward), a measurement, no pass or fail.
+
+A random loss (e.g. ``mh`` with ``negative_set_size``) gets the same seed before every call,
+so its draws are the same where the batch is; permuting the batch changes them.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pipeline.models.loss_plugins import loss_traits, make_loss
+
+CONTRACT_BATCH = 8          # even: the distributed check splits it over 2 processes
+CONTRACT_DIM = 6
+GRADCHECK_BATCH = 6
+IMAGE_IDS = (0, 0, 1, 2, 2, 3, 4, 5)  # pairs 0 and 1 (and 3 and 4) show the same image
+TOLERANCE = 1e-9            # relative, float64
+TIMING_BATCH = 128
+TIMING_DIM = 1024
+WORLD = 2
+
+
+@dataclass
+class CheckResult:
+    check: str
+    ok: bool | None          # None: a measurement
+    detail: str = ""
+
+
+def run_contract(spec: str, options: dict | None = None, *, distributed: bool = True,
+                 timing: bool = True, seed: int = 0) -> list[CheckResult]:
+    """Every check of the contract on the loss ``spec`` (a built-in name or an import path)."""
+    options = dict(options or {})
+    loss = make_loss(spec, options)
+    traits = loss_traits(loss, spec)
+    inputs = contract_inputs(traits.similarity != "cosine", seed)
+    double = copy.deepcopy(loss).double()
+    results = [
+        _guarded("finite scalar", lambda: _finite_scalar(loss, inputs, seed)),
+        _guarded("float64 gradcheck", lambda: _gradcheck(double, inputs, seed)),
+        _guarded("same-image pairs never negatives",
+                 lambda: _same_image_not_negative(double, traits.similarity != "cosine", seed)),
+        _guarded("invariant to permuting the batch", lambda: _permutation(double, inputs, seed)),
+    ]
+    if distributed:
+        half = CONTRACT_BATCH // WORLD
+        results.append(_guarded(f"{WORLD} × {half}-pair gloo processes = one {CONTRACT_BATCH} step",
+                                lambda: _distributed(spec, options, double, inputs, seed)))
+    if timing:
+        results.append(_guarded(f"ms per call (B={TIMING_BATCH}, D={TIMING_DIM}, fwd+bwd)",
+                                lambda: _timing(loss, traits.similarity != "cosine", seed)))
+    return results
+
+
+def contract_inputs(order: bool, seed: int, size: int = CONTRACT_BATCH, dim: int = CONTRACT_DIM) -> dict:
+    """A float64 batch: unit embeddings (non-negative for order losses), captions near their
+    images, ``IMAGE_IDS``, a symmetric relevance in [0.4, 0.9] with 1 on the diagonal."""
+    gen = torch.Generator().manual_seed(seed)
+    img = torch.nn.functional.normalize(torch.randn(size, dim, generator=gen, dtype=torch.float64), dim=1)
+    noise = torch.randn(size, dim, generator=gen, dtype=torch.float64)
+    cap = torch.nn.functional.normalize(img + 0.8 * noise, dim=1)
+    if order:
+        img, cap = img.abs(), cap.abs()
+    relevance = torch.rand(size, size, generator=gen, dtype=torch.float64) * 0.5 + 0.4
+    relevance = (relevance + relevance.T) / 2
+    relevance.fill_diagonal_(1.0)
+    return {"img": img, "cap": cap, "ids": torch.tensor(IMAGE_IDS[:size]), "relevance": relevance}
+
+
+def call(loss, img, cap, ids, relevance, seed: int) -> torch.Tensor:
+    """One call with the global RNG seeded (and restored afterwards)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return loss(img, cap, image_ids=ids, relevance=relevance)
+
+
+# ---------------------------------------------------------------------------- the checks
+
+
+def _finite_scalar(loss, inputs, seed) -> CheckResult:
+    value = call(loss, inputs["img"].float(), inputs["cap"].float(), inputs["ids"],
+                 inputs["relevance"].float(), seed)
+    if not isinstance(value, torch.Tensor) or value.ndim != 0:
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        return CheckResult("", False, f"returned {shape}, not a 0-d tensor")
+    if not torch.isfinite(value):
+        return CheckResult("", False, f"value {value.item()}")
+    return CheckResult("", True, f"value {value.item():.6g}")
+
+
+def _gradcheck(loss, inputs, seed) -> CheckResult:
+    size = GRADCHECK_BATCH
+    img = inputs["img"][:size].clone().requires_grad_(True)
+    cap = inputs["cap"][:size].clone().requires_grad_(True)
+    ids, relevance = inputs["ids"][:size], inputs["relevance"][:size, :size]
+    ok = torch.autograd.gradcheck(lambda a, b: call(loss, a, b, ids, relevance, seed), (img, cap),
+                                  raise_exception=False)
+    return CheckResult("", bool(ok), "" if ok else "analytic and numerical gradients differ")
+
+
+def _same_image_not_negative(loss, order: bool, seed) -> CheckResult:
+    """Two extra dimensions that only image 0 and caption 1 (same image) use: turning image
+    0 there changes s(image 0, caption 1) and no other score, norm or item similarity."""
+    base = contract_inputs(order, seed)
+    size = len(base["img"])
+    angles = torch.linspace(0.0, math.pi / 2, 5, dtype=torch.float64)
+
+    def values(ids):
+        out = []
+        for angle in angles:
+            img = torch.cat([0.5 * base["img"], torch.zeros(size, 2, dtype=torch.float64)], dim=1)
+            cap = torch.cat([0.5 * base["cap"], torch.zeros(size, 2, dtype=torch.float64)], dim=1)
+            img[0, -2:] = torch.stack([torch.cos(angle), torch.sin(angle)])
+            cap[1, -2] = 1.0
+            out.append(call(loss, img, cap, ids, base["relevance"], seed).item())
+        return torch.tensor(out, dtype=torch.float64)
+
+    masked = values(base["ids"])
+    spread = float(masked.max() - masked.min())
+    if spread > TOLERANCE * (1 + float(masked.abs().max())):
+        return CheckResult("", False, f"the value moves by {spread:.3g} with the score of a same-image "
+                                      f"pair (image_ids {list(IMAGE_IDS)})")
+    unmasked = values(None)
+    moved = float(unmasked.max() - unmasked.min())
+    return CheckResult("", True, f"without image_ids it moves by {moved:.3g}")
+
+
+def _permutation(loss, inputs, seed) -> CheckResult:
+    gen = torch.Generator().manual_seed(seed + 1)
+    perm = torch.randperm(len(inputs["img"]), generator=gen)
+    plain = call(loss, inputs["img"], inputs["cap"], inputs["ids"], inputs["relevance"], seed).item()
+    permuted = call(loss, inputs["img"][perm], inputs["cap"][perm], inputs["ids"][perm],
+                    inputs["relevance"][perm][:, perm], seed).item()
+    diff = abs(plain - permuted)
+    return CheckResult("", diff <= TOLERANCE * (1 + abs(plain)), f"difference {diff:.3g}")
+
+
+def _distributed(spec, options, loss, inputs, seed) -> CheckResult:
+    import torch.multiprocessing as mp
+
+    img = inputs["img"].clone().requires_grad_(True)
+    cap = inputs["cap"].clone().requires_grad_(True)
+    loss.zero_grad(set_to_none=True)
+    single = call(loss, img, cap, inputs["ids"], inputs["relevance"], seed)
+    single.backward()
+    params = [q for q in loss.parameters() if q.requires_grad]
+    expected = {"value": single.item(), "img": img.grad, "cap": cap.grad,
+                "params": [q.grad if q.grad is not None else torch.zeros_like(q) for q in params]}
+    with tempfile.TemporaryDirectory() as folder:
+        folder = Path(folder)
+        torch.save({"inputs": inputs, "state": loss.state_dict()}, folder / "inputs.pt")
+        try:
+            mp.spawn(_gloo_worker, args=(spec, options, str(folder), seed), nprocs=WORLD, join=True)
+        except Exception as exc:  # a worker's traceback: its last line says what failed
+            lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+            return CheckResult("", False, f"a process failed: {lines[-1] if lines else exc}")
+        ranks = [torch.load(folder / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+    half = CONTRACT_BATCH // WORLD
+    worst = 0.0
+    scale = 1 + abs(expected["value"])
+    for r, got in enumerate(ranks):
+        rows = slice(r * half, (r + 1) * half)
+        worst = max(worst, abs(got["value"] - expected["value"]) / scale,
+                    _max_diff(got["img"], expected["img"][rows]),
+                    _max_diff(got["cap"], expected["cap"][rows]),
+                    *(_max_diff(a, b) for a, b in zip(got["params"], expected["params"])))
+    return CheckResult("", worst <= TOLERANCE, f"largest difference {worst:.3g}")
+
+
+def _gloo_worker(rank: int, spec, options, folder, seed) -> None:
+    """One process of the distributed check: its half of the batch, the trainer's gather."""
+    import torch.distributed as torch_dist
+
+    from pipeline.core import distributed as dist
+
+    torch.set_num_threads(1)
+    folder = Path(folder)
+    torch_dist.init_process_group("gloo", init_method=f"file://{folder / 'rendezvous'}", rank=rank,
+                                  world_size=WORLD)
+    try:
+        saved = torch.load(folder / "inputs.pt", weights_only=True)
+        inputs = saved["inputs"]
+        loss = make_loss(spec, options).double()
+        loss.load_state_dict(saved["state"])
+        half = CONTRACT_BATCH // WORLD
+        rows = slice(rank * half, (rank + 1) * half)
+        img = inputs["img"][rows].clone().requires_grad_(True)
+        cap = inputs["cap"][rows].clone().requires_grad_(True)
+        ids = dist.gather_with_grad(inputs["ids"][rows])
+        value = call(loss, dist.gather_with_grad(img), dist.gather_with_grad(cap), ids,
+                     inputs["relevance"], seed)
+        value.backward()
+        params = [q for q in loss.parameters() if q.requires_grad]
+        torch.save({"value": value.item(), "img": img.grad, "cap": cap.grad,
+                    "params": [q.grad if q.grad is not None else torch.zeros_like(q) for q in params]},
+                   folder / f"rank{rank}.pt")
+    finally:
+        torch_dist.destroy_process_group()
+
+
+def _timing(loss, order: bool, seed, repeats: int = 10) -> CheckResult:
+    inputs = contract_inputs(order, seed, TIMING_BATCH, TIMING_DIM)
+    img = inputs["img"].float().requires_grad_(True)
+    cap = inputs["cap"].float().requires_grad_(True)
+    ids = torch.arange(TIMING_BATCH) // 2  # pairs of captions of one image, as in training
+    relevance = inputs["relevance"].float()
+    times = []
+    for step in range(repeats + 2):  # two warm-up calls
+        started = time.perf_counter()
+        call(loss, img, cap, ids, relevance, seed).backward()
+        if step >= 2:
+            times.append(time.perf_counter() - started)
+        img.grad = cap.grad = None
+    times.sort()
+    return CheckResult("", None, f"{1000 * times[len(times) // 2]:.2f} ms (median of {repeats})")
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _max_diff(a, b) -> float:
+    if a is None or b is None:
+        return 0.0 if a is None and b is None else math.inf
+    return float((a - b).abs().max() / (1 + b.abs().max())) if a.numel() else 0.0
+
+
+def _guarded(name: str, check) -> CheckResult:
+    """A check that raises fails, with the error in one line."""
+    try:
+        result = check()
+    except Exception as exc:  # the loss under test is any code
+        text = str(exc).strip().splitlines()
+        return CheckResult(name, False, f"{type(exc).__name__}: {text[0] if text else ''}")
+    result.check = name
+    return result
+
+
+def format_results(spec: str, results: list[CheckResult], command: str = "check-loss") -> str:
+    width = max(len(r.check) for r in results) + 2
+    lines = [f"{command} {spec}", f"  {'check':{width}s}{'result':8s}detail"]
+    for r in results:
+        mark = "-" if r.ok is None else ("ok" if r.ok else "FAIL")
+        lines.append(f"  {r.check:{width}s}{mark:8s}{r.detail}")
+    return "\n".join(lines)

@@ -1,0 +1,68 @@
+"""A loss by name: a built-in one (``losses.LOSSES``) or a user's own class given by its
+import path, ``path/to/my_loss.py:MyLoss`` or ``package.module:MyLoss``.
+
+A user's loss is any ``torch.nn.Module`` called as ``loss(img, cap, image_ids=None,
+relevance=None)`` → scalar; subclassing ``losses.VseLoss`` is optional (it adds the input
+checks and the same-image mask).  It may declare what a built-in loss declares on its class
+(``loss_traits``): ``similarity``, ``uses_relevance``, ``collapse_value(global_batch)``.
+Its parameters, if any, are trained with the model.  Only training imports the file: a
+checkpoint holds the model, so evaluation never needs the loss.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from torch import nn
+
+from pipeline.core.errors import VseError
+from pipeline.core.plugin_import import class_file, is_import_path, plugin_class
+from pipeline.core.registry import LOSSES
+from pipeline.models.losses import build_loss
+from pipeline.models.similarity import SIMILARITIES
+
+
+class LossTraits(NamedTuple):
+    similarity: str          # a name of similarity.SIMILARITIES
+    uses_relevance: bool
+    collapse_value: float | None
+
+
+# VseError unless ``spec`` is a built-in name or has the form of an import path
+check_loss_name = LOSSES.check
+
+
+def loss_class(spec: str) -> type:
+    """The class named by ``FILE.py:Class`` or ``package.module:Class`` (VseError otherwise)."""
+    check_loss_name(spec)
+    return plugin_class(spec, "loss")
+
+
+def make_loss(spec: str, options: dict | None = None) -> nn.Module:
+    """The loss ``spec`` (built-in name or import path) built with ``options``."""
+    options = dict(options or {})
+    check_loss_name(spec)
+    if not is_import_path(spec):
+        try:
+            return build_loss(spec, **options)
+        except ValueError as exc:
+            raise VseError(str(exc)) from exc
+    cls = loss_class(spec)
+    try:
+        loss = cls(**options)
+    except (TypeError, ValueError) as exc:
+        raise VseError(f"cannot build {spec} with options {options} ({exc})",
+                       class_file(cls, spec)) from exc
+    loss_traits(loss, spec)  # fail now on a bad declaration, not after an epoch
+    return loss
+
+
+def loss_traits(loss: nn.Module, spec: str = "") -> LossTraits:
+    """What the trainer needs to know about a loss, from what its class declares."""
+    similarity = getattr(loss, "similarity", "cosine")
+    if not isinstance(similarity, str) or similarity not in SIMILARITIES:
+        raise VseError(f"loss {spec or type(loss).__name__} declares similarity {similarity!r}; "
+                       f"expected one of {', '.join(SIMILARITIES)}")
+    collapse = getattr(loss, "collapse_value", None)
+    return LossTraits(similarity, bool(getattr(loss, "uses_relevance", False)),
+                      collapse if callable(collapse) else None)

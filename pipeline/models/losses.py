@@ -1,0 +1,440 @@
+"""Training losses of VSE0/VSE++, order embeddings, LSEH, the ladder loss and ConVSE.
+
+The definitions are those of ``docs/PROTOCOL.md``.  Every loss is called as
+``loss(img_emb, cap_emb, image_ids=None, relevance=None)`` on a batch of B pairs
+(row i of both is a positive pair) and returns a scalar:
+
+- ``S[i, j] = s(image_i, caption_j)``: the inner product (cosine, since the model
+  L2-normalises) or, for ``order``, ``-||max(0, c - i)||^2`` on the given embeddings
+  (``similarity.order_scores``).
+- ``image_ids`` (B,) names each pair's image.  Pairs (i, j) with the same image are not
+  negatives (unless ``mask_same_image=False``): several captions of one image may share a
+  batch, and pushing them apart would punish correct matches.
+- ``relevance`` (B, B) is the caption–caption relevance of the batch (``lseh``, ``ladder``).
+- Hinge family (sh, mh, order, lseh, ladder): the sum over the batch, as VSE++.
+  Contrastive family (csn, cmn, mvn): the mean over the batch, temperature ``tau``.
+
+``LOSSES`` (name → class) is the one registry of the built-in losses: the CLI's choices,
+config validation, the docs and the tests derive from it.  What a loss is lives on its
+class: ``name``, ``similarity`` (a name of ``similarity.SIMILARITIES``: how the model's
+embeddings are scored, in training and evaluation), ``uses_relevance`` (the trainer then
+needs a relevance file) and ``collapse_value(global_batch)`` (the value when all embeddings
+are equal, for the trainer's warning; None: no warning).  A user's own loss (any
+``nn.Module`` with this call; ``pipeline.models.loss_plugins``) may declare the same attributes.
+
+The similarity and the loss are computed in float32 (float64 for float64 inputs) with
+autocast disabled: a B × B table is cheap, and hinges of bf16 scores are too coarse.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from pipeline.core import registry
+from pipeline.models.similarity import image_caption_scores
+
+LADDER_DEFAULTS = {  # levels → (thetas, margins, betas), from the CVSE++ paper
+    2: ([0.63], [0.2, 0.01], [1.0, 0.25]),
+    3: ([0.63, 0.56], [0.2, 0.01, 0.01], [1.0, 0.25, 0.125]),
+}
+
+
+def build_loss(name: str, **options) -> nn.Module:
+    """The built-in loss ``name`` (one of ``LOSS_NAMES``) with its options; ValueError for
+    unknowns."""
+    if name not in LOSSES:
+        raise ValueError(f"unknown loss {name!r} (known: {', '.join(LOSS_NAMES)})")
+    cls = LOSSES[name]
+    allowed = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown option(s) {', '.join(unknown)} for loss {name!r} "
+                         f"(allowed: {', '.join(allowed)})")
+    return cls(**options)
+
+
+class Batch(NamedTuple):
+    """What every loss needs, prepared once by ``VseLoss.forward``."""
+
+    img: torch.Tensor          # (B, D)
+    cap: torch.Tensor          # (B, D)
+    scores: torch.Tensor       # (B, B) S[i, j] = s(image_i, caption_j)
+    same_image: torch.Tensor   # (B, B) bool, pairs of the same image (diagonal included)
+    negatives: torch.Tensor    # (B, B) bool, pairs that count as negatives
+    relevance: torch.Tensor | None
+
+
+class VseLoss(nn.Module):
+    """Common input checks and batch preparation; subclasses define ``value(batch)``."""
+
+    name = ""                  # the registry name of a built-in loss
+    similarity = "cosine"      # the score S of the embeddings (similarity.SIMILARITIES)
+    uses_relevance = False
+
+    def __init__(self, mask_same_image: bool = True):
+        super().__init__()
+        self.mask_same_image = bool(mask_same_image)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Told by the trainer at the start of each (0-based) epoch."""
+        self.epoch = int(epoch)
+
+    def collapse_value(self, global_batch: int) -> float | None:
+        """The loss when every embedding is equal (a collapsed model), or None: no warning."""
+        return None
+
+    def score_matrix(self, img: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
+        """S[i, j] = s(image_i, caption_j) for the declared ``similarity``."""
+        return image_caption_scores(img, cap, self.similarity)
+
+    def value(self, batch: Batch) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, img_emb, cap_emb, image_ids=None, relevance=None) -> torch.Tensor:
+        if img_emb.ndim != 2 or img_emb.shape != cap_emb.shape or len(img_emb) == 0:
+            raise ValueError("img_emb and cap_emb must both be (B, D) with B >= 1, got "
+                             f"{tuple(img_emb.shape)} and {tuple(cap_emb.shape)}")
+        size, device = len(img_emb), img_emb.device
+        dtype = torch.float64 if img_emb.dtype == torch.float64 else torch.float32
+        if self.uses_relevance:
+            if relevance is None:
+                raise ValueError(f"loss {type(self).__name__} needs the batch relevance "
+                                 "(pass relevance=, a B × B caption–caption matrix)")
+            relevance = torch.as_tensor(relevance, device=device).to(dtype)
+            if relevance.shape != (size, size):
+                raise ValueError(f"relevance must be {size} × {size}, "
+                                 f"got {tuple(relevance.shape)}")
+        else:
+            relevance = None
+        positives = torch.eye(size, dtype=torch.bool, device=device)
+        same_image = positives
+        if image_ids is not None:
+            image_ids = torch.as_tensor(image_ids, device=device)
+            if image_ids.shape != (size,):
+                raise ValueError(f"image_ids must have shape ({size},), "
+                                 f"got {tuple(image_ids.shape)}")
+            same_image = (image_ids[:, None] == image_ids[None, :]) | positives
+        negatives = ~same_image if self.mask_same_image else ~positives
+        with torch.autocast(device_type=device.type, enabled=False):
+            img, cap = img_emb.to(dtype), cap_emb.to(dtype)
+            return self.value(Batch(img, cap, self.score_matrix(img, cap), same_image,
+                                    negatives, relevance))
+
+
+# ---------------------------------------------------------------------------- hinge family
+
+
+class SumHingeLoss(VseLoss):
+    """``sh`` (VSE0): the sum of hinges over all negatives, both directions."""
+
+    name = "sh"
+
+    def __init__(self, margin: float = 0.2, mask_same_image: bool = True):
+        super().__init__(mask_same_image)
+        self.margin = _finite(margin, "margin")
+
+    def value(self, batch: Batch) -> torch.Tensor:
+        to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, self.margin)
+        return to_captions.sum() + to_images.sum()
+
+
+class MaxHingeLoss(VseLoss):
+    """``mh`` (VSE++): the hinge of the hardest negative per query, both directions.
+
+    ``negative_set_size=k`` searches the hardest negative in a random subset of k of the
+    query's negatives (drawn from torch's RNG, independently per query and direction).
+    ``warmup_epochs=E`` uses the sum of hinges for epochs 0 … E-1 (see ``set_epoch``).
+    """
+
+    name = "mh"
+
+    def __init__(self, margin: float = 0.2, negative_set_size: int | None = None,
+                 warmup_epochs: int = 0, mask_same_image: bool = True):
+        super().__init__(mask_same_image)
+        self.margin = _finite(margin, "margin")
+        if negative_set_size is not None and not _is_int_at_least(negative_set_size, 1):
+            raise ValueError(f"negative_set_size must be None or an integer >= 1, "
+                             f"got {negative_set_size!r}")
+        if not _is_int_at_least(warmup_epochs, 0):
+            raise ValueError(f"warmup_epochs must be an integer >= 0, got {warmup_epochs!r}")
+        self.negative_set_size = negative_set_size
+        self.warmup_epochs = int(warmup_epochs)
+
+    def collapse_value(self, global_batch: int) -> float | None:
+        """Every hinge is the margin: 2 · B · margin (after any warm-up)."""
+        return 2 * global_batch * self.margin or None
+
+    def value(self, batch: Batch) -> torch.Tensor:
+        to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, self.margin)
+        if self.epoch < self.warmup_epochs:
+            return to_captions.sum() + to_images.sum()
+        if self.negative_set_size is not None:
+            size = self.negative_set_size
+            to_captions = to_captions.masked_fill(~_random_subset(batch.negatives, size), 0.0)
+            to_images = to_images.masked_fill(~_random_subset(batch.negatives.T, size).T, 0.0)
+        return to_captions.amax(dim=1).sum() + to_images.amax(dim=0).sum()
+
+
+class OrderLoss(VseLoss):
+    """``order``: hinges on the order-embedding score ``-||max(0, c - i)||^2``
+    (``similarity.order_scores``, the one definition evaluation uses too).
+
+    ``reduction="sum"`` is Order0 (sum of hinges), ``"max"`` Order++ (hardest negative).
+    ``squared=False`` uses VSE++ code's ``-||max(0, c - i)||`` instead (its published Order++
+    numbers come from that form); the run then declares the similarity ``"order-norm"`` and
+    is evaluated with the same form.  The embeddings are used as given (the model makes
+    them non-negative).
+    """
+
+    name = "order"
+
+    similarity = "order"
+
+    def __init__(self, margin: float = 0.05, reduction: str = "sum", squared: bool = True,
+                 mask_same_image: bool = True):
+        super().__init__(mask_same_image)
+        if reduction not in ("sum", "max"):
+            raise ValueError(f"reduction must be 'sum' or 'max', got {reduction!r}")
+        if not isinstance(squared, bool):
+            raise ValueError(f"squared must be true or false, got {squared!r}")
+        self.margin = _finite(margin, "margin")
+        self.reduction = reduction
+        self.squared = squared
+        self.similarity = "order" if squared else "order-norm"
+
+    def value(self, batch: Batch) -> torch.Tensor:
+        to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, self.margin)
+        if self.reduction == "sum":
+            return to_captions.sum() + to_images.sum()
+        return to_captions.amax(dim=1).sum() + to_images.amax(dim=0).sum()
+
+
+class SemanticHardNegativeLoss(VseLoss):
+    """``lseh``: VSE++'s hardest-negative hinge with the per-pair margin
+    ``margin + lambda_ * relevance[i, j]`` (relevance zeroed on same-image pairs).
+
+    With ``mask_same_image=False`` same-image pairs are negatives with margin ``margin``;
+    ``zero_margin_same_image=True`` (only with ``mask_same_image=False``) gives them margin 0
+    — the whole per-pair margin zeroed, as the LSEH reference code does.
+    """
+
+    name = "lseh"
+
+    uses_relevance = True
+
+    def __init__(self, margin: float = 0.185, lambda_: float = 0.025,
+                 zero_margin_same_image: bool = False, mask_same_image: bool = True):
+        super().__init__(mask_same_image)
+        self.margin = _finite(margin, "margin")
+        self.lambda_ = _finite(lambda_, "lambda_")
+        if not isinstance(zero_margin_same_image, bool):
+            raise ValueError(f"zero_margin_same_image must be true or false, "
+                             f"got {zero_margin_same_image!r}")
+        if zero_margin_same_image and self.mask_same_image:
+            raise ValueError("zero_margin_same_image needs mask_same_image=false (with the mask, "
+                             "same-image pairs are no negatives at all)")
+        self.zero_margin_same_image = zero_margin_same_image
+
+    def collapse_value(self, global_batch: int) -> float | None:
+        """About 2 · B · margin (each hardest hinge is margin + lambda_ · relevance)."""
+        return 2 * global_batch * self.margin or None
+
+    def value(self, batch: Batch) -> torch.Tensor:
+        semantic = batch.relevance.masked_fill(batch.same_image, 0.0)
+        margins = self.margin + self.lambda_ * semantic
+        if self.zero_margin_same_image:
+            margins = margins.masked_fill(batch.same_image, 0.0)
+        to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, margins)
+        return to_captions.amax(dim=1).sum() + to_images.amax(dim=0).sum()
+
+
+class LadderLoss(VseLoss):
+    """``ladder`` (CVSE++) with hard contrastive sampling.
+
+    Level 1 is VSE++'s hardest-negative hinge (margin ``margins[0]``, weight ``betas[0]``).
+    Level l >= 2 splits each query's negatives at ``thetas[l-2]`` into "more relevant"
+    (relevance >= theta) and "less relevant" and adds ``betas[l-1]`` times
+    ``[margins[l-1] - min_more S + max_less S]_+``, both directions; queries with an empty
+    side are skipped.  Defaults by ``levels`` (2 or 3) are the paper's.
+    ``positive_in_more_relevant=True`` counts the positive pair in every "more relevant" set,
+    as the reference code does (its relevance diagonal is 1 >= theta): a query with no more
+    relevant negative still gets ``[margins[l-1] - S_qq + max_less S]_+``.
+    """
+
+    name = "ladder"
+
+    uses_relevance = True
+
+    def __init__(self, levels: int = 2, thetas=None, margins=None, betas=None,
+                 positive_in_more_relevant: bool = False, mask_same_image: bool = True):
+        super().__init__(mask_same_image)
+        if not isinstance(positive_in_more_relevant, bool):
+            raise ValueError(f"positive_in_more_relevant must be true or false, "
+                             f"got {positive_in_more_relevant!r}")
+        self.positive_in_more_relevant = positive_in_more_relevant
+        if not _is_int_at_least(levels, 2):
+            raise ValueError(f"levels must be an integer >= 2, got {levels!r}")
+        defaults = LADDER_DEFAULTS.get(int(levels))
+        if defaults is None and None in (thetas, margins, betas):
+            raise ValueError(f"levels={levels} has no defaults: give thetas, margins and betas")
+        given = (thetas, margins, betas)
+        thetas, margins, betas = (
+            _finite_list(default if value is None else value, name)
+            for name, value, default in zip(("thetas", "margins", "betas"), given,
+                                            defaults or given))
+        if (len(thetas), len(margins), len(betas)) != (levels - 1, levels, levels):
+            raise ValueError(f"levels={levels} needs {levels - 1} thetas, {levels} margins and "
+                             f"{levels} betas, got {len(thetas)}, {len(margins)}, {len(betas)}")
+        self.levels, self.thetas, self.margins, self.betas = int(levels), thetas, margins, betas
+
+    def value(self, batch: Batch) -> torch.Tensor:
+        to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, self.margins[0])
+        total = self.betas[0] * (to_captions.amax(dim=1).sum() + to_images.amax(dim=0).sum())
+        positives = torch.eye(len(batch.scores), dtype=torch.bool, device=batch.scores.device)
+        for theta, margin, beta in zip(self.thetas, self.margins[1:], self.betas[1:]):
+            more = batch.negatives & (batch.relevance >= theta)
+            if self.positive_in_more_relevant:
+                more = more | positives
+            less = batch.negatives & (batch.relevance < theta)
+            total = total + beta * (_ladder_hinges(batch.scores, more, less, margin, dim=1)
+                                    + _ladder_hinges(batch.scores, more, less, margin, dim=0))
+        return total
+
+
+# ---------------------------------------------------------------------------- contrastive family
+
+
+class CrossModalInfoNCELoss(VseLoss):
+    """``csn`` (ConVSE): -log softmax of the positive over each row of S / tau plus the
+    same over each column (cross-modal negatives only), each averaged over the batch."""
+
+    name = "csn"
+
+    def __init__(self, tau: float = 0.1, mask_same_image: bool = True):
+        super().__init__(mask_same_image)
+        self.tau = _positive(tau, "tau")
+
+    def value(self, batch: Batch) -> torch.Tensor:
+        logits = (batch.scores / self.tau).masked_fill(~_with_positives(batch.negatives),
+                                                       -math.inf)
+        to_captions = -torch.log_softmax(logits, dim=1).diagonal()
+        to_images = -torch.log_softmax(logits, dim=0).diagonal()
+        return to_captions.mean() + to_images.mean()
+
+
+class HardestNegativeContrastiveLoss(VseLoss):
+    """``cmn`` (ConVSE++): ``[(S_ic* + a - S_ii) / tau]_+ + [(S_i*i + a - S_ii) / tau]_+``
+    with the hardest negative caption c* and image i*, averaged over the batch."""
+
+    name = "cmn"
+
+    def __init__(self, margin: float = 0.2, tau: float = 0.1, mask_same_image: bool = True):
+        super().__init__(mask_same_image)
+        self.margin = _finite(margin, "margin")
+        self.tau = _positive(tau, "tau")
+
+    def value(self, batch: Batch) -> torch.Tensor:
+        scores = batch.scores.masked_fill(~batch.negatives, -math.inf)
+        positive = batch.scores.diagonal()
+        hardest_caption = scores.amax(dim=1)
+        hardest_image = scores.amax(dim=0)
+        cost = (torch.relu((hardest_caption + self.margin - positive) / self.tau)
+                + torch.relu((hardest_image + self.margin - positive) / self.tau))
+        return cost.mean()
+
+
+class MultiViewNTXentLoss(VseLoss):
+    """``mvn``: NT-Xent over the 2B items (B images, B captions).
+
+    Each item's positive is its pair's other modality; its negatives are the other 2B - 2
+    items of both modalities (minus same-image items when masked).  The value is the mean
+    over the 2B anchors, as ConVSE's reference code (``SimCLR_loss``): half the scale of
+    ``csn``, which sums its two directions' means.
+    """
+
+    name = "mvn"
+
+    def __init__(self, tau: float = 0.1, mask_same_image: bool = True):
+        super().__init__(mask_same_image)
+        self.tau = _positive(tau, "tau")
+
+    def value(self, batch: Batch) -> torch.Tensor:
+        size = len(batch.img)
+        items = torch.cat([batch.img, batch.cap])
+        logits = (items @ items.T) / self.tau
+        pair = torch.eye(size, dtype=torch.bool, device=items.device)
+        positive = torch.zeros_like(pair).repeat(2, 2)
+        positive[:size, size:] = pair
+        positive[size:, :size] = pair
+        excluded = (~batch.negatives).repeat(2, 2) & ~positive  # self and same-image items
+        logits = logits.masked_fill(excluded, -math.inf)
+        partner = (torch.arange(2 * size, device=items.device) + size) % (2 * size)  # each row's positive
+        # a gather by index, not a boolean mask: no host sync (the same values, in the same order)
+        terms = -torch.log_softmax(logits, dim=1).gather(1, partner[:, None])
+        return terms.mean()
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _hinge_costs(scores, negatives, margin):
+    """(to_captions, to_images): ``[margin + S_ij - S_ii]_+`` (query image i, row) and
+    ``[margin + S_ij - S_jj]_+`` (query caption j, column), zero where not a negative."""
+    positive = scores.diagonal()
+    to_captions = (margin + scores - positive[:, None]).clamp(min=0)
+    to_images = (margin + scores - positive[None, :]).clamp(min=0)
+    return to_captions.masked_fill(~negatives, 0.0), to_images.masked_fill(~negatives, 0.0)
+
+
+def _random_subset(negatives, size: int):
+    """Per row, a uniformly random subset of ``size`` of its negatives (all if fewer)."""
+    keys = torch.rand(negatives.shape, device=negatives.device).masked_fill(~negatives, -1.0)
+    chosen = keys.topk(min(size, negatives.shape[1]), dim=1).indices
+    return torch.zeros_like(negatives).scatter_(1, chosen, True) & negatives
+
+
+def _ladder_hinges(scores, more, less, margin, dim):
+    """Sum over queries along ``dim`` of ``[margin - min_more S + max_less S]_+``."""
+    least_relevant_score = scores.masked_fill(~more, math.inf).amin(dim=dim)
+    most_confusing_score = scores.masked_fill(~less, -math.inf).amax(dim=dim)
+    cost = (margin - least_relevant_score + most_confusing_score).clamp(min=0)
+    return torch.where(more.any(dim=dim) & less.any(dim=dim), cost, 0.0).sum()
+
+
+def _with_positives(negatives):
+    return negatives | torch.eye(len(negatives), dtype=torch.bool, device=negatives.device)
+
+
+def _finite(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _finite_list(values, name: str) -> list[float]:
+    if not isinstance(values, (list, tuple)):
+        raise ValueError(f"{name} must be a list of numbers, got {values!r}")
+    return [_finite(value, name) for value in values]
+
+
+def _positive(value, name: str) -> float:
+    value = _finite(value, name)
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    return value
+
+
+def _is_int_at_least(value, low: int) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low
+
+
+# the built-in losses by name, in the registry's order (pipeline.core.registry: the one list of names)
+LOSSES: dict[str, type[VseLoss]] = registry.LOSSES.resolved()
+LOSS_NAMES = registry.LOSSES.names

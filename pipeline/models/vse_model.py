@@ -1,0 +1,264 @@
+"""The joint-embedding model: image projection + GRU caption encoder (VSE++ architecture), or
+a trained head over frozen caption vectors (cached caption features) instead of the GRU; an
+image that is a set of vectors (CNN grid cells, precomputed regions) is pooled by a set head,
+and the caption's words or cached token vectors by a set pool (VSE∞; ``pipeline.models.heads``).
+
+Pure torch: no file I/O. ``ModelConfig`` holds everything needed to rebuild a model from a
+checkpoint; the optional ``backbone`` (RC mode) turns pixels into the features the image
+projection expects, so the cached and end-to-end trainers share this one model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+
+import numpy as np
+import torch
+from torch import nn
+
+from pipeline.core.registry import LAST, PROJECTIONS
+from pipeline.models.heads import GPO, BiGRUTextEncoder, SetImageHead, TokenSetTextEncoder
+from pipeline.models.layers import l2_normalize, load_word_vectors, pack_by_length
+from pipeline.models.set_augment import size_augment
+from pipeline.models.similarity import SIMILARITIES  # the one list of similarity names
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    feature_dim: int
+    embed_dim: int = 1024
+    word_dim: int = 300
+    num_layers: int = 1
+    img_norm: bool = True          # False = the VSE0 variant with unnormalised images
+    similarity: str = "cosine"     # "order"/"order-norm" = order embeddings (abs values, order score)
+    projection: str = "linear"     # "mlp" = ConVSE two-layer heads (feature → 2048 → embed)
+    mlp_hidden: int = 2048
+    text_dim: int = 0              # > 0: captions arrive as frozen vectors of this size (cached
+    text_projection: str = "linear"  # caption features), embedded by this head instead of the GRU
+    image_pool: str | None = None  # images are sets (B, K, D) pooled by this (registry.SET_POOLS name
+    set_projection: str = "linear"  # or FILE.py:Class), members projected by this; None: vectors
+    size_augment: str | None = None  # training drops set members by this rule (registry.SIZE_AUGMENT_RULES)
+    text_pool: str = LAST          # "last": the GRU's last state (or the caption vector); a set pool:
+    pool_options: dict = field(default_factory=dict)  # BiGRU states or cached token vectors pooled
+
+    def __post_init__(self):
+        if self.similarity not in SIMILARITIES:
+            raise ValueError(f"similarity must be one of {SIMILARITIES}, got {self.similarity!r}")
+        for name in ("projection", "text_projection"):
+            if getattr(self, name) not in PROJECTIONS:
+                raise ValueError(f"{name} must be one of {PROJECTIONS}, got {getattr(self, name)!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def pixel_constants(mean, std) -> tuple[torch.Tensor, torch.Tensor]:
+    """A CNN's per-channel normalisation on the 0..255 scale, shaped (1, 3, 1, 1)."""
+    def scaled(values):
+        return (torch.tensor(values, dtype=torch.float32) * 255).view(1, 3, 1, 1)
+    return scaled(mean), scaled(std)
+
+
+def normalise_pixels(pixels: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """uint8 RGB (B, 3, H, W) → float ``(x - mean) / std``, the input the CNN was trained on.
+    The one normalisation of pixels: extraction (crops) and RC training (PixelBackbone)."""
+    return (pixels.float() - mean) / std
+
+
+def _projection(in_dim: int, out_dim: int, kind: str, hidden: int) -> nn.Module:
+    if kind == "linear":
+        layer = nn.Linear(in_dim, out_dim)
+        # VSE++ init: uniform Xavier on the weight, zero bias.
+        bound = math.sqrt(6.0) / math.sqrt(in_dim + out_dim)
+        nn.init.uniform_(layer.weight, -bound, bound)
+        nn.init.zeros_(layer.bias)
+        return layer
+    head = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, out_dim))
+    for m in head:
+        if isinstance(m, nn.Linear):
+            nn.init.xavier_uniform_(m.weight)
+            nn.init.zeros_(m.bias)
+    return head
+
+
+class PixelBackbone(nn.Module):
+    """uint8 RGB crops (B, 3, S, S) → (B, D) CNN features: the normalisation the CNN was
+    trained with, then the CNN (RC mode: the features are computed inside every step).
+
+    Frozen (``trainable=False``): no parameter takes a gradient and the CNN always runs in
+    eval mode without autograd — fixed features, computed on the fly.  Trainable: with
+    ``freeze_bn`` the BatchNorm layers keep their pretrained statistics (eval mode) while their
+    affine weights still train, since statistics of small fine-tuning batches are noisy.
+    """
+
+    def __init__(self, cnn: nn.Module, mean, std, trainable: bool = False, freeze_bn: bool = True):
+        super().__init__()
+        # channels_last: faster convolutions on GPUs (tensor cores) and on CPUs (oneDNN)
+        self.cnn = cnn.requires_grad_(trainable).to(memory_format=torch.channels_last)
+        self.trainable = trainable
+        self.freeze_bn = freeze_bn
+        scaled_mean, scaled_std = pixel_constants(mean, std)
+        self.register_buffer("mean", scaled_mean, persistent=False)
+        self.register_buffer("std", scaled_std, persistent=False)
+        self.train(self.training)
+
+    def train(self, mode: bool = True) -> "PixelBackbone":
+        super().train(mode)
+        if not self.trainable:
+            self.cnn.eval()
+        elif self.freeze_bn:
+            for module in self.cnn.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    module.eval()
+        return self
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        with torch.set_grad_enabled(self.trainable and torch.is_grad_enabled()):
+            x = normalise_pixels(pixels, self.mean, self.std)
+            return self.cnn(x.contiguous(memory_format=torch.channels_last))
+
+
+class ImageEncoder(nn.Module):
+    """A (cached or freshly computed) CNN feature into the joint space: a projection of one
+    vector, or (``image_pool``) a set head over a set of vectors (B, K, D), which in training
+    drops members at random by ``size_augment`` (VSE∞'s size augmentation)."""
+
+    def __init__(self, cfg: ModelConfig, backbone: PixelBackbone | None = None):
+        super().__init__()
+        self.backbone = backbone
+        self.normalize = cfg.img_norm or cfg.similarity != "cosine"
+        self.use_abs = cfg.similarity != "cosine"
+        self.augment = cfg.size_augment
+        if cfg.image_pool is None:
+            self.proj = _projection(cfg.feature_dim, cfg.embed_dim, cfg.projection, cfg.mlp_hidden)
+        else:
+            self.head = SetImageHead(cfg.feature_dim, cfg.embed_dim, projection=cfg.set_projection,
+                                     pool=cfg.image_pool, pool_options=cfg.pool_options,
+                                     no_imgnorm=not self.normalize, use_abs=self.use_abs)
+
+    @property
+    def takes_sets(self) -> bool:
+        return hasattr(self, "head")
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        features = self.backbone(images) if self.backbone is not None else images
+        if not self.takes_sets:
+            emb = self.proj(features.float())
+            if self.normalize:
+                emb = l2_normalize(emb)
+            return emb.abs() if self.use_abs else emb
+        features = features.float()
+        lengths = torch.full((len(features),), features.shape[1], dtype=torch.int64)  # on the host
+        if self.training and self.augment:
+            # drawn from torch's generator: a checkpoint's RNG state makes a resumed run draw the same
+            rng = np.random.default_rng(int(torch.randint(2 ** 62, (1,))))
+            features, lengths = size_augment(features, lengths, rng=rng, rule=self.augment)
+        return self.head(features, lengths)
+
+
+class TextEncoder(nn.Module):
+    """Word embeddings → GRU → last valid hidden state → (optional head) → L2 norm."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.word_dim, padding_idx=0)
+        nn.init.uniform_(self.embed.weight, -0.1, 0.1)
+        self.rnn = nn.GRU(cfg.word_dim, cfg.embed_dim, cfg.num_layers, batch_first=True)
+        self.head = (_projection(cfg.embed_dim, cfg.embed_dim, "mlp", cfg.mlp_hidden)
+                     if cfg.projection == "mlp" else None)
+        self.use_abs = cfg.similarity != "cosine"
+
+    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """``lengths`` belong on the CPU, where the packing reads them (lengths on a GPU cost a
+        host sync).  The GRU runs in fp32 even under autocast, which would cast a cuDNN RNN to
+        fp16 — under bf16 autocast too — and its gradients could underflow."""
+        with torch.autocast(device_type=tokens.device.type, enabled=False):
+            _, hidden = self.rnn(pack_by_length(self.embed(tokens).float(), lengths.cpu()))
+        emb = hidden[-1]  # (B, embed): the state after each caption's last real token
+        if self.head is not None:
+            emb = self.head(emb)
+        emb = l2_normalize(emb)
+        return emb.abs() if self.use_abs else emb
+
+    def load_word_vectors(self, vectors: torch.Tensor, mask: torch.Tensor) -> int:
+        """Initialise rows where ``mask`` is true from ``vectors`` (V, word_dim); returns the count."""
+        return load_word_vectors(self.embed, vectors, mask)
+
+
+class VectorTextEncoder(nn.Module):
+    """Frozen caption vectors (cached caption features) → trained head → L2 norm: the caption
+    side when the sentence encoder is fixed and only the projection learns."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.proj = _projection(cfg.text_dim, cfg.embed_dim, cfg.text_projection, cfg.mlp_hidden)
+        self.use_abs = cfg.similarity != "cosine"
+
+    def forward(self, vectors: torch.Tensor) -> torch.Tensor:
+        emb = l2_normalize(self.proj(vectors.float()))
+        return emb.abs() if self.use_abs else emb
+
+
+def text_encoder_for(cfg: ModelConfig) -> nn.Module:
+    """The caption side a config describes: a head over frozen vectors (or over frozen token
+    vectors, pooled), or a GRU over word tokens (VSE++'s last state, or VSE∞'s BiGRU pooled).
+    Its ``forward`` takes the caption input of a batch (``pipeline.data.captions``) unpacked."""
+    if cfg.text_pool == LAST:
+        return VectorTextEncoder(cfg) if cfg.text_dim else TextEncoder(cfg)
+    use_abs = cfg.similarity != "cosine"
+    if cfg.text_dim:
+        return TokenSetTextEncoder(cfg.text_dim, cfg.embed_dim, pool=cfg.text_pool,
+                                   pool_options=cfg.pool_options, use_abs=use_abs)
+    return BiGRUTextEncoder(cfg.vocab_size, cfg.word_dim, cfg.embed_dim, cfg.num_layers,
+                            pool=cfg.text_pool, pool_options=cfg.pool_options, use_abs=use_abs)
+
+
+CNN_PREFIX = "image_encoder.backbone.cnn."
+
+
+def join_state(head: dict, cnn: dict | None = None) -> dict:
+    """A ``VSEModel`` state dict from its two parts as checkpoints keep them: the head
+    (``head_state_dict()``) and, in RC mode, the CNN's own state dict."""
+    return {**head, **{CNN_PREFIX + k: v for k, v in (cnn or {}).items()}}
+
+
+class VSEModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, backbone: PixelBackbone | None = None):
+        super().__init__()
+        self.config = cfg
+        self.image_encoder = ImageEncoder(cfg, backbone)
+        self.text_encoder = text_encoder_for(cfg)
+
+    def forward(self, images, *captions):
+        """``captions``: the caption input of the batch, (tokens, lengths) or (vectors,)."""
+        return self.image_encoder(images), self.text_encoder(*captions)
+
+    @property
+    def backbone(self) -> PixelBackbone | None:
+        return self.image_encoder.backbone
+
+    @torch.no_grad()
+    def pool_weights(self, sizes: dict | None = None) -> dict:
+        """The weights learned pools give each rank (VSE∞'s GPO), side ("image", "text") →
+        table over sets of 1..n members (row n-1: a set of n, zero past it), n from ``sizes``
+        or else the widest batch the pool has seen.  Empty for pools without weights (mean,
+        max) or not yet run; a checkpoint keeps it under "pool_weights" for plots."""
+        out = {}
+        sides = (("image", getattr(self.image_encoder, "head", None)), ("text", self.text_encoder))
+        for side, module in sides:
+            pool = getattr(module, "pool", None)
+            size = (sizes or {}).get(side) or getattr(pool, "largest_set", 0)
+            if isinstance(pool, GPO) and size:
+                out[side] = pool.weight_table(int(size)).float().cpu().tolist()
+        return out
+
+    def head_state_dict(self) -> dict:
+        """Weights of the projection + text encoder (what RC mode and ConVSE init from)."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("image_encoder.backbone.")}

@@ -1,0 +1,209 @@
+"""Evaluating many runs in one call: one results row per run (`vse evaluate --runs`).
+
+Each feature cache is opened once and its captions are tokenised once per vocabulary (or
+their cached caption features read once), so a sweep of runs trained on one cache costs one
+cache read plus one forward pass per run.
+A run whose checkpoint is missing or unusable is reported and skipped; the others go on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from pipeline.core.errors import VseError
+from pipeline.data.cache import FeatureCache
+from pipeline.data.captions import CaptionEncoder, caption_key
+from pipeline.evaluation.evaluate import evaluate_split_embeddings
+from pipeline.evaluation.inference import LoadedModel, check_features_match, encode_split, load_model
+from pipeline.evaluation.metrics import metric_keys
+from pipeline.training.run_folder import (
+    best_record,
+    config_id,
+    epochs_to_best,
+    read_validation_log,
+    run_names,
+)
+
+# Columns describing a run, in the order results.csv lists them (metrics follow).
+RUN_COLUMNS = ("run", "loss", "margin", "negative_set_size", "loss_options", "batch_size", "seed",
+               "epochs", "backbone", "crops", "train_set", "features", "split", "protocol", "images",
+               "checkpoint", "checkpoint_iteration", "epochs_to_best", "best_val_mrecall", "config_id")
+
+
+@dataclass
+class Skipped:
+    run_dir: Path
+    reason: str
+
+
+@dataclass
+class BatchResult:
+    rows: list[dict] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+
+
+class RunEvaluator:
+    """Evaluates checkpoints one after another, sharing open caches, tokenised captions and
+    relevance tables between them. Use as a context manager (closes the caches)."""
+
+    def __init__(self, device: torch.device, split: str = "test", protocol: str = "single",
+                 features=None, relevance=None, cs_ks=(), judgments=None, text_features=None):
+        self.device, self.split, self.protocol = device, split, protocol
+        self.judgments = judgments  # pipeline.evaluation.judgments.Judgments: adds the human_* columns
+        self._matched: dict[Path, object] = {}
+        self.features, self.text_features = features, text_features
+        self.relevance_path, self.cs_ks = relevance, tuple(cs_ks)
+        self._caches: dict[Path, FeatureCache] = {}
+        self._captions: dict[tuple, CaptionEncoder] = {}
+        self._relevance: dict[Path, object] = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        for cache in self._caches.values():
+            cache.close()
+        self._caches.clear()
+
+    def cache(self, path) -> FeatureCache:
+        key = Path(path).resolve()
+        if key not in self._caches:
+            self._caches[key] = FeatureCache(path)
+        return self._caches[key]
+
+    def captions(self, cache: FeatureCache, loaded: LoadedModel, checkpoint) -> CaptionEncoder:
+        """The model's caption side on ``cache``, shared by runs with the same vocabulary (or
+        the same caption features and model)."""
+        key = (cache.path.resolve(), caption_key(loaded.state, self.text_features))
+        if key not in self._captions:
+            self._captions[key] = loaded.captions(cache, self.text_features, checkpoint)
+        return self._captions[key]
+
+    def relevance(self, cache: FeatureCache):
+        from pipeline.evaluation.evaluate import relevance_for_cache
+
+        key = cache.path.resolve()
+        if key not in self._relevance:
+            self._relevance[key] = relevance_for_cache(self.relevance_path, cache)
+        return self._relevance[key]
+
+    def judge(self, cache: FeatureCache, emb) -> dict:
+        """Human-judgment metrics; the judged pairs are matched to a cache's split once."""
+        from pipeline.evaluation.judgments import human_metrics, match_split, token_file_near
+
+        key = cache.path.resolve()
+        if key not in self._matched:
+            token_file = token_file_near(cache.attrs.get("dataset_root"))
+            matched = match_split(emb, cache, self.judgments, token_file)
+            self._matched[key] = matched
+        return human_metrics(emb.images, emb.captions, emb.caption_image, self._matched[key],
+                             similarity=emb.similarity, device=self.device)
+
+    def embed(self, run_dir, checkpoint: str = "best.pt"):
+        """(split embeddings, loaded model, checkpoint path, feature cache path) of one run."""
+        run_dir = Path(run_dir)
+        checkpoint_path = run_dir / checkpoint
+        if not checkpoint_path.is_file():
+            raise VseError(f"no {checkpoint} (not trained up to a validation yet?)", run_dir)
+        loaded = load_model(checkpoint_path, self.device)
+        train_config = loaded.train_config
+        features = self.features or train_config.get("features")
+        if not features:
+            raise VseError("checkpoint names no feature cache: give --features", checkpoint_path)
+        cache = self.cache(features)
+        check_features_match(cache, loaded.model.config, loaded.state.get("feature_source", {}),
+                             checkpoint_path)
+        captions = self.captions(cache, loaded, checkpoint_path)
+        embeddings = encode_split(loaded.model, cache, captions, self.split, self.device)
+        return embeddings, loaded, checkpoint_path, features
+
+    def evaluate(self, run_dir, checkpoint: str = "best.pt") -> dict:
+        """The results row of one run (VseError when it cannot be evaluated)."""
+        run_dir = Path(run_dir)
+        emb, loaded, checkpoint_path, features = self.embed(run_dir, checkpoint)
+        train_config = loaded.train_config
+        cache = self.cache(features)
+        relevance = self.relevance(cache) if self.relevance_path and self.cs_ks else None
+        metrics = evaluate_split_embeddings(emb, self.protocol, self.device, relevance,
+                                            self.cs_ks if relevance is not None else ())
+        metrics.pop("folds", None)
+        if self.judgments is not None:
+            metrics.update(self.judge(cache, emb))
+        records = read_validation_log(run_dir)
+        best = best_record(records)
+        source = loaded.state.get("feature_source") or {}
+        dataset = source.get("dataset") or Path(str(train_config.get("features", ""))).stem
+        return {
+            **describe_config(train_config),
+            "backbone": source.get("backbone"), "crops": source.get("crops"),
+            "train_set": f"{dataset}:{train_config.get('train_split', 'train')}",
+            "features": str(features), "split": self.split, "protocol": self.protocol,
+            "images": len(emb.images), "checkpoint": str(checkpoint_path),
+            "checkpoint_iteration": loaded.state.get("iteration"),
+            "epochs_to_best": epochs_to_best(records),
+            "best_val_mrecall": None if best is None else best["mrecall"],
+            **{k: float(v) for k, v in metrics.items()},
+        }
+
+
+def describe_config(config: dict) -> dict:
+    """The run-describing columns that come from a training config: the loss, its effective
+    margin (the loss's default when the config leaves it unset), negative set size, seed."""
+    from pipeline.models.losses import build_loss
+
+    options = dict(config.get("loss_options") or {})
+    margin = config.get("margin")
+    if margin is None:
+        try:
+            margin = getattr(build_loss(config.get("loss", "mh"), **options), "margin", None)
+        except (TypeError, ValueError):
+            margin = None
+    return {"loss": config.get("loss"), "margin": margin,
+            "negative_set_size": options.get("negative_set_size"),
+            "loss_options": json.dumps(options, sort_keys=True) if options else "",
+            "batch_size": config.get("batch_size"), "seed": config.get("seed"),
+            "epochs": config.get("epochs"), "config_id": config_id(config) if config else None}
+
+
+def evaluate_runs(run_dirs, *, device: torch.device, split: str = "test", protocol: str = "single",
+                  features=None, relevance=None, cs_ks=(), checkpoint: str = "best.pt",
+                  echo=print, judgments=None, text_features=None) -> BatchResult:
+    """One row per run (``run`` = its short name); unusable runs are echoed and skipped."""
+    result = BatchResult()
+    run_dirs = [Path(p) for p in run_dirs]
+    with RunEvaluator(device, split, protocol, features, relevance, cs_ks, judgments,
+                      text_features) as evaluator:
+        for i, (run_dir, name) in enumerate(zip(run_dirs, run_names(run_dirs) if run_dirs else []), 1):
+            try:
+                row = evaluator.evaluate(run_dir, checkpoint)
+            except VseError as exc:
+                result.skipped.append(Skipped(run_dir, str(exc)))
+                echo(f"[{i}/{len(run_dirs)}] skipped {name}: {exc}")
+                continue
+            result.rows.append({"run": name, **row})
+            echo(f"[{i}/{len(run_dirs)}] {name}: rsum {row['rsum']:.1f}")
+    return result
+
+
+def validation_rows(run_dirs) -> list[dict]:
+    """Rows like results.csv's but from training alone: each run's config and its best
+    validation record (runs with neither are left out). For plots without a test pass."""
+    from pipeline.training.run_folder import read_config
+
+    run_dirs = [Path(p) for p in run_dirs]
+    rows = []
+    for name, run_dir in zip(run_names(run_dirs) if run_dirs else [], run_dirs):
+        config, records = read_config(run_dir), read_validation_log(run_dir)
+        if not config and not records:
+            continue
+        best = best_record(records) or {}
+        rows.append({"run": name, **describe_config(config), "epochs_to_best": epochs_to_best(records),
+                     **{k: best.get(k) for k in metric_keys("recall", "sum")}})
+    return rows

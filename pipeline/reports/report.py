@@ -1,0 +1,355 @@
+"""results.csv (one row per evaluated run) and the papers' results tables (md, LaTeX, csv).
+
+Layouts: ``paper`` is the VSE++ / LSEH table (Caption Retrieval R@1 R@10 Med r | Image
+Retrieval R@1 R@10 Med r); ``recall`` is R@1 R@5 R@10 per direction plus rsum; ``human`` the
+agreement with human judgments (tau, NDCG@K, plausible-match R@K, R-precision per direction,
+Spearman) plus rsum. CS@K columns are appended when the rows have them.
+
+Runs that differ only by their seed (the same ``config_id``, see ``pipeline.training.run_folder.config_id``)
+are one row of the table: every cell is ``mean ± std (n)`` over the seeds.  Bold marks
+(``bold``): ``significant`` (the default) bolds a column's best mean only when Welch's
+one-sided t-test over the seeds puts it above the runner-up at p < 0.05 (pipeline.evaluation.stats), so
+a single seed is never bold; ``best`` bolds the best printed value whatever the noise (ties
+all bold, the lowest for Med r); ``none`` bolds nothing.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.core.errors import VseError
+from pipeline.core.fsutil import atomic_path
+from pipeline.evaluation.metrics import METRIC_KEYS, is_metric, metric_keys, metric_of, metric_order
+from pipeline.evaluation.stats import ALPHA, mean_std, welch_greater
+from pipeline.reports.batch_eval import RUN_COLUMNS
+
+TEXT_COLUMNS = {"run", "loss", "loss_options", "backbone", "train_set", "features", "split",
+                "protocol", "checkpoint", "config_id"}
+FORMATS = ("md", "latex", "csv")
+BOLD_MODES = ("significant", "best", "none")
+# Columns that describe one run rather than its configuration: left out of a seed group's key.
+PER_RUN_COLUMNS = ("run", "seed", "checkpoint", "checkpoint_iteration", "epochs_to_best", "best_val_mrecall",
+                   "config_id", "images")
+# Each layout's metrics (keys of pipeline.evaluation.metrics.METRICS; a family such as human_i2t_r@{k}
+# brings every K the rows have). Headers, groups, formats and which way is better come from
+# the metric table; CS@K columns follow when the rows have them.
+LAYOUTS = {
+    "paper": ("i2t_r1", "i2t_r10", "i2t_medr", "t2i_r1", "t2i_r10", "t2i_medr"),
+    "recall": (*metric_keys("recall"), "rsum"),
+    "human": (*metric_keys("human"), "rsum"),
+}
+EPOCHS = "epochs_to_best"  # the --epochs-to-best column
+# The title of a metric's column group, by group and direction (Caption Retrieval = i2t).
+TITLES = {("recall", "i2t"): "Caption Retrieval", ("recall", "t2i"): "Image Retrieval",
+          ("rank", "i2t"): "Caption Retrieval", ("rank", "t2i"): "Image Retrieval",
+          ("human", "i2t"): "Caption Retrieval (human)", ("human", "t2i"): "Image Retrieval (human)",
+          ("cs", "i2t"): "Coherent Score", ("cs", "t2i"): "Coherent Score", ("training", "both"): "Training"}
+# The same titles as markdown headers' prefixes.
+SHORT_TITLES = {"Caption Retrieval": "Caption", "Image Retrieval": "Image", "Coherent Score": "",
+                "Training": "", "Caption Retrieval (human)": "Caption (human)",
+                "Image Retrieval (human)": "Image (human)"}
+
+
+# ---------------------------------------------------------------------------- results.csv
+
+
+def result_columns(rows) -> list[str]:
+    """Run columns, then the metrics, then anything else (CS@K) in first-seen order."""
+    present = list(dict.fromkeys(k for row in rows for k in row))
+    known = [c for c in (*RUN_COLUMNS, *METRIC_KEYS) if c in present]
+    return known + [c for c in present if c not in known]
+
+
+def write_results(rows, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    columns = result_columns(rows)
+    with atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: "" if row.get(k) is None else row[k] for k in columns})
+    return path
+
+
+def read_results(path) -> list[dict]:
+    """Rows of a results.csv with numbers as int/float and empty cells as None."""
+    path = Path(path)
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            rows = list(csv.DictReader(fh))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise VseError(f"cannot read results ({str(exc).splitlines()[0][:120]})", path) from exc
+    if not rows:
+        raise VseError("results file has no rows", path)
+    if "run" not in rows[0]:
+        raise VseError("not a results file: no 'run' column (written by `vse evaluate --runs`)", path)
+    try:
+        return [{k: _cell(k, v) for k, v in row.items()} for row in rows]
+    except ValueError as exc:
+        raise VseError(f"bad value in results ({exc})", path) from None
+
+
+def _cell(column: str, value: str):
+    if value is None or value == "":
+        return None
+    if column in TEXT_COLUMNS:
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError(f"column {column!r} holds {value!r}, expected a number") from None
+
+
+# ---------------------------------------------------------------------------- tables
+
+
+def table_columns(rows, layout: str = "paper",
+                  epochs: bool = False) -> list[tuple[str, list[tuple[str, str]]]]:
+    """Column groups (title, [(header, key)]): the layout's metrics that some row has, CS@K
+    when rows have it, and the epochs to the best validation M-Recall when ``epochs``."""
+    if layout not in LAYOUTS:
+        raise VseError(f"unknown table layout {layout!r} (expected {', '.join(LAYOUTS)})")
+    keys = [k for entry in LAYOUTS[layout] for k in _present(entry, rows)]
+    keys += sorted({k for row in rows for k in row if is_metric(k) and metric_of(k).group == "cs"},
+                   key=lambda k: (int(k.split("@")[1]), k))
+    if epochs:
+        keys.append(EPOCHS)
+    groups: list[tuple[str, list[tuple[str, str]]]] = []
+    for key in keys:
+        metric = metric_of(key)
+        title = TITLES.get((metric.group, metric.direction), "")
+        if not groups or groups[-1][0] != title:
+            groups.append((title, []))
+        groups[-1][1].append((metric.label, key))
+    return groups
+
+
+def _present(entry: str, rows) -> list[str]:
+    """A layout entry's keys that some row has a value of: the key itself, or a family's
+    members in K order."""
+    if "{k}" not in entry:
+        return [entry] if any(row.get(entry) is not None for row in rows) else []
+    prefix = entry.split("{k}")[0]
+    found = {k for row in rows for k in row
+             if k.startswith(prefix) and k[len(prefix):].isdigit() and row.get(k) is not None}
+    return sorted(found, key=metric_order)
+
+
+def format_value(key: str, value) -> str:
+    """A cell of ``key`` (a metric of ``metrics.METRICS``) as the table prints it; "" when missing."""
+    return metric_of(key).format(value)
+
+
+def _lower_is_better(key: str) -> bool:
+    return not metric_of(key).higher_is_better
+
+
+def best_cells(rows, keys) -> set[tuple[int, str]]:
+    """(row index, key) of each column's best printed value (lowest for ranks)."""
+    best = set()
+    for key in keys:
+        printed = [(i, format_value(key, row.get(key))) for i, row in enumerate(rows)]
+        values = [(i, float(text)) for i, text in printed if text]
+        if len(values) < 2:
+            continue
+        pick = min if _lower_is_better(key) else max
+        target = pick(v for _, v in values)
+        best.update((i, key) for i, v in values if v == target)
+    return best
+
+
+@dataclass
+class SeedGroup:
+    """The runs of one configuration: ``samples[key]`` holds one value per seed."""
+
+    label: str
+    rows: list[dict]
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.rows)
+
+    def mean(self, key: str):
+        return mean_std(self.samples.get(key, []))[0] if self.samples.get(key) else None
+
+
+def config_key(row: dict) -> tuple:
+    """Rows with equal keys differ only by seed: the ``config_id`` column when present (runs
+    evaluated by this vse), else the run name without its ``seed=N`` part together with every
+    configuration-describing column of results.csv."""
+    if row.get("config_id"):
+        return ("config_id", row["config_id"])
+    # an older results.csv: the same name apart from "seed=N" and the same described options
+    return (_without_seed(str(row.get("run") or "")),
+            *((k, row.get(k)) for k in RUN_COLUMNS if k not in PER_RUN_COLUMNS))
+
+
+def seed_groups(rows, label: str = "run") -> list[SeedGroup]:
+    """Group rows by configuration, in first-seen order; a group's label is its first row's
+    ``label`` with any ``seed=N`` part of a sweep's run name removed."""
+    grouped: dict[tuple, list[dict]] = {}
+    for row in rows:
+        grouped.setdefault(config_key(row), []).append(row)
+    groups = []
+    for members in grouped.values():
+        group = SeedGroup(_without_seed(str(members[0].get(label) or "")), members)
+        for key in {k for row in members for k in row}:
+            values = [row[key] for row in members if isinstance(row.get(key), (int, float))
+                      and not isinstance(row.get(key), bool)]
+            if values:
+                group.samples[key] = [float(v) for v in values]
+        groups.append(group)
+    return groups
+
+
+def _without_seed(name: str) -> str:
+    parts = [p for p in name.split(",") if not re.fullmatch(r"seed=\d+", p.strip())]
+    return ",".join(parts) or name
+
+
+def significant_cells(groups: list[SeedGroup], keys) -> set[tuple[int, str]]:
+    """(group index, key) where the group's mean is the column's best and Welch's one-sided
+    t-test over seeds puts it above the runner-up at p < ALPHA."""
+    marked = set()
+    for key in keys:
+        ranked = [(g.mean(key), i) for i, g in enumerate(groups) if g.samples.get(key)]
+        if len(ranked) < 2:
+            continue
+        lower = _lower_is_better(key)
+        ranked.sort(key=lambda t: t[0], reverse=not lower)
+        (_, best), (_, runner_up) = ranked[0], ranked[1]
+        a, b = groups[best].samples[key], groups[runner_up].samples[key]
+        p = welch_greater([-v for v in a], [-v for v in b]) if lower else welch_greater(a, b)
+        if p < ALPHA:
+            marked.add((best, key))
+    return marked
+
+
+def format_cell(key: str, group: SeedGroup, fmt: str) -> str:
+    """``mean ± std (n)``; one seed prints its value and ``(1)``."""
+    mean, std, n = mean_std(group.samples.get(key, []))
+    if n == 0:
+        return ""
+    text = format_value(key, mean)
+    if n > 1:
+        text += (r" $\pm$ " if fmt == "latex" else " ± ") + format_value(key, std)
+    return f"{text} ({n})"
+
+
+def format_results(rows, fmt: str = "md", layout: str = "paper", label: str = "run",
+                   bold="significant", epochs: bool = False, seeds: bool | None = None) -> str:
+    """The results table of ``rows`` in ``fmt`` (md | latex | csv), one line per row, or per
+    configuration with ``seeds`` (default: when some configuration has several seeds);
+    ``epochs`` adds the epochs each run needed to reach its best validation M-Recall.
+    ``bold``: one of BOLD_MODES (True/False mean "best"/"none", as older callers pass)."""
+    if fmt not in FORMATS:
+        raise VseError(f"unknown table format {fmt!r} (expected {', '.join(FORMATS)})")
+    bold = {True: "best", False: "none"}.get(bold, bold)
+    if bold not in BOLD_MODES:
+        raise VseError(f"unknown bold mode {bold!r} (expected {', '.join(BOLD_MODES)})")
+    if not rows:
+        raise VseError("no results to tabulate")
+    groups = table_columns(rows, layout, epochs)
+    keys = [k for _, cols in groups for _, k in cols]
+    by_seed = seed_groups(rows, label)
+    if seeds is None:
+        seeds = any(g.n > 1 for g in by_seed)
+    if seeds:
+        labels = [g.label for g in by_seed]
+        cells = [[format_cell(k, g, fmt) for k in keys] for g in by_seed]
+        best = significant_cells(by_seed, keys) if bold == "significant" else set()
+        if bold == "best":
+            best = best_cells([{k: g.mean(k) for k in keys} for g in by_seed], keys)
+    else:
+        labels = [str(row.get(label) if row.get(label) is not None else "") for row in rows]
+        cells = [[format_value(k, row.get(k)) for k in keys] for row in rows]
+        best = best_cells(rows, keys) if bold == "best" else set()
+        # one seed per row: no noise estimate, so "significant" bolds nothing
+    if fmt == "csv":
+        return _csv_table(groups, labels, cells)
+    marked = [[_bold(text, fmt) if (i, k) in best else text for k, text in zip(keys, line)]
+              for i, line in enumerate(cells)]
+    table = (_latex_table if fmt == "latex" else _markdown_table)(groups, labels, marked)
+    note = _table_note(seeds, bold)
+    return table + ("\n\n" + note if fmt == "md" else "\n% " + note) if note else table
+
+
+def _table_note(seeds: bool, bold: str) -> str:
+    parts = ["mean ± std (n seeds)"] if seeds else []
+    if bold == "significant":
+        parts.append(f"bold: better than the runner-up by Welch's one-sided t-test over seeds, p < {ALPHA}"
+                     if seeds else "no bold: one seed per row gives no noise estimate (--bold best marks "
+                     "the best printed value)")
+    elif bold == "best":
+        parts.append("bold: best value, without a significance test")
+    return "; ".join(parts)
+
+
+def _bold(text: str, fmt: str) -> str:
+    return f"\\textbf{{{text}}}" if fmt == "latex" else f"**{text}**"
+
+
+def _markdown_table(groups, labels, cells) -> str:
+    header = ["Model"] + [" ".join(p for p in (SHORT_TITLES.get(title, title), h) if p)
+                          for title, cols in groups for h, _ in cols]
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]
+    for name, line in zip(labels, cells):
+        lines.append("| " + " | ".join([_markdown_escape(name), *line]) + " |")
+    return "\n".join(lines)
+
+
+def _markdown_escape(text: str) -> str:
+    for ch in "\\|*_`[]<>":
+        text = text.replace(ch, "\\" + ch)
+    return text
+
+
+LATEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
+                  "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
+                  "^": r"\textasciicircum{}", "|": r"\textbar{}", "<": r"\textless{}",
+                  ">": r"\textgreater{}"}
+
+
+def latex_escape(text: str) -> str:
+    return "".join(LATEX_SPECIALS.get(ch, ch) for ch in text)
+
+
+def _latex_table(groups, labels, cells) -> str:
+    """A booktabs tabular (needs \\usepackage{booktabs})."""
+    widths = [len(cols) for _, cols in groups]
+    lines = [r"\begin{tabular}{l" + "".join("r" * w for w in widths) + "}", r"\toprule"]
+    top, rules, column = ["", ], [], 2
+    for (title, cols), width in zip(groups, widths):
+        top.append(rf"\multicolumn{{{width}}}{{c}}{{{latex_escape(title)}}}" if title else
+                   " & ".join([""] * width))
+        if title:
+            rules.append(rf"\cmidrule(lr){{{column}-{column + width - 1}}}")
+        column += width
+    lines.append(" & ".join(top) + r" \\")
+    if rules:
+        lines.append("".join(rules))
+    lines.append(" & ".join(["Model"] + [latex_escape(h) for _, cols in groups for h, _ in cols]) + r" \\")
+    lines.append(r"\midrule")
+    for name, line in zip(labels, cells):
+        lines.append(" & ".join([latex_escape(name), *line]) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines)
+
+
+def _csv_table(groups, labels, cells) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["Model"] + [" ".join(p for p in (title, h) if p)
+                                 for title, cols in groups for h, _ in cols])
+    writer.writerows([name, *line] for name, line in zip(labels, cells))
+    return out.getvalue().rstrip("\n")

@@ -1,0 +1,631 @@
+"""Nearest-neighbour indexes over an embeddings file (`vse index`), and reading them back.
+
+FAISS inner product on unit vectors, which is cosine similarity. Three kinds:
+
+- ``flat``: exact search (``IndexFlatIP``); every query reads every vector.
+- ``hnsw``: a graph (``IndexHNSWFlat``: M links per node, built with ``efConstruction``,
+  searched with ``efSearch``); keeps the full vectors, scores are exact cosines of the
+  candidates it visits. ``auto`` picks it from ``exact_below`` items on.
+- ``ivfpq``: ``nlist`` inverted lists of product-quantised codes (``m`` sub-vectors of
+  ``nbits``), ``nprobe`` lists searched: small on disk and in memory, scores approximate.
+
+The index is a folder (docs/ARCHITECTURE.md, "Search index")::
+
+    INDEX/index.faiss   the FAISS index, rows in the order of the embeddings file's group
+    INDEX/items.h5      ids (N,) and paths (images) or texts (captions) of those rows
+    INDEX/meta.json     format="vse-index", kind and parameters, dim, count, the model's
+                        checkpoint_sha256, the source embeddings file and its sha256, the
+                        sha256 and size of the two files above, recall@10 measured at build
+
+written through ``fsutil.atomic_dir`` (a half-written index never sits at INDEX) and checked
+whole when opened: missing or altered files are refused in one line.
+
+An approximate index's recall@10 (the fraction of the exact 10 nearest items that it returns)
+is measured while it is built, on held-out queries: the other group's vectors when the file
+has them (captions for an image index: the searches it is for), else a sample of the indexed
+vectors each searching for its 10 nearest *other* items. Without an explicit ``ef_search`` /
+``nprobe``, the smallest value of ``EF_SEARCH_STEPS`` / ``NPROBE_STEPS`` that reaches
+``recall_target`` is chosen and recorded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from pipeline import __version__
+from pipeline.core.errors import VseError
+from pipeline.core.fsutil import FOLDER_META, atomic_dir, file_sha256, guard_output
+
+FORMAT = "vse-index"
+FORMAT_VERSION = 1
+ITEMS_FORMAT = "vse-index-items"
+FAISS_FILE, ITEMS_FILE = "index.faiss", "items.h5"
+EMBEDDINGS_FORMAT, EMBEDDINGS_VERSION = "vse-embeddings", 1
+GROUPS = ("images", "captions")
+GROUP_FIELD = {"images": "paths", "captions": "texts"}  # what a result shows besides its id
+KINDS = ("flat", "hnsw", "ivfpq")
+RECALL_AT = 10
+EF_SEARCH_STEPS = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+NPROBE_STEPS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+UNIT_TOLERANCE = 1e-3  # |norm - 1| above this: not a unit row, inner product would not be cosine
+CHUNK_ROWS = 65536  # vectors read, added and compared at a time (256 MB at 1024-d)
+TRAIN_SAMPLE_MAX = 200_000  # vectors an ivfpq index is trained on, at most
+
+
+@dataclass(frozen=True)
+class IndexOptions:
+    """Every option of `vse index`, with its default (the one place of these defaults).
+
+    ``None`` means: derived from the data (``resolved_params`` says how)."""
+
+    kind: str = "auto"             # auto | flat | hnsw | ivfpq
+    of: str = "images"             # the group of the embeddings file to index
+    exact_below: int = 100_000     # auto: flat below this many items, hnsw from it on
+    hnsw_m: int = 32               # links per node
+    ef_construction: int = 80      # candidate list while building
+    ef_search: int | None = None   # candidate list while searching; None: tuned to recall_target
+    nlist: int | None = None       # ivfpq lists; None: 4·sqrt(N) to a power of two, ≤ N/39
+    pq_m: int | None = None        # ivfpq sub-vectors; None: the largest divisor of dim ≤ dim/16
+    nbits: int = 8                 # ivfpq bits per sub-vector code
+    nprobe: int | None = None      # ivfpq lists searched; None: tuned to recall_target
+    recall_target: float = 0.95    # recall@10 the tuning aims for
+    recall_queries: int = 1000     # held-out queries of the recall measurement
+    seed: int = 0                  # which queries and training vectors are sampled
+
+    def check(self) -> None:
+        if self.kind not in ("auto", *KINDS):
+            raise VseError(f"--kind must be auto or one of {', '.join(KINDS)}, not {self.kind!r}")
+        if self.of not in GROUPS:
+            raise VseError(f"--of must be images or captions, not {self.of!r}")
+        for name in ("exact_below", "hnsw_m", "ef_construction", "ef_search", "nlist", "pq_m", "nbits",
+                     "nprobe", "recall_queries"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise VseError(f"--{name.replace('_', '-')} must be a positive integer, not {value!r}")
+        if self.nbits > 16:
+            raise VseError(f"--nbits must be at most 16, not {self.nbits}")
+        if not 0 < self.recall_target <= 1:
+            raise VseError(f"--recall-target must be in (0, 1], not {self.recall_target}")
+
+
+def option_default(name: str):
+    """The default of an ``IndexOptions`` field (for the CLI's help)."""
+    return IndexOptions.__dataclass_fields__[name].default
+
+
+def choose_kind(options: IndexOptions, count: int) -> str:
+    if options.kind != "auto":
+        return options.kind
+    return "flat" if count < options.exact_below else "hnsw"
+
+
+def resolved_params(kind: str, options: IndexOptions, count: int, dim: int) -> dict:
+    """The construction parameters of ``kind`` (search parameters are added by tuning)."""
+    if kind == "flat":
+        return {}
+    if kind == "hnsw":
+        return {"M": options.hnsw_m, "ef_construction": options.ef_construction}
+    nlist = options.nlist
+    if nlist is None:
+        nlist = 2 ** round(math.log2(max(1.0, 4 * math.sqrt(count))))
+        nlist = max(1, min(nlist, count // 39))
+    if nlist > count:
+        raise VseError(f"--nlist {nlist} is more than the {count} items to index")
+    m = options.pq_m
+    if m is None:
+        m = max(d for d in range(1, max(1, dim // 16) + 1) if dim % d == 0)
+    if dim % m:
+        raise VseError(f"--pq-m {m} does not divide the dimension {dim}")
+    if count < 2 ** options.nbits:
+        raise VseError(f"ivfpq with --nbits {options.nbits} needs at least {2 ** options.nbits} items "
+                       f"to train its codebooks, not {count} (use --kind flat or hnsw, or fewer --nbits)")
+    train = min(count, max(64 * nlist, 40 * 2 ** options.nbits), TRAIN_SAMPLE_MAX)
+    return {"nlist": nlist, "m": m, "nbits": options.nbits, "train_size": train}
+
+
+# ---------------------------------------------------------------------------- FAISS objects
+
+
+def _faiss():
+    try:
+        import faiss
+    except ImportError as exc:  # pragma: no cover - the serve extra is missing
+        raise VseError("vse index/search/serve need faiss: pip install -e '.[serve]'") from exc
+    return faiss
+
+
+def new_index(kind: str, dim: int, params: dict):
+    """An empty FAISS index of ``kind`` for inner product (untrained for ivfpq)."""
+    faiss = _faiss()
+    ip = faiss.METRIC_INNER_PRODUCT
+    if kind == "flat":
+        return faiss.IndexFlatIP(dim)
+    if kind == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, params["M"], ip)
+        index.hnsw.efConstruction = params["ef_construction"]
+        return index
+    if kind == "ivfpq":
+        quantizer = faiss.IndexFlatIP(dim)
+        index = faiss.IndexIVFPQ(quantizer, dim, params["nlist"], params["m"], params["nbits"], ip)
+        index.own_fields = True
+        quantizer.this.disown()
+        return index
+    raise VseError(f"unknown index kind {kind!r}")
+
+
+SEARCH_PARAM = {"hnsw": "ef_search", "ivfpq": "nprobe"}  # the search-time knob of each kind
+
+
+def set_search_params(index, kind: str, params: dict) -> None:
+    if kind == "hnsw":
+        index.hnsw.efSearch = int(params["ef_search"])
+    elif kind == "ivfpq":
+        index.nprobe = int(params["nprobe"])
+
+
+def _faiss_kind(index) -> str | None:
+    faiss = _faiss()
+    classes = (("hnsw", faiss.IndexHNSWFlat), ("ivfpq", faiss.IndexIVFPQ), ("flat", faiss.IndexFlatIP))
+    for kind, cls in classes:
+        if isinstance(index, cls):
+            return kind
+    return None
+
+
+def write_faiss(index, path) -> tuple[str, int]:
+    """Write ``index`` to ``path``, hashing the bytes on their way: (sha256, size)."""
+    faiss = _faiss()
+    digest, size = hashlib.sha256(), 0
+    with open(path, "wb") as fh:
+        def write(data):
+            nonlocal size
+            digest.update(data)
+            fh.write(data)
+            size += len(data)
+            return len(data)
+
+        writer = faiss.PyCallbackIOWriter(write)
+        try:
+            faiss.write_index(index, writer)
+        finally:
+            del writer
+    return digest.hexdigest(), size
+
+
+def read_faiss(path, sha256: str):
+    """The FAISS index in ``path`` once its bytes are checked against ``sha256`` (FAISS never
+    parses a file other than the one written). A mismatch or an unreadable file is a
+    ``VseError``."""
+    faiss = _faiss()
+    try:
+        found = file_sha256(path)
+    except OSError as exc:
+        raise VseError(f"cannot read the FAISS index ({exc.strerror})", path) from exc
+    if found != sha256:
+        raise VseError("differs from the one recorded in meta.json (sha256): the index was altered", path)
+    try:
+        return faiss.read_index(str(path))
+    except RuntimeError as exc:  # pragma: no cover - only a file FAISS itself wrote gets here
+        problem = str(exc).strip().splitlines()[-1][:160]
+        raise VseError(f"not a readable FAISS index ({problem})", path) from exc
+
+
+# ---------------------------------------------------------------------------- embeddings file
+
+
+class EmbeddingsFile:
+    """A validated embeddings file of `vse embed` (docs/ARCHITECTURE.md, "Search index")."""
+
+    def __init__(self, path):
+        import h5py
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise VseError("embeddings file not found (made by `vse embed`)", self.path)
+        try:
+            with h5py.File(self.path, "r") as f:
+                self.attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+                self.shapes = {g: f[g]["vectors"].shape for g in GROUPS if g in f and "vectors" in f[g]}
+                self.groups = tuple(g for g in GROUPS if g in f)
+        except OSError as exc:
+            reason = (str(exc).splitlines() or ["unreadable"])[0][:120]
+            raise VseError(f"cannot read the embeddings file ({reason})", self.path) from exc
+        if self.attrs.get("format") != EMBEDDINGS_FORMAT:
+            raise VseError(f"not an embeddings file (format attribute {self.attrs.get('format')!r}; "
+                           "`vse embed` makes them)", self.path)
+        if self.attrs.get("format_version") != EMBEDDINGS_VERSION:
+            raise VseError(f"unsupported format_version {self.attrs.get('format_version')!r} "
+                           f"(this vse reads {EMBEDDINGS_VERSION})", self.path)
+        if not self.attrs.get("complete"):
+            raise VseError("embeddings file is not complete (`vse embed` did not finish it)", self.path)
+        if not self.groups:
+            raise VseError("embeddings file has neither images nor captions", self.path)
+        self.checkpoint_sha256 = str(self.attrs.get("checkpoint_sha256", ""))
+        if len(self.checkpoint_sha256) != 64:
+            raise VseError("embeddings file has no checkpoint_sha256 attribute", self.path)
+        self.similarity = str(self.attrs.get("similarity", ""))
+        self.dim = int(self.attrs.get("dim", -1))
+        for group in self.groups:
+            shape = self.shapes.get(group)
+            if shape is None or len(shape) != 2 or shape[1] != self.dim:
+                raise VseError(f"/{group}/vectors has shape {shape}, not (N, {self.dim}) as dim says",
+                               self.path)
+
+    def count(self, group: str) -> int:
+        return int(self.shapes[group][0])
+
+    def items(self, group: str) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, paths or texts) of ``group``, checked: as many as vectors, ids unique."""
+        import h5py
+
+        name = GROUP_FIELD[group]
+        try:
+            with h5py.File(self.path, "r") as f:
+                ids = f[group]["ids"].asstr()[()]
+                shown = f[group][name].asstr()[()]
+        except (KeyError, OSError, TypeError, ValueError) as exc:
+            raise VseError(f"cannot read /{group}/ids and /{group}/{name} ({exc})", self.path) from exc
+        n = self.count(group)
+        if ids.shape != (n,) or shown.shape != (n,):
+            raise VseError(f"/{group}: {len(ids)} ids and {len(shown)} {name} for {n} vectors", self.path)
+        if len(set(ids.tolist())) != n:
+            raise VseError(f"/{group}/ids are not unique", self.path)
+        return ids, shown
+
+    def chunks(self, group: str, rows: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """(first row, vectors) of ``group`` in order, ``rows`` (``CHUNK_ROWS``) at a time, each
+        checked to be finite unit rows."""
+        import h5py
+
+        rows = rows or CHUNK_ROWS
+        with h5py.File(self.path, "r") as f:
+            vectors = f[group]["vectors"]
+            for start in range(0, vectors.shape[0], rows):
+                chunk = np.ascontiguousarray(vectors[start:start + rows], dtype=np.float32)
+                self._check_unit(group, start, chunk)
+                yield start, chunk
+
+    def rows(self, group: str, indices) -> np.ndarray:
+        """The vectors of rows ``indices`` (in that order), read in one sequential pass: HDF5
+        point selections of many scattered rows are far slower than reading everything."""
+        indices = np.asarray(indices, dtype=np.int64)
+        out = np.empty((len(indices), self.dim), dtype=np.float32)
+        order = np.argsort(indices, kind="stable")
+        wanted = indices[order]
+        for start, chunk in self.chunks(group):
+            lo, hi = np.searchsorted(wanted, [start, start + len(chunk)])
+            out[order[lo:hi]] = chunk[wanted[lo:hi] - start]
+        return out
+
+    def _check_unit(self, group, start, chunk) -> None:
+        if not np.isfinite(chunk).all():
+            raise VseError(f"/{group}/vectors hold NaN or Inf", self.path)
+        norms = np.linalg.norm(chunk, axis=1)
+        bad = np.flatnonzero(np.abs(norms - 1) > UNIT_TOLERANCE)
+        if bad.size:
+            raise VseError(f"/{group}/vectors row {start + int(bad[0])} has norm {norms[bad[0]]:.4f}, not 1: "
+                           "inner product would not be cosine", self.path)
+
+
+# ---------------------------------------------------------------------------- recall
+
+
+class ExactTopK:
+    """The exact ``k`` best rows (inner product) of a set of queries, fed chunk by chunk."""
+
+    def __init__(self, queries: np.ndarray, k: int):
+        self.queries, self.k = queries, k
+        self.scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
+        self.rows = np.full((len(queries), k), -1, dtype=np.int64)
+
+    def update(self, start: int, chunk: np.ndarray) -> None:
+        scores = self.queries @ chunk.T
+        keep = min(self.k, scores.shape[1])
+        best = np.argpartition(-scores, keep - 1, axis=1)[:, :keep]
+        all_scores = np.concatenate([self.scores, np.take_along_axis(scores, best, axis=1)], axis=1)
+        all_rows = np.concatenate([self.rows, best + start], axis=1)
+        top = np.argpartition(-all_scores, self.k - 1, axis=1)[:, :self.k]
+        self.scores = np.take_along_axis(all_scores, top, axis=1)
+        self.rows = np.take_along_axis(all_rows, top, axis=1)
+
+    def result(self) -> np.ndarray:
+        order = np.argsort(-self.scores, axis=1, kind="stable")
+        return np.take_along_axis(self.rows, order, axis=1)
+
+
+def drop_self(rows: np.ndarray, self_rows: np.ndarray | None, k: int) -> np.ndarray:
+    """The first ``k`` results of each query other than the query's own row (when queries
+    are indexed vectors), else the first ``k``."""
+    if self_rows is None:
+        return rows[:, :k]
+    out = np.empty((len(rows), k), dtype=np.int64)
+    for i, (row, own) in enumerate(zip(rows, self_rows)):
+        kept = row[row != own]
+        out[i] = kept[:k] if len(kept) >= k else np.pad(kept, (0, k - len(kept)), constant_values=-1)
+    return out
+
+
+def recall_at(approx: np.ndarray, exact: np.ndarray) -> float:
+    """Mean fraction of each query's exact results found among its approximate ones."""
+    k = exact.shape[1]
+    hits = [len(set(a[a >= 0].tolist()) & set(e[e >= 0].tolist())) / k for a, e in zip(approx, exact)]
+    return float(np.mean(hits)) if hits else float("nan")
+
+
+def tune(index, kind: str, params: dict, queries: np.ndarray, exact: np.ndarray,
+         self_rows: np.ndarray | None, target: float, fixed: int | None) -> tuple[dict, dict]:
+    """Recall@k of ``index`` at its search parameter: the given ``fixed`` value, or the
+    smallest step reaching ``target`` (if none does: the smallest within 0.005 of the best).
+    Returns (params with the search parameter, recall record)."""
+    k = exact.shape[1]
+    name = SEARCH_PARAM[kind]
+    steps = [fixed] if fixed is not None else list(EF_SEARCH_STEPS if kind == "hnsw" else NPROBE_STEPS)
+    if kind == "ivfpq" and fixed is None:
+        steps = [s for s in steps if s < params["nlist"]] + [params["nlist"]]
+    measured: dict[int, float] = {}
+    for value in steps:
+        set_search_params(index, kind, {name: value})
+        _, rows = index.search(queries, k + (self_rows is not None))
+        measured[value] = recall_at(drop_self(rows, self_rows, k), exact)
+        if measured[value] >= target:
+            break
+    best = max(measured.values())
+    reached = [v for v, r in measured.items() if r >= target]
+    chosen = fixed if fixed is not None else (reached[0] if reached else
+                                              min(v for v, r in measured.items() if r >= best - 0.005))
+    set_search_params(index, kind, {name: chosen})
+    record = {"value": measured[chosen], "target": target, "target_met": measured[chosen] >= target,
+              "tuned": fixed is None, "by_" + name: {str(v): round(r, 4) for v, r in measured.items()}}
+    return {**params, name: chosen}, record
+
+
+# ---------------------------------------------------------------------------- building
+
+
+@dataclass
+class BuildResult:
+    out: Path
+    meta: dict
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def build_index(embeddings, out, options: IndexOptions = IndexOptions(), *, image_root=None,
+                overwrite: bool = False, log: Callable[[str], None] = lambda _: None) -> BuildResult:
+    """Index one group of an embeddings file into the folder ``out``."""
+    started = time.perf_counter()
+    options.check()
+    out = Path(out)
+    guard_output(out, FORMAT, "a vse search index", overwrite)
+    source = EmbeddingsFile(embeddings)
+    if source.similarity != "cosine":
+        raise VseError(f"the model's similarity is {source.similarity!r}: only a cosine model can be "
+                       "searched by inner product (an order-embedding model cannot be indexed)", source.path)
+    if options.of not in source.groups:
+        raise VseError(f"has no {options.of} group to index (it has: {', '.join(source.groups)})",
+                       source.path)
+    if out.resolve() == source.path.resolve() or source.path.resolve().is_relative_to(out.resolve()):
+        raise VseError("--out would replace the embeddings file", out)
+    group, count, dim = options.of, source.count(options.of), source.dim
+    if count == 0:
+        raise VseError(f"/{group} holds no vectors", source.path)
+    ids, shown = source.items(group)
+    kind = choose_kind(options, count)
+    if kind != "flat" and count < 2:
+        raise VseError(f"an approximate index of {count} item makes no sense: use --kind flat", source.path)
+    params = resolved_params(kind, options, count, dim)
+    log(f"{count} {group} x {dim}: {kind} index {json.dumps(params) if params else ''}".rstrip())
+
+    rng = np.random.default_rng(options.seed)
+    queries = self_rows = exact = None
+    queries_from = None
+    if kind != "flat":
+        other = next((g for g in source.groups if g != group), None)
+        if other is not None and source.count(other) > 0:
+            picked = rng.choice(source.count(other), min(options.recall_queries, source.count(other)),
+                                replace=False)
+            queries, queries_from = source.rows(other, picked), other
+        else:
+            self_rows = rng.choice(count, min(options.recall_queries, count), replace=False)
+            queries, queries_from = source.rows(group, self_rows), f"{group} (each query's own row excluded)"
+        exact = ExactTopK(queries, min(RECALL_AT + (self_rows is not None), count))
+
+    index = new_index(kind, dim, params)
+    if kind == "ivfpq":
+        sample = np.sort(rng.choice(count, params["train_size"], replace=False))
+        log(f"training ivfpq on {len(sample)} vectors")
+        index.train(source.rows(group, sample))
+    reported = 0
+    for start, chunk in source.chunks(group):
+        index.add(chunk)
+        if exact is not None:
+            exact.update(start, chunk)
+        if start + len(chunk) - reported >= count / 10 or start + len(chunk) == count:
+            reported = start + len(chunk)
+            log(f"added {reported} / {count}")
+    if index.ntotal != count:  # pragma: no cover - FAISS contract
+        raise VseError(f"FAISS holds {index.ntotal} vectors after adding {count}", source.path)
+    build_seconds = time.perf_counter() - started  # reading, training, adding (and the exact top-k)
+
+    notes, tuning_started = [], time.perf_counter()
+    if kind == "flat":
+        recall = {"at": RECALL_AT, "value": 1.0, "exact": True}
+    else:
+        k = min(RECALL_AT, count - (self_rows is not None))
+        truth = drop_self(exact.result(), self_rows, k)
+        fixed = options.ef_search if kind == "hnsw" else options.nprobe
+        params, record = tune(index, kind, params, queries, truth, self_rows, options.recall_target, fixed)
+        recall = {"at": k, **record, "exact": False, "queries": len(queries), "queries_from": queries_from}
+        name = SEARCH_PARAM[kind]
+        log(f"recall@{k} {record['value']:.4f} at {name}={params[name]} ({len(queries)} queries from "
+            f"{queries_from})")
+        if not record["target_met"]:
+            tried = record["by_" + name]
+            how = (f"--{name.replace('_', '-')} {params[name]} as given" if fixed else
+                   f"{name} {params[name]}, the best of {len(tried)} tried up to {max(map(int, tried))}")
+            helps = ("ivfpq loses it to quantisation: more --pq-m or --kind hnsw" if kind == "ivfpq"
+                     else "a larger --hnsw-m or --ef-construction helps")
+            notes.append(f"recall@{k} {record['value']:.3f} is below the target {options.recall_target} "
+                         f"({how}); {helps}")
+    tuning_seconds = time.perf_counter() - tuning_started
+
+    meta = {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "of": group, "kind": kind,
+        "kind_requested": options.kind, "params": params, "metric": "inner_product", "dim": dim,
+        "count": count, "checkpoint_sha256": source.checkpoint_sha256,
+        "checkpoint": _located(source.attrs.get("checkpoint"), source.path), "similarity": source.similarity,
+        "image_root": None if image_root is None else str(Path(image_root).resolve()),
+        "embeddings": {"path": str(source.path.resolve()), "sha256": file_sha256(source.path),
+                       "created": source.attrs.get("created"),
+                       "image_pipeline": _json_or_none(source.attrs.get("image_pipeline")),
+                       "caption_encoder": _json_or_none(source.attrs.get("caption_encoder"))},
+        "recall": recall,
+        "options": dataclasses.asdict(options),
+        "build": {"seconds": round(build_seconds, 3), "tuning_seconds": round(tuning_seconds, 3),
+                  "faiss_version": _faiss().__version__, "vse_version": __version__,
+                  "created": datetime.now(timezone.utc).isoformat(timespec="seconds")},
+    }
+    with atomic_dir(out) as tmp:
+        try:
+            faiss_sha, faiss_size = write_faiss(index, tmp / FAISS_FILE)
+        except RuntimeError as exc:
+            raise VseError(f"cannot write the FAISS index ({str(exc).strip().splitlines()[-1][:160]})",
+                           out) from exc
+        _write_items(tmp / ITEMS_FILE, group, ids, shown)
+        meta["files"] = {FAISS_FILE: {"sha256": faiss_sha, "bytes": faiss_size},
+                         ITEMS_FILE: {"sha256": file_sha256(tmp / ITEMS_FILE),
+                                      "bytes": (tmp / ITEMS_FILE).stat().st_size}}
+        meta["complete"] = True
+        (tmp / FOLDER_META).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    return BuildResult(out, meta, time.perf_counter() - started, notes)
+
+
+def _write_items(path, group, ids, shown) -> None:
+    import h5py
+
+    text = h5py.string_dtype("utf-8")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("ids", data=ids.astype(object), dtype=text)
+        f.create_dataset(GROUP_FIELD[group], data=shown.astype(object), dtype=text)
+        f.attrs.update({"format": ITEMS_FORMAT, "of": group, "count": len(ids)})
+
+
+def _located(checkpoint, embeddings: Path) -> str | None:
+    """The checkpoint's path as recorded: made absolute when it is found (as given, from the
+    current folder, or next to the embeddings file), else as given."""
+    if not checkpoint:
+        return None
+    for candidate in (Path(checkpoint), embeddings.parent / checkpoint):
+        if candidate.is_file():
+            return str(candidate.resolve())
+    return str(checkpoint)
+
+
+def _json_or_none(value):
+    try:
+        return json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        return value
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+class SearchIndex:
+    """An index folder, checked whole on opening: ``search(queries, k)``, ``items``, ``meta``."""
+
+    def __init__(self, path):
+        import h5py
+
+        self.path = Path(path)
+        meta_path = self.path / FOLDER_META
+        if not self.path.is_dir():
+            raise VseError("not a search index folder (made by `vse index`)", self.path)
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise VseError(f"not a search index: no {FOLDER_META} (made by `vse index`)", self.path) from None
+        except (OSError, ValueError) as exc:
+            raise VseError(f"unreadable index metadata ({exc})", meta_path) from exc
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise VseError("not a search index (format is not vse-index)", meta_path)
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise VseError(f"unsupported index format_version {meta.get('format_version')!r} "
+                           f"(this vse reads {FORMAT_VERSION})", meta_path)
+        try:
+            if meta.get("complete") is not True:
+                raise KeyError("complete")
+            self.kind, self.of = str(meta["kind"]), str(meta["of"])
+            self.dim, self.count = int(meta["dim"]), int(meta["count"])
+            self.params, files = dict(meta["params"]), meta["files"]
+            self.checkpoint_sha256 = str(meta["checkpoint_sha256"])
+            expected = {name: str(files[name]["sha256"]) for name in (FAISS_FILE, ITEMS_FILE)}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise VseError(f"index metadata is incomplete or altered ({exc} missing or wrong)",
+                           meta_path) from None
+        if self.kind not in KINDS or self.of not in GROUPS:
+            raise VseError(f"index metadata is altered (kind {self.kind!r}, of {self.of!r})", meta_path)
+        self.meta = meta
+
+        items_path = self.path / ITEMS_FILE
+        if not items_path.is_file():
+            raise VseError(f"index is missing {ITEMS_FILE}", self.path)
+        if file_sha256(items_path) != expected[ITEMS_FILE]:
+            raise VseError("differs from the one recorded in meta.json (sha256): the index was altered",
+                           items_path)
+        with h5py.File(items_path, "r") as f:
+            self.ids = f["ids"].asstr()[()]
+            self.shown = f[GROUP_FIELD[self.of]].asstr()[()]
+        if len(self.ids) != self.count or len(self.shown) != self.count:
+            raise VseError(f"index metadata says {self.count} items, {ITEMS_FILE} holds {len(self.ids)}",
+                           self.path)
+
+        faiss_path = self.path / FAISS_FILE
+        if not faiss_path.is_file():
+            raise VseError(f"index is missing {FAISS_FILE}", self.path)
+        self.index = read_faiss(faiss_path, expected[FAISS_FILE])
+        if self.index.ntotal != self.count or self.index.ntotal != len(self.ids):
+            raise VseError(f"the FAISS index holds {self.index.ntotal} vectors for {len(self.ids)} ids",
+                           self.path)
+        if self.index.d != self.dim:
+            raise VseError(f"the FAISS index is {self.index.d}-d, the metadata says {self.dim}", self.path)
+        if _faiss_kind(self.index) != self.kind or self.index.metric_type != _faiss().METRIC_INNER_PRODUCT:
+            raise VseError(f"the FAISS index is not the inner-product {self.kind} index the metadata names",
+                           self.path)
+        set_search_params(self.index, self.kind, self.params)
+        self._rows = {item: row for row, item in enumerate(self.ids.tolist())}
+
+    def row(self, item_id: str) -> int | None:
+        return self._rows.get(item_id)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, rows), each (n, min(k, count)), best first; rows of -1 (an approximate
+        index that found fewer) are cut from the results by ``hits``."""
+        queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
+        if queries.shape[1] != self.dim:
+            raise VseError(f"query vectors are {queries.shape[1]}-d, the index is {self.dim}-d", self.path)
+        return self.index.search(queries, min(int(k), self.count))
+
+    def hits(self, scores: np.ndarray, rows: np.ndarray) -> list[dict]:
+        """One query's results: rank, id, score and path (images) or text (captions)."""
+        name = GROUP_FIELD[self.of][:-1]  # path | text
+        return [{"rank": rank, "id": str(self.ids[row]), "score": float(score), name: str(self.shown[row])}
+                for rank, (score, row) in enumerate(((s, r) for s, r in zip(scores, rows) if r >= 0), 1)]
+
+    def info(self) -> dict:
+        recall = self.meta.get("recall") or {}
+        return {"of": self.of, "kind": self.kind, "params": self.params, "count": self.count, "dim": self.dim,
+                "checkpoint_sha256": self.checkpoint_sha256, "recall_at": recall.get("at"),
+                "recall": recall.get("value"), "exact": self.kind == "flat",
+                "embeddings_sha256": (self.meta.get("embeddings") or {}).get("sha256"),
+                "created": (self.meta.get("build") or {}).get("created")}

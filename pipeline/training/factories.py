@@ -1,0 +1,181 @@
+"""Small factories: each builds one part of a training run from its ``TrainConfig``, as timm's
+``create_optimizer_v2`` / ``create_scheduler_v2`` do. ``train.Trainer`` only wires them
+together and keeps the loop.
+
+    create_pair_source   cached features, or images through the CNN (RC mode)
+    create_caption_side  the GRU's tokens, or frozen caption vectors (--text-features)
+    create_loss          a built-in loss or a user's, and the traits it declares
+    create_model         the joint embedding model (SyncBatchNorm under DDP when it trains BN)
+    init_from_checkpoint, load_glove   where the weights start
+    create_relevance     the B×B relevance of a batch (lseh, ladder)
+    create_optimizer     Adam over the head (+ the loss's own parameters) and a fine-tuned CNN
+    create_scheduler     StepLR (VSE++: lr × lr_decay every lr_decay_epoch epochs)
+    create_scaler        the fp16 loss scaler (enabled only where fp16 autocast needs it)
+    wrap_ddp             DistributedDataParallel around the model under torchrun
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from pipeline.core.config import TrainConfig
+from pipeline.core.errors import VseError
+from pipeline.core.runtime import needs_grad_scaler
+from pipeline.data.batches import CachedFeatures, PairSource
+from pipeline.data.captions import CaptionEncoder, GRUCaptions, open_caption_features
+from pipeline.models.loss_plugins import loss_traits, make_loss
+from pipeline.models.vse_model import ModelConfig, VSEModel
+from pipeline.text.vocabulary import Vocabulary
+
+
+def create_pair_source(cfg: TrainConfig) -> PairSource:
+    if not cfg.rc:  # with caption features too, both sides of training sit in memory
+        return CachedFeatures(cfg.features, preload=cfg.preload or bool(cfg.text_features))
+    from pipeline.data.image_source import (
+        ImageSource,  # torchvision and the image stack: only RC mode pays their import
+    )
+
+    return ImageSource(cfg.dataset, cfg.root, cfg.backbone, weights=cfg.backbone_weights,
+                       finetune=cfg.finetune, freeze_bn=cfg.freeze_bn, crop=cfg.crop, seed=cfg.seed,
+                       batch_size=cfg.batch_size, dataset_options=cfg.dataset_options(),
+                       grid=cfg.image_pool is not None)
+
+
+def create_caption_side(cfg: TrainConfig, source: PairSource, train_captions: np.ndarray,
+                        resume_state: dict | None, init_state: dict | None, checkpoint) -> CaptionEncoder:
+    """Frozen caption vectors (--text-features) or the GRU's tokens. A resumed run keeps its
+    text_features option (the resume rule refuses a change) and the file itself must still hold
+    the vectors it was trained on; its vocabulary, or that of --init-from's run, is kept."""
+    captions = source.index.captions
+    if cfg.text_features:
+        expected = resume_state.get("text_features") if resume_state is not None else None
+        return open_caption_features(cfg.text_features, captions, source.location, expected=expected,
+                                     checkpoint=checkpoint)
+    state = resume_state or init_state
+    if state is not None and state["vocab"]:  # (a run on caption features has none)
+        vocab = Vocabulary(state["vocab"])
+    else:  # the vocabulary of the training captions
+        vocab = Vocabulary.build((captions[j] for j in train_captions), cfg.min_word_count)
+    return GRUCaptions(vocab, captions, cfg.max_caption_tokens)
+
+
+def create_loss(cfg: TrainConfig, device: torch.device):
+    """The loss (on ``device``) and the traits it declares (``loss_plugins.loss_traits``)."""
+    loss = make_loss(cfg.loss, cfg.loss_kwargs()).to(device)
+    return loss, loss_traits(loss, cfg.loss)
+
+
+def create_model(cfg: TrainConfig, source: PairSource, captions: CaptionEncoder, traits, device,
+                 distributed: bool) -> VSEModel:
+    model_config = ModelConfig(  # the loss declares the similarity its scores use
+        feature_dim=source.feature_dim, embed_dim=cfg.embed_dim, img_norm=cfg.img_norm,
+        similarity=traits.similarity, projection=cfg.projection, **image_fields(cfg, source),
+        text_pool=cfg.text_pool, pool_options=cfg.pool_options, **captions.model_fields(cfg))
+    model = VSEModel(model_config, source.backbone).to(device)
+    if distributed and cfg.finetune and not cfg.freeze_bn and device.type == "cuda":
+        # BatchNorm statistics of the global batch, as one process with N×B would compute
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return model
+
+
+def image_fields(cfg: TrainConfig, source: PairSource) -> dict:
+    """The image side's ``ModelConfig`` fields: a set head when the source gives sets (and
+    --image-pool pools them), VSE++'s projection when it gives vectors; a mismatch is refused."""
+    if source.set_kind is None:
+        if cfg.image_pool is not None:
+            raise VseError(f"--image-pool {cfg.image_pool} pools sets of vectors, but this cache holds one "
+                           "vector per image: extract one with --grid (or import precomputed regions)",
+                           source.location)
+        return {}
+    if cfg.image_pool is None:
+        raise VseError(f"the images are sets ({source.set_kind}) of {source.feature_dim}-d vectors: pool "
+                       "them with --image-pool (mean, max, gpo or your own)", source.location)
+    augment = {"auto": "grid" if source.set_kind == "grid" else "precomp", "none": None}.get(
+        cfg.size_augment, cfg.size_augment)
+    return {"image_pool": cfg.image_pool, "set_projection": cfg.set_projection, "size_augment": augment}
+
+
+def init_from_checkpoint(model: VSEModel, state: dict, cfg: TrainConfig, echo) -> None:
+    """The head (projection + text encoder) of any run, cached or RC; the CNN too when the
+    checkpoint is an RC run of the same backbone."""
+    own = model.head_state_dict()
+    weights = {k: v for k, v in state["model"].items() if k in own and own[k].shape == v.shape}
+    skipped = sorted(set(own) - set(weights))
+    model.load_state_dict(weights, strict=False)
+    message = f"initialised {len(weights)} tensors from {cfg.init_from}"
+    backbone, saved = model.backbone, state.get("backbone")
+    if backbone is not None:
+        trained_on = saved["name"] if saved else state.get("feature_source", {}).get("backbone")
+        if saved and saved["name"] == cfg.backbone:
+            backbone.cnn.load_state_dict(saved["state"])
+            message += " and its CNN"
+        elif trained_on != cfg.backbone:
+            echo(f"warning: {cfg.init_from} was trained on features of {trained_on!r}, "
+                 f"not of backbone {cfg.backbone!r}")
+    echo(message + (f"; kept fresh: {', '.join(skipped)}" if skipped else ""))
+
+
+def load_glove(model: VSEModel, vocab: Vocabulary, echo) -> None:
+    from pipeline.text.glove import vectors_for
+
+    vectors, found = vectors_for(vocab.words)
+    n = model.text_encoder.load_word_vectors(torch.from_numpy(vectors), torch.from_numpy(found))
+    echo(f"GloVe initialised {n} of {len(vocab)} words")
+
+
+def create_relevance(cfg: TrainConfig, traits, source: PairSource):
+    """The batch relevance a loss that declares ``uses_relevance`` needs; None otherwise."""
+    if not traits.uses_relevance:
+        return None
+    if not cfg.relevance:
+        raise VseError(f"loss {cfg.loss!r} needs --relevance FILE (made by `vse relevance`)")
+    from pipeline.relevance import BatchRelevance
+
+    return BatchRelevance(cfg.relevance, num_captions=len(source.index.captions),
+                          caption_fingerprint=source.index.caption_fingerprint,
+                          captions_from=source.location)
+
+
+def trainable_parameters(model: VSEModel, loss: torch.nn.Module) -> tuple[list, list]:
+    """(everything the optimizer updates, the loss's own parameters among them): a loss's own
+    parameters (e.g. a learnable temperature) train with the head."""
+    loss_parameters = [q for q in loss.parameters() if q.requires_grad]
+    return [q for q in model.parameters() if q.requires_grad] + loss_parameters, loss_parameters
+
+
+def param_groups(cfg: TrainConfig, model: VSEModel, trainable: list) -> list[dict]:
+    """The head at lr; a fine-tuned CNN in its own group at lr × backbone_lr_factor."""
+    cnn = {id(q) for q in model.backbone.parameters()} if model.backbone is not None else set()
+    groups = [{"params": [q for q in trainable if id(q) not in cnn], "lr": cfg.lr}]
+    cnn_params = [q for q in trainable if id(q) in cnn]
+    if cnn_params:
+        groups.append({"params": cnn_params, "lr": cfg.lr * cfg.backbone_lr_factor})
+    return groups
+
+
+def create_optimizer(cfg: TrainConfig, model: VSEModel, trainable: list) -> torch.optim.Optimizer:
+    """Adam (VSE++), with the kernel of ``adam_kernel`` (registry.ADAM_KERNELS)."""
+    return torch.optim.Adam(param_groups(cfg, model, trainable), lr=cfg.lr,
+                            fused=cfg.adam_kernel == "fused" or None)
+
+
+def create_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer):
+    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=max(1, cfg.lr_decay_epoch),
+                                           gamma=cfg.lr_decay)
+
+
+def create_scaler(cfg: TrainConfig, device: torch.device) -> torch.amp.GradScaler:
+    return torch.amp.GradScaler(device.type, enabled=needs_grad_scaler(device, cfg.amp))
+
+
+def wrap_ddp(model: VSEModel, cfg: TrainConfig, distributed: bool):
+    """The model the step runs: DDP under torchrun, else the model itself. No device_ids: DDP
+    would move every input to the GPU, the caption lengths too, which pack_padded_sequence then
+    copies back (a host sync); the batch is on its device already. Buffers change only in
+    BatchNorm layers that train their statistics."""
+    if not distributed:
+        return model
+    return DistributedDataParallel(model, device_ids=None,
+                                   forward_sync_buffers=cfg.finetune and not cfg.freeze_bn)

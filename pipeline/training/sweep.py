@@ -1,0 +1,301 @@
+"""Grids of training runs from one YAML file (`vse sweep`), restartable after a kill.
+
+    name: negatives               # optional; default: the file's stem
+    runs_dir: runs                # optional; runs go to <runs_dir>/<name>/<param-string>
+    base:                         # TrainConfig fields shared by every run
+      features: cache/f8k.h5
+      epochs: 15
+      loss_options: {warmup_epochs: 1}
+    grid:                         # option → list of values; the runs are the product
+      loss: [sh, mh]
+      loss_options.negative_set_size: [8, 32, 127]
+      seed: [0, 1]
+
+Grid keys are TrainConfig fields, or ``loss_options.<option>`` for one loss option, or any
+other name whose values are mappings of such options set together (a "bundle", for a loss
+with its own options):
+
+    grid:
+      method:
+        - {name: vse0, loss: sh}
+        - {name: vsepp, loss: mh, loss_options.warmup_epochs: 1}
+
+Each run is named by its grid values ("loss=mh,negative_set_size=8,seed=0", "method=vsepp").
+A run is done once the sweep has written ``RUN/sweep-done.json`` after ``fit()`` (or its last.pt
+is at the final epoch); done runs are skipped, unfinished ones (a last.pt short of the final
+epoch) continue with ``resume=True``, so a killed sweep goes on where it stopped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.core.config import TrainConfig, option_names
+from pipeline.core.errors import VseError
+from pipeline.training.run_folder import RunFolder
+
+LOSS_OPTION_PREFIX = "loss_options."
+SWEEP_KEYS = ("name", "runs_dir", "base", "grid", "seeds")
+
+
+@dataclass
+class SweepRun:
+    name: str                 # the param string
+    run_dir: Path
+    config: dict              # TrainConfig fields
+    status: str = ""          # new | unfinished | done (before running); then trained | failed
+    detail: str = ""
+
+
+@dataclass
+class Sweep:
+    name: str
+    runs_dir: Path
+    runs: list[SweepRun] = field(default_factory=list)
+
+    @property
+    def root(self) -> Path:
+        return self.runs_dir / self.name
+
+
+def load_sweep(path, runs_dir=None, seeds=None, overrides=None) -> Sweep:
+    """Parse a sweep file and expand its grid (VseError naming the file when it is wrong).
+
+    ``seeds`` (or the file's ``seeds:`` list) repeats every grid point with each seed: the
+    last grid axis, so a configuration's seeds are listed together and `vse report` shows
+    their mean ± std. ``overrides`` (training options, e.g. the command line's) replace the
+    file's ``base:`` values (their loss options merge into base's); they may not set a grid axis."""
+    import yaml
+
+    path = Path(path)
+    try:
+        spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise VseError(f"cannot read sweep file ({exc.strerror})", path) from None
+    except yaml.YAMLError as exc:
+        raise VseError(f"cannot parse sweep file ({str(exc).splitlines()[0]})", path) from None
+    if not isinstance(spec, dict):
+        raise VseError("a sweep file is a mapping with base: and grid:", path)
+    unknown = sorted(set(spec) - set(SWEEP_KEYS))
+    if unknown:
+        raise VseError(f"unknown sweep key(s) {', '.join(unknown)} (expected {', '.join(SWEEP_KEYS)}; "
+                       "training options go under base:)", path)
+    base, grid = spec.get("base") or {}, spec.get("grid") or {}
+    if not isinstance(base, dict) or not isinstance(grid, dict):
+        raise VseError("base: and grid: must be mappings", path)
+    seeds = list(seeds) if seeds is not None else spec.get("seeds")
+    if seeds is not None:
+        if not isinstance(seeds, list) or not seeds or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in seeds) or (
+                len(set(seeds)) < len(seeds)):
+            raise VseError(f"seeds must be a non-empty list of distinct integers, got {seeds!r}", path)
+        if "seed" in grid:
+            raise VseError("give the seeds once: seeds (or --seeds) and a grid 'seed:' axis both set", path)
+        grid = {**grid, "seed": seeds}
+    overrides = dict(overrides or {})
+    set_here = {k for k in overrides if k != "loss_options"}
+    set_here |= {LOSS_OPTION_PREFIX + k for k in overrides.get("loss_options") or {}}
+    clash = sorted(set_here & set(grid))
+    if clash:
+        raise VseError(f"{', '.join(clash)} is a grid axis of this sweep; an override would give every "
+                       "grid point the same value", path)
+    if "loss_options" in overrides:
+        overrides["loss_options"] = {**(base.get("loss_options") or {}), **overrides["loss_options"]}
+    base = {**base, **overrides}
+    name = str(spec.get("name") or path.stem)
+    if not _SAFE_NAME.fullmatch(name):
+        raise VseError(f"sweep name {name!r} may hold only letters, digits, '.', '_' and '-'", path)
+    sweep = Sweep(name, Path(runs_dir or spec.get("runs_dir") or "runs"))
+    for values in expand_grid(grid, path):
+        config = run_config(base, values, path)
+        if not config.get("features"):
+            raise VseError("no features: for the runs (set it under base: or grid:)", path)
+        run_name = param_string(values)
+        config["run_dir"] = str(sweep.root / run_name)
+        sweep.runs.append(SweepRun(run_name, sweep.root / run_name, config))
+    return sweep
+
+
+def _is_option(key: str) -> bool:
+    """A TrainConfig field or ``loss_options.<option>``."""
+    if key.startswith(LOSS_OPTION_PREFIX):
+        return len(key) > len(LOSS_OPTION_PREFIX)
+    return key in set(option_names()) - {"run_dir"}
+
+
+def _is_bundle(key: str, value) -> bool:
+    return isinstance(value, dict) and not _is_option(key)
+
+
+def expand_grid(grid: dict, path=None) -> list[dict]:
+    """The product of the grid's value lists, in file order (the last key varies fastest).
+
+    A key that is no option but lists mappings is a bundle axis: each mapping sets several
+    options together (``{name: vsepp, loss: mh, loss_options.warmup_epochs: 1}``), for
+    options that only make sense with one value of another, like a loss's own options."""
+    axes = []
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise VseError(f"grid key {key!r} needs a non-empty list of values", path)
+        if not _is_option(key):
+            if not all(isinstance(v, dict) for v in values):
+                raise VseError(f"grid key {key!r} is not a training option (TrainConfig field), nor "
+                               f"{LOSS_OPTION_PREFIX}<option>, nor a list of option mappings", path)
+            inner = sorted({k for v in values for k in v if k != "name" and not _is_option(k)})
+            if inner:
+                raise VseError(f"grid key {key!r}: {', '.join(map(repr, inner))} is not a training "
+                               f"option (TrainConfig field) nor {LOSS_OPTION_PREFIX}<option>", path)
+        axes.append([(key, v) for v in values])
+    return [dict(combination) for combination in itertools.product(*axes)]
+
+
+def run_config(base: dict, values: dict, path=None) -> dict:
+    """``base`` with one grid point applied: TrainConfig fields replace, loss options merge."""
+    config = dict(base)
+    loss_options = dict(config.get("loss_options") or {})
+    for key, value in values.items():
+        for option, setting in (value.items() if _is_bundle(key, value) else [(key, value)]):
+            if option == "name" and _is_bundle(key, value):
+                continue
+            if option.startswith(LOSS_OPTION_PREFIX):
+                loss_options[option[len(LOSS_OPTION_PREFIX):]] = setting
+            elif option == "loss_options":
+                loss_options = dict(setting or {})
+            else:
+                config[option] = setting
+    config["loss_options"] = loss_options
+    try:
+        TrainConfig.from_dict(config)
+    except VseError as exc:
+        raise VseError(str(exc), path) from None
+    return config
+
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def param_string(values: dict) -> str:
+    """'loss=mh,negative_set_size=8,seed=0': the grid values, safe as one folder name.
+    A bundle is named by its ``name`` entry, else by its settings joined with '+'."""
+    if not values:
+        return "base"
+    parts = []
+    for key, value in values.items():
+        if _is_bundle(key, value):
+            text = str(value["name"]) if "name" in value else "+".join(
+                f"{_short(k)}-{_text(v)}" for k, v in value.items())
+        else:
+            text = _text(value)
+        parts.append(f"{_short(key)}={re.sub(r'[^A-Za-z0-9._+-]+', '_', text).strip('_') or '_'}")
+    return ",".join(parts)
+
+
+def _short(key: str) -> str:
+    return key[len(LOSS_OPTION_PREFIX):] if key.startswith(LOSS_OPTION_PREFIX) else key
+
+
+def _text(value) -> str:
+    if isinstance(value, (dict, list, bool)) or value is None:
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def run_status(run: SweepRun) -> tuple[str, str]:
+    """(new | unfinished | done, detail) from what the run folder holds."""
+    from pipeline.core.checkpoint import load_checkpoint
+
+    epochs = int(run.config.get("epochs", TrainConfig.default("epochs")))
+    done = RunFolder(run.run_dir).done()
+    if done is not None:
+        if done.get("epoch", -1) >= epochs:
+            return "done", (f"best rsum {done.get('best_rsum', float('nan')):.2f} "
+                            f"at epoch {done.get('best_epoch')}")
+    last = run.run_dir / "last.pt"
+    if not last.is_file():
+        return "new", ""
+    try:
+        epoch = int(load_checkpoint(last)["epoch"])
+    except VseError as exc:
+        return "unfinished", f"unreadable last.pt ({exc})"
+    if epoch >= epochs:
+        return "done", f"last.pt at epoch {epoch}"
+    return "unfinished", f"last.pt at epoch {epoch}/{epochs}"
+
+
+def plan(sweep: Sweep) -> Sweep:
+    """Fill in every run's status."""
+    for run in sweep.runs:
+        run.status, run.detail = run_status(run)
+    return sweep
+
+
+def train_run(config: dict, resume: bool, threads: int | None = None, echo=print) -> dict:
+    """Train one run to the end and write its done marker; returns the Trainer's summary."""
+    import torch
+
+    from pipeline.training.trainer import Trainer
+
+    if threads:
+        torch.set_num_threads(threads)
+    folder = RunFolder(config["run_dir"])
+    with folder.lock:  # another sweep training this run keeps it (and its log)
+        cfg = TrainConfig.from_dict(config)
+        summary = Trainer(cfg, resume=resume, echo=echo).fit()
+        summary = {**summary, "epoch": cfg.epochs, "finished": time.time()}
+        folder.mark_done(summary)
+    return summary
+
+
+def _train_safely(run: SweepRun, resume: bool, threads: int | None, quiet: bool) -> tuple[str, str]:
+    """For joblib workers: ('trained' | 'failed', detail) instead of an exception."""
+    prefix = f"[{run.name}] "
+
+    def echo(message, *args, **kwargs):
+        if not quiet:
+            print(prefix + str(message), flush=True)
+
+    try:
+        summary = train_run(run.config, resume, threads, echo)
+    except VseError as exc:
+        return "failed", str(exc)
+    return "trained", f"best rsum {summary['best_rsum']:.2f} at epoch {summary['best_epoch']}"
+
+
+def run_sweep(sweep: Sweep, *, jobs: int = 1, resume: bool = False, echo=print,
+              quiet_runs: bool = False) -> Sweep:
+    """Train every run that is not done, one after another or ``jobs`` at a time (joblib
+    processes). Unfinished runs continue only with ``resume``; otherwise they are left as
+    they are and reported. A failing run does not stop the others."""
+    plan(sweep)
+    todo = []
+    for run in sweep.runs:
+        if run.status == "done":
+            echo(f"done already: {run.name} ({run.detail})")
+        elif run.status == "unfinished" and not resume:
+            echo(f"unfinished: {run.name} ({run.detail}); pass --resume to continue it")
+        else:
+            todo.append(run)
+    if not todo:
+        return sweep
+    echo(f"sweep {sweep.name}: training {len(todo)} of {len(sweep.runs)} runs"
+         + (f", {jobs} at a time" if jobs > 1 else ""))
+    tasks = [(run, run.status == "unfinished") for run in todo]
+    if jobs > 1:
+        import os
+
+        from joblib import Parallel, delayed
+
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        outcomes = Parallel(n_jobs=jobs, backend="loky")(
+            delayed(_train_safely)(run, run_resume, threads, quiet_runs) for run, run_resume in tasks)
+    else:
+        outcomes = [_train_safely(run, run_resume, None, quiet_runs) for run, run_resume in tasks]
+    for run, (status, detail) in zip(todo, outcomes):
+        run.status, run.detail = status, detail
+        echo(f"{status}: {run.name} ({detail})")
+    return sweep

@@ -1,0 +1,385 @@
+"""The training loop: batches → model → loss → optimizer; validation; checkpoints; exact
+resume; torchrun (DDP) with hard negatives mined over the global batch.
+
+One loop serves both modes; they differ only in the pair source (``batches``): cached
+features, or images whose crops go through the CNN every step (RC mode, ``rc``), frozen or
+fine-tuned.  Under torchrun every rank embeds its B pairs, the embeddings are gathered with
+gradient and every rank computes the loss of the whole global batch of N×B pairs, so each
+loss — hardest negatives included — sees what a single process with batch N×B would.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline.core import distributed as dist
+from pipeline.core.checkpoint import load_checkpoint, save_checkpoint
+from pipeline.core.config import TrainConfig, file_options
+from pipeline.core.errors import VseError
+from pipeline.core.runtime import (
+    autocast,
+    configure_kernels,
+    default_workers,
+    describe,
+    device_rng_state,
+    pin_memory,
+    resolve_device,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+)
+from pipeline.data.batches import Batch, LoadFailure, PairBatches, batch_slices, epoch_order
+from pipeline.evaluation.inference import encode_split
+from pipeline.evaluation.metrics import evaluate_embeddings
+from pipeline.models.vse_model import join_state
+from pipeline.training import factories
+from pipeline.training.curves import Curves
+from pipeline.training.run_folder import RunFolder, file_identity
+
+
+@dataclass
+class Progress:
+    epoch: int = 0            # current epoch (0-based)
+    batch: int = 0            # next batch within the epoch
+    iteration: int = 0        # optimizer steps done
+    best_rsum: float = -math.inf
+    best_epoch: int = -1
+
+
+class Trainer:
+    """The loop of one run: its parts (built by ``pipeline.training.factories``), fit, step, validate
+    and the state a checkpoint holds. Its files go through ``runs.RunFolder``."""
+
+    def __init__(self, config: TrainConfig, resume: bool = False, echo=print, given=None,
+                 overwrite: bool = False):
+        """``given``: the names of the options the user set (the CLI's flags and config file);
+        with ``resume`` the others are the run's own. None: every option of ``config``.
+        ``overwrite``: replace a run already in the folder (kept until this run's first
+        checkpoint is complete); without it or ``resume`` such a folder is refused."""
+        self.run = RunFolder(config.run_dir)
+        # before the process group exists, the rank comes from torchrun's environment
+        self.echo = echo if dist.env_is_main() else (lambda *a, **k: None)
+        self.resume, self.overwrite = resume, overwrite
+        resume_state = None
+        if resume:  # rank 0 holds the folder from here on: nobody writes it while it is read
+            self.run.lock.acquire()
+            if dist.env_is_main():
+                self.run.start(resume, overwrite)
+            resume_state, config, notes = self.run.resume(config, given)
+            if notes:
+                self.echo(f"resuming with {', '.join(notes)}")
+        config.check()
+        self.cfg = config
+        self.device = resolve_device(config.device)
+        self.distributed = dist.init_from_env(self.device)
+        self.echo = echo if dist.is_main() else (lambda *a, **k: None)  # the rank is known now
+        self.world = dist.world_size()
+        if resume_state is not None:
+            self._check_world_size(resume_state)
+        kernels = configure_kernels(self.device, config.deterministic, fixed_shapes=config.rc)
+        self.setup_line = (f"device {describe(self.device, config.amp)}" + (f", {kernels}" if kernels else "")
+                           + (f"; {self.world} processes ({dist.backend()})" if self.distributed else ""))
+
+        self.source = factories.create_pair_source(config)
+        self.index = self.source.index
+        self.workers = (config.workers if config.workers is not None
+                        else (default_workers() if config.rc else 0))
+        init_state = load_checkpoint(config.init_from) if config.init_from else None
+        # the training pairs, in cache order (the epoch order permutes these positions)
+        train_images = self.index.split(config.train_split)
+        self.train_captions = np.flatnonzero(np.isin(self.index.caption_image, train_images))
+        self.captions = factories.create_caption_side(config, self.source, self.train_captions,
+                                                      resume_state, init_state, self.run.last)
+        self.vocab = self.captions.vocab  # None with cached caption features
+        if len(self.train_captions) == 0:
+            raise VseError(f"split {config.train_split!r} has no captions", self.source.location)
+        if len(self.index.split(config.val_split)) == 0:  # fail now, not after the first epoch
+            raise VseError(f"validation split {config.val_split!r} has no images", self.source.location)
+
+        seed_everything(config.seed)
+        self.loss, self.loss_traits = factories.create_loss(config, self.device)
+        self.model = factories.create_model(config, self.source, self.captions, self.loss_traits,
+                                            self.device, self.distributed)
+        self.model_config = self.model.config
+        if init_state is not None:
+            factories.init_from_checkpoint(self.model, init_state, config, self.echo)
+        elif config.glove:
+            factories.load_glove(self.model, self.vocab, self.echo)
+        self.relevance = factories.create_relevance(config, self.loss_traits, self.source)
+        self.trainable, self.loss_parameters = factories.trainable_parameters(self.model, self.loss)
+        self.optimizer = factories.create_optimizer(config, self.model, self.trainable)
+        self.scheduler = factories.create_scheduler(config, self.optimizer)
+        self.scaler = factories.create_scaler(config, self.device)
+        self.progress = Progress()
+        self.monitor = CollapseMonitor(self.loss_traits, config.batch_size * self.world, self.echo)
+        self.ddp_model = factories.wrap_ddp(self.model, config, self.distributed)
+        self.file_identity = self._file_identity(resume_state)
+        if resume_state is not None:
+            self._restore(resume_state)
+        # a resumed run's curves drop what the stopped process logged after its checkpoint
+        purge = self.progress.iteration + 1 if resume else None
+        self.curves = Curves(self.run.curves_dir, purge_step=purge, enabled=dist.is_main())
+
+    # ----------------------------------------------------------------- set-up helpers
+    def _check_world_size(self, state: dict) -> None:
+        """The global batch (and so each pair's place in it) depends on the number of processes."""
+        saved = int(state.get("world_size", 1))  # checkpoints before world_size: one process
+        if saved != self.world:
+            raise VseError(f"--resume with {self.world} process(es), but the run was trained with {saved}: "
+                           f"the global batch and the order of pairs depend on it", self.run.last)
+
+    def _file_identity(self, resume_state) -> dict:
+        """The identity of each file the run names (``runs.file_identity``), so that a resumed
+        run may name them by another path: a resumed run keeps what its checkpoint recorded."""
+        if resume_state is not None and "file_identity" in resume_state:
+            return resume_state["file_identity"]
+        if not dist.is_main():
+            return {}
+        return {name: file_identity(getattr(self.cfg, name)) for name in file_options()
+                if getattr(self.cfg, name) and Path(getattr(self.cfg, name)).is_file()}
+
+    def _restore(self, state: dict) -> None:
+        self.model.load_state_dict(join_state(state["model"], state.get("backbone", {}).get("state")))
+        if state.get("loss"):
+            self.loss.load_state_dict(state["loss"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self._restore_scaler(state.get("scaler") or {})
+        self.progress = Progress(**state["progress"])
+        set_rng_state(state["rng"], self.device, dist.rank())
+        if dist.is_main():
+            self.run.trim_records(self.progress.iteration)
+        self.echo(f"resumed at epoch {self.progress.epoch + 1}, batch {self.progress.batch}, "
+                  f"iteration {self.progress.iteration} (best rsum {self.progress.best_rsum:.2f})")
+
+    def _restore_scaler(self, saved: dict) -> None:
+        """The fp16 loss scale.  A run saved without loss scaling (CPU, bf16, --no-amp) saves
+        ``{}``: resumed on an fp16 GPU its scale starts afresh; a saved scale is ignored by a
+        run that does not scale (both continue, not bit for bit)."""
+        if self.scaler.is_enabled() and saved:
+            self.scaler.load_state_dict(saved)
+        elif self.scaler.is_enabled():
+            self.echo("note: the run was saved without fp16 loss scaling (CPU, bf16 or --no-amp); "
+                      "the loss scale starts afresh")
+        elif saved:
+            self.echo("note: the run was saved with fp16 loss scaling, which this run does not use")
+
+    # ----------------------------------------------------------------- the loop
+    def epoch_batches(self, epoch: int) -> PairBatches:
+        order = epoch_order(len(self.train_captions), self.cfg.seed, epoch)
+        global_batch = self.cfg.batch_size * self.world
+        slices = batch_slices(len(order), global_batch, drop_last=self.distributed)
+        if self.distributed:  # this rank's part of every global batch
+            r, b = dist.rank(), self.cfg.batch_size
+            slices = [slice(s.start + r * b, s.start + (r + 1) * b) for s in slices]
+        return PairBatches(self.source.inputs, self.captions, self.train_captions, self.index.caption_image,
+                           order, slices, epoch)
+
+    def loader(self, pairs: PairBatches, start: int):
+        generator = torch.Generator().manual_seed(self.cfg.seed)  # keeps the global RNG untouched
+        return torch.utils.data.DataLoader(
+            pairs, batch_size=None, sampler=range(start, len(pairs)), num_workers=self.workers,
+            pin_memory=pin_memory(self.device), generator=generator,
+            persistent_workers=False)
+
+    def fit(self) -> dict:
+        """Train to the end, holding the run folder's lock (pipeline.core.runlock) throughout."""
+        with self.run.lock:
+            if dist.is_main() and not self.resume:  # a run already here is refused, or replaced
+                self.run.start(False, self.overwrite)
+            self.echo(self.setup_line)  # once the folder is ours: a refused second run says one line
+            try:
+                return self._fit()
+            finally:
+                self.curves.close()
+
+    def _fit(self) -> dict:
+        cfg, p = self.cfg, self.progress
+        if dist.is_main():
+            self.run.prepare(cfg.to_dict(), self.captions.save)
+        self.model.train()
+        while p.epoch < cfg.epochs:
+            self.train_epoch()
+            p.epoch, p.batch = p.epoch + 1, 0
+            self.scheduler.step()
+            self.validate_and_save()
+        return {"best_rsum": p.best_rsum, "best_epoch": p.best_epoch, "iterations": p.iteration}
+
+    def train_epoch(self) -> int:
+        """Train from the current position to the end of the epoch; returns the pairs seen."""
+        cfg, p = self.cfg, self.progress
+        if hasattr(self.loss, "set_epoch"):
+            self.loss.set_epoch(p.epoch)
+        pairs = self.epoch_batches(p.epoch)
+        bar = _progress_bar(len(pairs), p.batch, f"epoch {p.epoch + 1}/{cfg.epochs}")
+        started, seen = time.perf_counter(), 0
+        logged = (started, p.iteration)
+        for batch in self.loader(pairs, p.batch):
+            if isinstance(batch, LoadFailure):
+                raise batch.error()
+            loss = self.step(batch)
+            self.monitor.update(loss)
+            p.batch += 1
+            p.iteration += 1
+            seen += len(batch.caption_ids) * self.world
+            if bar is not None:
+                bar.update(1)
+            if p.iteration % cfg.log_every == 0:
+                now = time.perf_counter()
+                if bar is not None:
+                    bar.set_postfix(loss=f"{loss:.3f}", pairs_s=f"{seen / (now - started):.0f}")
+                self._log_step(loss, (p.iteration - logged[1]) / max(now - logged[0], 1e-9))
+                logged = (now, p.iteration)
+            if cfg.val_every and p.iteration % cfg.val_every == 0 and p.batch < len(pairs):
+                self.validate_and_save()
+        if bar is not None:
+            bar.close()
+        return seen
+
+    def step(self, batch: Batch) -> float:
+        """One optimizer step; returns the loss.  One host sync: reading the loss after the
+        optimizer step, which also tells whether it was finite — a non-finite loss stops the
+        run right there, before anything (validation, checkpoint) sees the weights it made."""
+        batch = batch.to(self.device)  # the lengths stay on the CPU
+        with autocast(self.device, self.cfg.amp):
+            img, cap = self.ddp_model(batch.images, *batch.captions)
+        img, cap = dist.gather_with_grad(img.float()), dist.gather_with_grad(cap.float())
+        image_ids = _gather_ids(batch.image_ids)
+        caption_ids = _gather_ids(batch.caption_ids)
+        relevance = self.relevance(caption_ids) if self.relevance is not None else None
+        loss = self.loss(img, cap, image_ids=image_ids, relevance=relevance)
+        self.optimizer.zero_grad(set_to_none=True)
+        # DDP averages gradients over ranks; every rank computed the loss of the whole global
+        # batch, so scaling by the world size gives the gradient of that one loss.
+        self.scaler.scale(loss * self.world).backward()
+        if self.world > 1:  # the loss's own parameters: every rank holds world × the full gradient
+            for q in self.loss_parameters:
+                if q.grad is not None:
+                    q.grad.div_(self.world)
+        if self.cfg.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            clip_gradients(self.trainable, self.cfg.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        value = loss.item()
+        if not math.isfinite(value):
+            raise VseError(f"loss became {value} at epoch {self.progress.epoch + 1}, iteration "
+                           f"{self.progress.iteration + 1}; lower --lr, or check the features for NaNs "
+                           f"(`vse info` checks a cache)", self.source.location)
+        return value
+
+    # ----------------------------------------------------------------- validation, checkpoints
+    def validate(self) -> dict:
+        # in fp32 as `vse evaluate`: metrics.jsonl and an evaluation of best.pt agree
+        emb = encode_split(self.model, self.index, self.captions, self.cfg.val_split, self.device,
+                           max_images=self.cfg.val_images, batch_size=self.source.encode_batch_size)
+        return evaluate_embeddings(emb.images, emb.captions, emb.caption_image,
+                                   similarity=self.model_config.similarity)
+
+    def _log_step(self, loss: float, steps_per_s: float) -> None:
+        """The training curves (TensorBoard), every ``log_every`` steps."""
+        step, hold = self.progress.iteration, self.run.replacing
+        self.curves.scalar("train/loss", loss, step, hold=True)
+        self.curves.scalar("train/lr", self.optimizer.param_groups[0]["lr"], step, hold=True)
+        self.curves.scalar("train/steps_per_s", steps_per_s, step, hold=hold)
+
+    def validate_and_save(self) -> None:
+        p = self.progress
+        metrics = self.validate() if dist.is_main() else None
+        rng = self.rng_state()  # every rank: it gathers each rank's CUDA generator
+        if dist.is_main():
+            epoch = p.epoch + (p.batch > 0)  # 1-based epoch this validation belongs to
+            improved = metrics["rsum"] > p.best_rsum
+            if improved:
+                p.best_rsum, p.best_epoch = metrics["rsum"], epoch
+            record = {"epoch": epoch, "iteration": p.iteration, "split": self.cfg.val_split,
+                      "lr": self.optimizer.param_groups[0]["lr"], "time": time.time(), **metrics}
+            self.echo(f"[epoch {record['epoch']} it {p.iteration}] rsum {metrics['rsum']:.2f}  "
+                      f"i2t R@1 {metrics['i2t_r1']:.1f}  t2i R@1 {metrics['t2i_r1']:.1f}"
+                      + ("  (best)" if improved else ""))
+            self.run.save_validation(record, metrics, self.state_dict(rng), improved, save_checkpoint)
+            self.curves.validation(metrics, p.iteration)  # after the files: an overwrite has swapped
+        dist.barrier()
+
+    def rng_state(self) -> dict:
+        """The RNG states of a checkpoint, each rank's CUDA generator included (a collective
+        under torchrun on GPUs: every rank calls it)."""
+        own = device_rng_state(self.device)
+        return rng_state(dist.all_gather_object(own) if own is not None else None)
+
+    def state_dict(self, rng: dict | None = None) -> dict:
+        """``rng``: from ``rng_state()`` called by every rank; by default this process's only."""
+        backbone = self.model.backbone
+        return {
+            "model": self.model.head_state_dict(),
+            **({"backbone": self.source.checkpoint_entry(backbone)} if backbone is not None else {}),
+            "model_config": self.model_config.to_dict(),
+            **({"loss": self.loss.state_dict()} if self.loss.state_dict() else {}),
+            **self.captions.checkpoint_entry(),  # the vocabulary, or the caption features
+            "train_config": self.cfg.to_dict(),
+            "world_size": self.world,
+            "feature_source": self.source.feature_source,
+            **({"image_pipeline": self.source.image_pipeline} if self.source.image_pipeline else {}),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "progress": asdict(self.progress),
+            "epoch": self.progress.epoch,
+            "iteration": self.progress.iteration,
+            "rng": rng if rng is not None else rng_state([device_rng_state(self.device)]),
+            "file_identity": self.file_identity,
+            **({"pool_weights": weights} if (weights := self.model.pool_weights()) else {}),
+        }
+
+
+def clip_gradients(parameters: list[torch.Tensor], max_norm: float) -> None:
+    """``torch.nn.utils.clip_grad_norm_`` (VSE++'s clipping), bit for bit, without its multiply
+    of every gradient by 1.0 when the norm is within ``max_norm``: that multiply only spares
+    GPUs a host sync, and on a CPU it was a pass over all the gradients at every step."""
+    total = torch.nn.utils.get_total_norm([q.grad for q in parameters if q.grad is not None])
+    if total.device.type == "cpu" and bool(max_norm / (total + 1e-6) >= 1.0):  # torch's coefficient
+        return
+    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+
+
+class CollapseMonitor:
+    """Warns when the loss sits at its collapse value (all embeddings equal), as the loss
+    declares it (``collapse_value``; max-of-hinges: 2·B·margin)."""
+
+    def __init__(self, traits, global_batch: int, echo, patience: int = 200):
+        self.value = traits.collapse_value(global_batch) if traits.collapse_value else None
+        self.patience, self.count, self.warned, self.echo = patience, 0, False, echo
+
+    def update(self, loss: float) -> None:
+        if self.value is None or self.warned:
+            return
+        self.count = self.count + 1 if abs(loss - self.value) < 0.01 * self.value else 0
+        if self.count >= self.patience:
+            self.warned = True
+            message = (f"the max-of-hinges loss has sat at its collapse value {self.value:.1f} for "
+                       f"{self.patience} iterations: all embeddings are nearly equal. Start with "
+                       f"sum-of-hinges: --warmup-epochs 1 (or 2)")
+            warnings.warn(message, stacklevel=2)
+            self.echo("warning: " + message)
+
+
+def _gather_ids(ids: torch.Tensor) -> torch.Tensor:
+    if not dist.is_distributed():
+        return ids
+    return dist.gather_with_grad(ids)
+
+
+def _progress_bar(total: int, initial: int, desc: str):
+    if not dist.is_main():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit="it", leave=False, dynamic_ncols=True,
+                disable=None)  # no bar when stderr is not a terminal (logs, CI)
