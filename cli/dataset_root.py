@@ -14,13 +14,12 @@ import functools
 
 import click
 
-from pipeline.data.readers import (
-    CSV_OPTION_NAMES,
+from pipeline.core.registry import READERS
+from pipeline.data.readers.csv_layout import (
     CSV_SPLIT_KEY,
     CSV_SPLIT_RATIO,
     CSV_SPLIT_SEED,
     CsvLayout,
-    dataset_options,
     option_flag,
 )
 
@@ -54,7 +53,7 @@ CSV_OPTION_HELP = {
 CSV_OPTION_TYPES = {"split_seed": int}
 
 
-def csv_option_decorators(names=CSV_OPTION_NAMES, applies: str = "--dataset csv") -> list:
+def csv_option_decorators(names=READERS.option_names(), applies: str = "--dataset csv") -> list:
     """One click option per csv layout field, default None (= the layout's default): what
     ``csv_options`` adds, and what `vse train` can add as TrainConfig fields of the same names.
     ``names``: a subset; ``applies`` replaces "--dataset csv" in their help (`vse embed`)."""
@@ -72,8 +71,8 @@ def csv_options(kind_param: str):
     def decorate(command):
         @functools.wraps(command)
         def with_dataset_options(*args, **kwargs):
-            values = {name: kwargs.pop(name) for name in CSV_OPTION_NAMES}
-            kwargs["dataset_options"] = dataset_options(kwargs[kind_param], **values)
+            values = {name: kwargs.pop(name) for name in READERS.option_names()}
+            kwargs["dataset_options"] = READERS.reader_options(kwargs[kind_param], **values)
             return command(*args, **kwargs)
 
         for option in reversed(csv_option_decorators()):

@@ -41,7 +41,7 @@ def embed_command(checkpoint, images, captions, out, csv_img_key, csv_caption_ke
 
     Resumable: run the same command again after an interruption. Unreadable images are
     skipped, counted and listed in the file (/images/failed)."""
-    from pipeline.data.readers import CsvLayout
+    from pipeline.data.readers.csv_layout import CsvLayout
     from pipeline.search.embed import embed_files
 
     values = dict(csv_img_key=csv_img_key, csv_caption_key=csv_caption_key, csv_separator=csv_separator,

@@ -8,7 +8,8 @@ import click
 
 from cli.dataset_root import csv_options, root_option
 from cli.judgment_options import judgment_options
-from pipeline.data.readers import IMAGE_DATASET_KINDS, CsvLayout
+from pipeline.core.registry import IMAGE_DATASET_KINDS
+from pipeline.data.readers.csv_layout import CsvLayout
 
 
 def _parse_ks(ctx, param, value):
@@ -101,7 +102,7 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
         if not features and not root:
             raise click.UsageError("--checkpoint needs --features CACHE.h5 (or --root DIR for an RC run)")
         if root:
-            from pipeline.data.image_source import embed_rc_checkpoint
+            from pipeline.evaluation.inference import embed_rc_checkpoint
 
             emb = embed_rc_checkpoint(checkpoint, dataset_kind, root, split, dev, amp=amp,
                                       dataset_options=dataset_options)

@@ -6,8 +6,8 @@ import click
 
 from cli.dataset_root import csv_options, root_option
 from pipeline.core.errors import VseError
+from pipeline.core.registry import DATASET_KINDS, READERS
 from pipeline.data.cache import DEFAULT_SHARD_SIZE, FeatureCache
-from pipeline.data.readers import DATASET_KINDS
 from pipeline.models.backbones import BACKBONE_NAMES
 from pipeline.models.engines import ENGINES
 
@@ -34,7 +34,8 @@ def _split_list(ctx, param, value):
 
 @click.command("extract")
 @click.option("--dataset", "kind", required=True, type=click.Choice(DATASET_KINDS),
-              help="Layout of --root; vsepp-precomp copies VSE++ precomputed features (no CNN).")
+              help="Layout of --root; a layout without images (vsepp-precomp) imports its precomputed "
+                   "features (no CNN).")
 @root_option(required=True)
 @csv_options("kind")
 @click.option("--splits", callback=_split_list, default=None,
@@ -83,7 +84,7 @@ def extract_command(kind, root, dataset_options, splits, backbone, crops, grid, 
     from pipeline.data.readers import load_dataset
 
     dataset = load_dataset(kind, root, **dataset_options)
-    if kind == "vsepp-precomp":
+    if not READERS.entries[kind].images:  # a feature-only layout: its features are imported, no CNN
         result = import_precomputed(dataset, out, splits, shard_size=shard_size, dataset_kind=kind,
                                     overwrite=overwrite)
     else:

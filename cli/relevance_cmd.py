@@ -6,7 +6,7 @@ import click
 
 from cli.dataset_root import csv_options, root_option
 from cli.judgment_options import judgment_options
-from pipeline.data.readers import IMAGE_DATASET_KINDS
+from pipeline.core.registry import IMAGE_DATASET_KINDS
 from pipeline.relevance.stage import DEFAULT_CBOW_THRESHOLD, METHODS
 from pipeline.relevance.svd import DEFAULT_SVD_ITERATIONS
 

@@ -18,6 +18,7 @@ from click.core import ParameterSource
 from cli.dataset_root import csv_option_decorators, root_option
 from pipeline.core import config as options
 from pipeline.core.config import LOSS_FLAGS, UNSET, TrainConfig
+from pipeline.core.registry import READERS
 
 _CLICK_TYPES = {int: click.INT, float: click.FLOAT, str: click.STRING}
 
@@ -42,7 +43,7 @@ class TrainOption(click.Option):
 def _shared_options() -> dict:
     """TrainConfig fields whose option is the one other commands share (cli/dataset_root.py)."""
     shared = {"root": root_option(prefix="--rc: ")}
-    shared.update(zip(options.CSV_OPTION_NAMES, csv_option_decorators()))
+    shared.update(zip(READERS.option_names(), csv_option_decorators()))
     return shared
 
 

@@ -18,3 +18,6 @@ Packages by concern, each importing only the ones listed before it (docs/ARCHITE
 """
 
 __version__ = "0.1.0"
+
+# The packages in the order above: each may import only those before it (tests/test_layers.py).
+LAYERS = ("core", "models", "text", "data", "relevance", "evaluation", "training", "reports", "search")

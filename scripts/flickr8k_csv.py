@@ -29,7 +29,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    from pipeline.data.readers import load_dataset, seeded_split
+    from pipeline.data.readers import load_dataset
+    from pipeline.data.readers.csv_file import seeded_split
 
     dataset = load_dataset("flickr8k", args.flickr8k)
     rows = dataset.splits[args.split][:args.images]

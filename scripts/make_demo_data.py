@@ -26,11 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.core.errors import VseError  # noqa: E402
 from pipeline.core.fsutil import atomic_path  # noqa: E402
-from pipeline.data.readers import (  # noqa: E402
-    FLICKR8K_SPLIT_FILES,
-    FLICKR8K_TOKEN_FILE,
-    load_flickr8k,
-)
+from pipeline.data.readers.flickr8k import FLICKR8K_SPLIT_FILES, FLICKR8K_TOKEN_FILE, load_flickr8k
 
 MAX_TOTAL_BYTES = 40 * 1024 * 1024
 CROWDFLOWER_FILE = "CrowdFlowerAnnotations.txt"

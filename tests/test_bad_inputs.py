@@ -292,7 +292,7 @@ def _broken_caches(folder: Path, tiny_cache: Path) -> dict[str, tuple[Path, str]
         "missing": (folder / "absent.h5", "feature cache not found"),
         "truncated": (truncated, "not a readable HDF5 file (truncated or another format)"),
         "text": (text, "not a readable HDF5 file (truncated or another format)"),
-        "foreign HDF5": (foreign, "not a vse feature cache (format attribute None)"),
+        "foreign HDF5": (foreign, "not a vse feature cache (format attribute None; `vse extract` makes"),
         "shard deleted": (shardless, "missing shard shardless.h5.shards/shard-00000.h5 (rows 0..39)"),
     }
 

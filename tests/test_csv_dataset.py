@@ -14,14 +14,10 @@ import pytest
 from conftest import vse
 
 from pipeline.core.errors import VseError
-from pipeline.data.readers import (
-    CSV_SPLIT_RATIO,
-    CsvLayout,
-    dataset_options,
-    load_dataset,
-    parse_split_ratio,
-    seeded_split,
-)
+from pipeline.core.registry import READERS
+from pipeline.data.readers import load_dataset
+from pipeline.data.readers.csv_file import seeded_split
+from pipeline.data.readers.csv_layout import CSV_SPLIT_RATIO, CsvLayout, parse_split_ratio
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "data"
@@ -247,7 +243,7 @@ def test_bad_options_and_roots_are_one_line_errors(tmp_path):
                            ("0,0.5,0.5", "the train share must be above 0"),
                            ("a,b,c", "give three numbers train,dev,test")]:
         with pytest.raises(VseError) as caught:
-            dataset_options("csv", split_ratio=ratio)
+            READERS.reader_options("csv", split_ratio=ratio)
         assert str(caught.value) == f"--split-ratio {ratio!r}: {problem} (e.g. 0.8,0.1,0.1)"
     for separator in ("::", "", '"', "a"):
         with pytest.raises(VseError, match="--csv-separator must be one character"):
@@ -255,9 +251,9 @@ def test_bad_options_and_roots_are_one_line_errors(tmp_path):
     with pytest.raises(VseError, match="--csv-img-key and --csv-caption-key name the same column 'x'"):
         CsvLayout(csv_img_key="x", csv_caption_key="x")
     with pytest.raises(VseError, match=r"^--csv-img-key, --split-seed: only for --dataset csv \(the "):
-        dataset_options("flickr8k", csv_img_key="x", csv_caption_key=None, split_seed=0)
-    assert dataset_options("karpathy", csv_img_key=None) == {}
-    assert dataset_options("csv", split_seed=4) == {"layout": CsvLayout(split_seed=4)}
+        READERS.reader_options("flickr8k", csv_img_key="x", csv_caption_key=None, split_seed=0)
+    assert READERS.reader_options("karpathy", csv_img_key=None) == {}
+    assert READERS.reader_options("csv", split_seed=4) == {"layout": CsvLayout(split_seed=4)}
     with pytest.raises(VseError, match=r"no column 'fold' \(--csv-split-key\)"):
         load_dataset("csv", path, layout=CsvLayout(csv_split_key="fold"))
     with pytest.raises(VseError, match=r"no column 'id' \(--csv-id-key\)"):
@@ -372,7 +368,7 @@ def test_train_rc_and_evaluate_root_and_relevance_human_on_a_csv(tmp_path):
 
     from pipeline.data.image_source import ImageSource
 
-    source = ImageSource("csv", tsv, "tiny", dataset_options=dataset_options(
+    source = ImageSource("csv", tsv, "tiny", dataset_options=READERS.reader_options(
         "csv", csv_separator="\\t", csv_img_key="image", csv_caption_key="text"))
     assert source.index.image_ids == load_dataset("csv", path).select()[1].image_ids
 

@@ -11,13 +11,7 @@ from conftest import vse
 from PIL import Image
 
 from pipeline.core.errors import VseError
-from pipeline.data.readers import (
-    ConcatenatedRows,
-    Dataset,
-    LoadReport,
-    load_dataset,
-    open_image,
-)
+from pipeline.data.readers import ConcatenatedRows, Dataset, LoadReport, load_dataset, open_image
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_FLICKR8K = REPO.parent / "shared" / "data" / "flickr8k"
@@ -200,8 +194,8 @@ def test_flickr8k_missing_folders_and_unusable_token_file(tmp_path):
 
 
 def test_unknown_kind():
-    with pytest.raises(VseError, match="unknown dataset kind 'coco'"):
-        load_dataset("coco", ".")
+    with pytest.raises(VseError, match="unknown dataset kind 'mscoco'"):
+        load_dataset("mscoco", ".")
 
 
 # ---------------------------------------------------------------- karpathy

@@ -13,9 +13,9 @@ from cli.main import cli
 from pipeline.core.checkpoint import load_checkpoint
 from pipeline.core.errors import VseError
 from pipeline.data.extract import ExtractOptions, extract_features
-from pipeline.data.image_source import RandomCrops, embed_rc_checkpoint, resized_crop_box
+from pipeline.data.image_source import RandomCrops, resized_crop_box
 from pipeline.data.readers import load_dataset, open_image
-from pipeline.evaluation.inference import encode_split
+from pipeline.evaluation.inference import embed_rc_checkpoint, encode_split
 from pipeline.models.backbones import load_backbone
 from pipeline.training.trainer import TrainConfig, Trainer
 

@@ -259,7 +259,7 @@ def test_search_prints_the_captions_of_a_caption_index(tmp_path, demo, standin):
 @pytest.mark.parametrize("change, words", [
     ({"similarity": "order"}, ["'order'", "order-embedding model cannot be indexed"]),
     ({"complete": False}, ["not complete"]),
-    ({"format": "vse-features"}, ["not an embeddings file"]),
+    ({"format": "vse-features"}, ["not a vse embeddings file"]),
     ({"format_version": 2}, ["format_version"]),
     ({"dim": 16}, ["/images/vectors has shape", "dim"]),
 ])

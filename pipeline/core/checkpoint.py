@@ -61,15 +61,13 @@ def _other_kind_of_file(path: Path) -> str | None:
     """What a file torch cannot load is when it is plainly not a checkpoint (another vse
     file, an npz, no PyTorch file at all), so that the message says so instead of
     suggesting a tampered or truncated checkpoint."""
+    from pipeline.core.formats import VERSIONED
     from pipeline.core.fsutil import output_format
-    from pipeline.data.cache import FORMAT as CACHE_FORMAT
-    from pipeline.relevance.store import FORMAT as RELEVANCE_FORMAT
 
     found = output_format(path)
-    if found == CACHE_FORMAT:
-        return "is a vse feature cache, not a checkpoint; give it as --features"
-    if found == RELEVANCE_FORMAT:
-        return "is a vse relevance file, not a checkpoint; give it as --relevance"
+    for fmt in VERSIONED:
+        if found == fmt.tag:
+            return f"is {fmt.noun}, not a checkpoint" + (f"; give it as {fmt.option}" if fmt.option else "")
     if found and found != CHECKPOINT_FORMAT:  # a checkpoint whose contents torch refused: said below
         return f"is a vse file of format {found!r}, not a checkpoint"
     if zipfile.is_zipfile(path):

@@ -29,17 +29,18 @@ from pipeline.core.registry import (
     ADAM_KERNELS,
     BACKBONES,
     CROP_MODES,
+    IMAGE_DATASET_KINDS,
     IMAGE_POOLS,
     LAST,
     LOSSES,
     PROJECTIONS,
+    READERS,
     SET_POOLS,
     SET_PROJECTIONS,
     SIZE_AUGMENT_RULES,
     check_image_pool,
     check_text_pool,
 )
-from pipeline.data.readers import CSV_OPTION_NAMES, IMAGE_DATASET_KINDS, dataset_options
 
 META = "vse"  # the key of an option's facts in its field's metadata
 
@@ -224,7 +225,7 @@ class TrainConfig:
     def check(self) -> None:
         """Options that only make sense together (VseError otherwise)."""
         LOSSES.check(self.loss)
-        csv = {name: getattr(self, name) for name in CSV_OPTION_NAMES if getattr(self, name) is not None}
+        csv = {name: value for name in READERS.option_names() if (value := getattr(self, name)) is not None}
         if self.rc:
             if not self.root:
                 raise VseError("--rc needs --root, the dataset folder")
@@ -232,7 +233,7 @@ class TrainConfig:
                 raise VseError("--rc reads images: give --features (cached) or --rc, not both")
             if self.preload:
                 raise VseError("--preload loads a feature cache; it does not apply to --rc")
-            dataset_options(self.dataset, **csv)  # a wrong csv option stops here, before anything is written
+            READERS.reader_options(self.dataset, **csv)  # a wrong reader option stops here, before any write
         else:
             if not self.features:
                 raise VseError("--features is required (or --rc with --dataset and --root)")
@@ -249,8 +250,8 @@ class TrainConfig:
                            "there is no GRU")
 
     def dataset_options(self) -> dict:
-        """The reader options of --dataset (the csv layout) for ``datasets.load_dataset``."""
-        return dataset_options(self.dataset, **{name: getattr(self, name) for name in CSV_OPTION_NAMES})
+        """The reader options of --dataset (the csv layout) for ``data.readers.load_dataset``."""
+        return READERS.reader_options(self.dataset, **{n: getattr(self, n) for n in READERS.option_names()})
 
     def loss_kwargs(self) -> dict:
         kwargs = dict(self.loss_options)

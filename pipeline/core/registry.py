@@ -12,8 +12,10 @@ A user's own loss or set pool is an import path instead of a name (``FILE.py:Cla
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 from pipeline.core.plugin_import import check_spec
 
@@ -50,6 +52,92 @@ class Registry(Mapping):
     def check(self, spec) -> None:
         """VseError unless ``spec`` is a name here or an import path (a user's own part)."""
         check_spec(spec, self.names, self.kind)
+
+
+# ---------------------------------------------------------------------------- dataset readers
+@dataclass(frozen=True)
+class Reader:
+    """One dataset layout: its reader, whether it has image files, and its own options.
+
+    ``reader``: ``"module:function"``, called as ``function(root, **options) -> Dataset``.
+    ``images``: the layout has image files (extract, RC training, evaluation on images); a
+    feature-only layout (precomputed features) has none. ``layout``: ``"module:Class"``, a
+    frozen dataclass of the reader's own options, whose field names are the command-line flags
+    (``csv_img_key`` ↔ ``--csv-img-key``); the reader gets an instance as ``layout=``.
+    """
+
+    reader: str
+    images: bool = True
+    layout: str | None = None
+
+
+class ReaderRegistry(Registry):
+    """``--dataset`` names → ``Reader``. A new layout is one module in ``pipeline/data/readers``
+    and one line here."""
+
+    def __init__(self, entries: dict[str, Reader]):
+        super().__init__("dataset", {name: entry.reader for name, entry in entries.items()})
+        self.entries = dict(entries)
+
+    @property
+    def image_kinds(self) -> tuple[str, ...]:
+        """The layouts with image files."""
+        return tuple(name for name, entry in self.entries.items() if entry.images)
+
+    def layout_class(self, kind: str):
+        """The dataclass of ``kind``'s own options, or None (imports its module: keep it light)."""
+        spec = self.entries[kind].layout
+        if spec is None:
+            return None
+        module, _, attribute = spec.partition(":")
+        return getattr(importlib.import_module(module), attribute)
+
+    def option_names(self) -> tuple[str, ...]:
+        """Every reader option of every layout, in registry then field order."""
+        names: list[str] = []
+        for kind in self.entries:
+            cls = self.layout_class(kind)
+            names += [f.name for f in dataclasses.fields(cls)] if cls is not None else []
+        return tuple(dict.fromkeys(names))
+
+    def reader_options(self, kind: str, **values) -> dict:
+        """The reader's keyword options for ``kind`` from option values by name (None = not
+        given): ``{"layout": Layout(**given)}`` for a layout with options, else ``{}``. An option
+        of another layout is refused in one line."""
+        from pipeline.core.errors import VseError
+
+        self.check_kind(kind)
+        unknown = sorted(set(values) - set(self.option_names()))
+        if unknown:
+            raise TypeError(f"not reader options: {', '.join(unknown)}")
+        given = {name: value for name, value in values.items() if value is not None}
+        cls = self.layout_class(kind)
+        own = {f.name for f in dataclasses.fields(cls)} if cls is not None else set()
+        foreign = [name for name in given if name not in own]
+        if foreign:
+            owners = [k for k in self.entries if (c := self.layout_class(k)) is not None
+                      and foreign[0] in {f.name for f in dataclasses.fields(c)}]
+            raise VseError(f"{', '.join('--' + n.replace('_', '-') for n in foreign)}: only for "
+                           f"--dataset {' or '.join(owners)} (the {kind} layout has no such option)")
+        return {"layout": cls(**given)} if cls is not None else {}
+
+    def check_kind(self, kind) -> None:
+        from pipeline.core.errors import VseError
+
+        if kind not in self.entries:
+            raise VseError(f"unknown dataset kind {kind!r} (known: {', '.join(self.entries)})")
+
+
+READERS = ReaderRegistry({
+    "flickr8k": Reader("pipeline.data.readers.flickr8k:load_flickr8k"),         # official Flickr8k files
+    "karpathy": Reader("pipeline.data.readers.karpathy:load_karpathy"),         # dataset_*.json splits
+    "coco": Reader("pipeline.data.readers.coco:load_coco"),                     # COCO's captions_*.json
+    "csv": Reader("pipeline.data.readers.csv_file:load_csv",                    # open_clip's CSV
+                  layout="pipeline.data.readers.csv_layout:CsvLayout"),
+    "vsepp-precomp": Reader("pipeline.data.readers.vsepp_precomp:load_vsepp_precomp", images=False),
+})
+DATASET_KINDS = READERS.names
+IMAGE_DATASET_KINDS = READERS.image_kinds
 
 
 # ---------------------------------------------------------------------------- losses

@@ -28,11 +28,11 @@ import numpy as np
 
 from pipeline import __version__
 from pipeline.core.errors import VseError
+from pipeline.core.formats import FEATURES
 from pipeline.core.fsutil import atomic_h5, guard_output
 from pipeline.data.caption_index import CaptionIndex, IndexedRows, caption_fingerprint
 
-FORMAT = "vse-features"
-FORMAT_VERSION = 1
+FORMAT, FORMAT_VERSION = FEATURES.tag, FEATURES.version
 SHARD_FORMAT = "vse-features-shard"
 # The attributes of a cache `vse extract` made that say how an image became its features:
 # checkpoints keep them ("image_pipeline"), and `vse embed` rebuilds that pipeline from them.
@@ -421,12 +421,7 @@ class FeatureCache(IndexedRows):
     def _load(self) -> None:
         f = self._file
         self.attrs = {k: _plain(v) for k, v in f.attrs.items()}
-        if self.attrs.get("format") != FORMAT:
-            raise VseError(f"not a vse feature cache (format attribute {self.attrs.get('format')!r})",
-                           self.path)
-        if self.attrs.get("format_version") != FORMAT_VERSION:
-            raise VseError(f"unsupported format_version {self.attrs.get('format_version')!r} "
-                           f"(this vse reads {FORMAT_VERSION})", self.path)
+        FEATURES.check(self.attrs, self.path)
         if not self.attrs.get("complete"):
             raise VseError("cache is not marked complete", self.path)
         for name in ("features", "image_ids", "captions", "caption_image", "splits"):

@@ -35,12 +35,12 @@ import torch
 from pipeline import __version__
 from pipeline.core import runtime
 from pipeline.core.errors import VseError
+from pipeline.core.formats import CAPTION_FEATURES
 from pipeline.core.fsutil import atomic_h5
 from pipeline.data.cache import FeatureCache, check_caption_fingerprint
 from pipeline.data.caption_index import caption_fingerprint
 
-FORMAT = "vse-caption-features"
-FORMAT_VERSION = 1
+FORMAT, FORMAT_VERSION = CAPTION_FEATURES.tag, CAPTION_FEATURES.version
 DEFAULT_PART_SIZE = 4096  # captions per part: the work a killed run can lose
 LAYOUTS = ("vectors", "tokens")
 TOKEN_DTYPE = np.float16  # token vectors on disk and in memory (half the bytes; float32 batches)
@@ -79,12 +79,7 @@ class _CaptionFeatureFile:
         except OSError as exc:
             reason = str(exc).splitlines()[0][:120]
             raise VseError(f"cannot read caption features ({reason})", self.path) from exc
-        if self.attrs.get("format") != FORMAT:
-            raise VseError(f"not a caption-feature file (format attribute {self.attrs.get('format')!r}; "
-                           "`vse encode-text` makes them)", self.path)
-        if self.attrs.get("format_version") != FORMAT_VERSION:
-            raise VseError(f"unsupported format_version {self.attrs.get('format_version')!r} "
-                           f"(this vse reads {FORMAT_VERSION})", self.path)
+        CAPTION_FEATURES.check(self.attrs, self.path)
         self.layout = str(self.attrs.get("layout", "vectors"))
         if self.layout not in LAYOUTS:
             raise VseError(f"unknown caption-feature layout {self.layout!r} (this vse reads "

@@ -30,14 +30,11 @@ import torch
 import torchvision.transforms.functional as TF
 from PIL import Image
 
-from pipeline.core.checkpoint import load_checkpoint
 from pipeline.core.errors import VseError
 from pipeline.core.registry import CROP_MODES
 from pipeline.core.runtime import default_workers
 from pipeline.data.caption_index import IndexedRows
-from pipeline.data.captions import checkpoint_captions
 from pipeline.data.readers import load_dataset, open_image
-from pipeline.evaluation.inference import SplitEmbeddings, encode_split
 from pipeline.models.backbones import Preprocessing, load_backbone
 from pipeline.models.crops import CropPlan
 from pipeline.models.vse_model import ModelConfig, PixelBackbone, VSEModel, join_state
@@ -193,28 +190,3 @@ def rc_model(state: dict, checkpoint) -> tuple[VSEModel, Preprocessing]:
         raise VseError(f"checkpoint does not match the model it describes ({str(exc).splitlines()[0][:160]})",
                        checkpoint) from exc
     return model.eval(), p
-
-
-def embed_rc_checkpoint(checkpoint, dataset_kind: str, root, split: str, device: torch.device,
-                        max_images: int | None = None, batch_size: int = 128,
-                        amp: bool = False, dataset_options: dict | None = None) -> SplitEmbeddings:
-    """Embeddings of a split of a dataset's images by an RC checkpoint (its own CNN weights,
-    centre crops): how a fine-tuned model is evaluated, since no feature cache matches it."""
-    state = load_checkpoint(checkpoint)
-    if "backbone" not in state:
-        raise VseError("not an RC checkpoint (no backbone weights): evaluate it on a feature cache",
-                       checkpoint)
-    config = state["train_config"]
-    source = ImageSource(dataset_kind, root, state["backbone"]["name"],
-                         weights=config.get("backbone_weights"), finetune=False, batch_size=batch_size,
-                         dataset_options=dataset_options, grid=bool(state["backbone"].get("grid")))
-    model = VSEModel(ModelConfig.from_dict(state["model_config"]), source.backbone)
-    try:
-        model.load_state_dict(join_state(state["model"], state["backbone"]["state"]))
-    except RuntimeError as exc:
-        raise VseError(f"checkpoint does not match the model it describes ({str(exc).splitlines()[0][:160]})",
-                       checkpoint) from exc
-    model.to(device)
-    captions = checkpoint_captions(state, source.index.captions, root, checkpoint=checkpoint)
-    return encode_split(model, source.index, captions, split, device, max_images=max_images,
-                        batch_size=batch_size, amp=amp)

@@ -12,7 +12,7 @@ from pipeline.core.errors import VseError
 from pipeline.core.runtime import precision
 from pipeline.data.cache import FeatureCache
 from pipeline.data.captions import CaptionEncoder, checkpoint_captions
-from pipeline.models.vse_model import ModelConfig, VSEModel
+from pipeline.models.vse_model import ModelConfig, VSEModel, join_state
 from pipeline.text.vocabulary import Vocabulary
 
 
@@ -104,3 +104,30 @@ def check_features_match(cache: FeatureCache, model_cfg: ModelConfig, feature_so
     if expected and actual and expected != actual:
         raise VseError(f"features come from backbone {actual!r} but the checkpoint {checkpoint_path} was "
                        f"trained on {expected!r}", cache.path)
+
+
+def embed_rc_checkpoint(checkpoint, dataset_kind: str, root, split: str, device: torch.device,
+                        max_images: int | None = None, batch_size: int = 128,
+                        amp: bool = False, dataset_options: dict | None = None) -> SplitEmbeddings:
+    """Embeddings of a split of a dataset's images by an RC checkpoint (its own CNN weights,
+    centre crops): how a fine-tuned model is evaluated, since no feature cache matches it."""
+    from pipeline.data.image_source import ImageSource  # torchvision: only RC checkpoints pay for it
+
+    state = load_checkpoint(checkpoint)
+    if "backbone" not in state:
+        raise VseError("not an RC checkpoint (no backbone weights): evaluate it on a feature cache",
+                       checkpoint)
+    config = state["train_config"]
+    source = ImageSource(dataset_kind, root, state["backbone"]["name"],
+                         weights=config.get("backbone_weights"), finetune=False, batch_size=batch_size,
+                         dataset_options=dataset_options, grid=bool(state["backbone"].get("grid")))
+    model = VSEModel(ModelConfig.from_dict(state["model_config"]), source.backbone)
+    try:
+        model.load_state_dict(join_state(state["model"], state["backbone"]["state"]))
+    except RuntimeError as exc:
+        raise VseError(f"checkpoint does not match the model it describes ({str(exc).splitlines()[0][:160]})",
+                       checkpoint) from exc
+    model.to(device)
+    captions = checkpoint_captions(state, source.index.captions, root, checkpoint=checkpoint)
+    return encode_split(model, source.index, captions, split, device, max_images=max_images,
+                        batch_size=batch_size, amp=amp)

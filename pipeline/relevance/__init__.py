@@ -5,9 +5,12 @@ Methods: ``svd`` (LSEH: TF-IDF + truncated SVD fitted on the training captions),
 paper's coarse-to-fine gate). No n × n table is ever built: losses get the B × B relevance
 of each batch from ``BatchRelevance``.
 
-Modules: ``vectors`` (the definition), ``svd`` / ``cbow`` / ``bert`` (the vectorisers),
-``neighbours`` (blockwise top-n), ``store`` (the HDF5 file), ``batch`` (the batch object),
-``stage`` (cache → file).
+Modules: ``svd`` (the LSEH vectoriser; ``cbow`` and ``bert`` are caption encoders of
+``pipeline.text``, and so is ``text.vectors``, the definition), ``neighbours`` (blockwise
+top-n), ``store`` (the HDF5 file), ``batch`` (the batch object), ``stage`` (cache → file).
+Relevance scored against human judgments is evaluation: ``evaluation.relevance_human``.
+
+May import: ``pipeline.core``, ``models``, ``text``, ``data``.
 """
 
 from pipeline.relevance.batch import BatchRelevance, RelevanceFn

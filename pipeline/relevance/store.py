@@ -23,11 +23,11 @@ import numpy as np
 
 from pipeline import __version__
 from pipeline.core.errors import VseError
+from pipeline.core.formats import RELEVANCE
 from pipeline.core.fsutil import atomic_h5
 from pipeline.text.vectors import RelevanceVectors
 
-FORMAT = "vse-relevance"
-FORMAT_VERSION = 1
+FORMAT, FORMAT_VERSION = RELEVANCE.tag, RELEVANCE.version
 DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
@@ -100,11 +100,7 @@ def read_relevance(path, neighbours: bool = False) -> RelevanceFile:
         raise VseError("not a readable HDF5 file (truncated or another format)", path) from None
     with f:
         attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
-        if attrs.get("format") != FORMAT:
-            raise VseError(f"not a vse relevance file (format attribute {attrs.get('format')!r})", path)
-        if attrs.get("format_version") != FORMAT_VERSION:
-            raise VseError(f"unsupported format_version {attrs.get('format_version')!r} "
-                           f"(this vse reads {FORMAT_VERSION})", path)
+        RELEVANCE.check(attrs, path)
         if "vectors" not in f or f["vectors"].ndim != 2:
             raise VseError("relevance file has no 2-d 'vectors'", path)
         vectors = f["vectors"][()]

@@ -21,11 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.core.errors import VseError
+from pipeline.core.formats import SVD_MODEL
 from pipeline.core.fsutil import atomic_path
 from pipeline.text.vectors import normalise_rows
 
-MODEL_FORMAT = "vse-relevance-svd"
-MODEL_FORMAT_VERSION = 1
+MODEL_FORMAT = SVD_MODEL.tag
+MODEL_FORMAT_VERSION = SVD_MODEL.version
 STOP_WORDS_SOURCE = "sklearn.feature_extraction.text.ENGLISH_STOP_WORDS"
 _LETTERS = re.compile(r"[a-z]+")
 # Power iterations of the randomized SVD. scikit-learn's default; the LSEH code used 100.
@@ -145,10 +146,7 @@ class SvdModel:
             payload = joblib.load(path)
         except Exception as exc:  # a pickle can fail in many ways; all mean "not our file"
             raise VseError(f"cannot read SVD relevance model ({type(exc).__name__}: {exc})", path) from exc
-        if not isinstance(payload, dict) or payload.get("format") != MODEL_FORMAT:
-            raise VseError("not a vse SVD relevance model", path)
-        if payload.get("format_version") != MODEL_FORMAT_VERSION:
-            raise VseError(f"unsupported SVD model format_version {payload.get('format_version')!r}", path)
+        SVD_MODEL.check(payload, path)
         params = payload["params"]
         model = cls(params["k_requested"], params["seed"], params["svd_n_iter"])
         model.tfidf, model.svd = payload["tfidf"], payload["svd"]

@@ -40,7 +40,9 @@ from pipeline.core.checkpoint import load_checkpoint
 from pipeline.core.errors import VseError
 from pipeline.core.fsutil import atomic_h5, atomic_path, file_sha256, guard_output
 from pipeline.data.cache import SET_DTYPE, FeatureCache
-from pipeline.data.readers import CsvLayout, open_image, read_csv_items
+from pipeline.data.readers import open_image
+from pipeline.data.readers.csv_file import read_csv_items
+from pipeline.data.readers.csv_layout import CsvLayout
 from pipeline.models.layers import l2_normalize
 from pipeline.search.faiss_index import EMBEDDINGS_FORMAT, EMBEDDINGS_VERSION, GROUP_FIELD
 

@@ -44,13 +44,13 @@ import numpy as np
 
 from pipeline import __version__
 from pipeline.core.errors import VseError
+from pipeline.core.formats import EMBEDDINGS, SEARCH_INDEX
 from pipeline.core.fsutil import FOLDER_META, atomic_dir, file_sha256, guard_output
 
-FORMAT = "vse-index"
-FORMAT_VERSION = 1
+FORMAT, FORMAT_VERSION = SEARCH_INDEX.tag, SEARCH_INDEX.version
 ITEMS_FORMAT = "vse-index-items"
 FAISS_FILE, ITEMS_FILE = "index.faiss", "items.h5"
-EMBEDDINGS_FORMAT, EMBEDDINGS_VERSION = "vse-embeddings", 1
+EMBEDDINGS_FORMAT, EMBEDDINGS_VERSION = EMBEDDINGS.tag, EMBEDDINGS.version
 GROUPS = ("images", "captions")
 GROUP_FIELD = {"images": "paths", "captions": "texts"}  # what a result shows besides its id
 KINDS = ("flat", "hnsw", "ivfpq")
@@ -240,12 +240,7 @@ class EmbeddingsFile:
         except OSError as exc:
             reason = (str(exc).splitlines() or ["unreadable"])[0][:120]
             raise VseError(f"cannot read the embeddings file ({reason})", self.path) from exc
-        if self.attrs.get("format") != EMBEDDINGS_FORMAT:
-            raise VseError(f"not an embeddings file (format attribute {self.attrs.get('format')!r}; "
-                           "`vse embed` makes them)", self.path)
-        if self.attrs.get("format_version") != EMBEDDINGS_VERSION:
-            raise VseError(f"unsupported format_version {self.attrs.get('format_version')!r} "
-                           f"(this vse reads {EMBEDDINGS_VERSION})", self.path)
+        EMBEDDINGS.check(self.attrs, self.path)
         if not self.attrs.get("complete"):
             raise VseError("embeddings file is not complete (`vse embed` did not finish it)", self.path)
         if not self.groups:
@@ -557,11 +552,7 @@ class SearchIndex:
             raise VseError(f"not a search index: no {FOLDER_META} (made by `vse index`)", self.path) from None
         except (OSError, ValueError) as exc:
             raise VseError(f"unreadable index metadata ({exc})", meta_path) from exc
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise VseError("not a search index (format is not vse-index)", meta_path)
-        if meta.get("format_version") != FORMAT_VERSION:
-            raise VseError(f"unsupported index format_version {meta.get('format_version')!r} "
-                           f"(this vse reads {FORMAT_VERSION})", meta_path)
+        SEARCH_INDEX.check(meta, meta_path)
         try:
             if meta.get("complete") is not True:
                 raise KeyError("complete")

@@ -107,7 +107,7 @@ def match_judgments(judgments: Judgments, identity: SplitIdentity) -> MatchedJud
 
 def token_file_near(root) -> Path | None:
     """The Flickr8k token file of a dataset folder, when there is one (to check caption keys)."""
-    from pipeline.data.readers import FLICKR8K_TOKEN_FILE
+    from pipeline.data.readers.flickr8k import FLICKR8K_TOKEN_FILE
 
     if not root:
         return None

@@ -1,0 +1,28 @@
+"""Dataset readers: one module per on-disk layout, each named in ``core.registry.READERS``
+(whether it has image files, which options it takes). ``load_dataset(kind, root, **options)``
+reads any of them into a ``Dataset`` (metadata only: ids, paths, captions, splits; pixels and
+features are read lazily by the stages that need them).
+
+    flickr8k        the official Flickr8k layout (token file + three split files)
+    karpathy        Karpathy's split JSON (``dataset_{coco,flickr30k,flickr8k}.json``)
+    coco            COCO's own ``annotations/captions_{train,val}{2014,2017}.json``
+    csv             one (image path, caption) row per line, open_clip's convention (``CsvLayout``)
+    vsepp-precomp   VSE++ precomputed features (``{split}_ims.npy`` + ``{split}_caps.txt``)
+
+A new layout is one module here plus one ``READERS`` line. The input policy every reader
+follows is in ``base``.
+"""
+
+from __future__ import annotations
+
+from pipeline.core.registry import READERS
+from pipeline.data.readers.base import ConcatenatedRows, Dataset, LoadReport, image_folders, open_image
+
+__all__ = ["ConcatenatedRows", "Dataset", "LoadReport", "image_folders", "load_dataset", "open_image"]
+
+
+def load_dataset(kind: str, root, **options) -> Dataset:
+    """Read a dataset of layout ``kind`` (a name of ``READERS``) from ``root``; ``options`` are
+    the reader's own (``READERS.reader_options`` builds them from flags)."""
+    READERS.check_kind(kind)
+    return READERS.get_part(kind)(root, **options)

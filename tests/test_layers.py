@@ -1,0 +1,81 @@
+"""The house's rule: pipeline's packages import one way (``pipeline.LAYERS``), function-level
+imports included, and no module imports itself back through others."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pipeline
+
+ROOT = Path(pipeline.__file__).parent
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports() -> dict[str, set[str]]:
+    """module → the pipeline modules it imports anywhere in its body."""
+    modules = {module_name(p): p for p in ROOT.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pipeline"):
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                found |= {t for t in targets if t in modules}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name in modules}
+        graph[name] = found - {name}
+    return graph
+
+
+def layer(module: str) -> int | None:
+    parts = module.split(".")
+    return pipeline.LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in pipeline.LAYERS else None
+
+
+def test_every_module_lives_in_a_package_of_the_layers():
+    loose = [m for m in imports() if m != "pipeline" and layer(m) is None]
+    assert loose == []
+
+
+def test_packages_import_only_the_ones_before_them():
+    upward = [f"{a} -> {b}" for a, targets in imports().items() for b in targets
+              if layer(a) is not None and layer(b) is not None and layer(b) > layer(a)]
+    assert upward == []
+
+
+def test_no_relative_imports():
+    """Absolute imports only: a module's imports say which package they reach into."""
+    relative = [module_name(p) for p in ROOT.rglob("*.py")
+                if any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(ast.parse(p.read_text())))]
+    assert relative == []
+
+
+def test_no_import_cycles():
+    graph = imports()
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node, stack):
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert cycles == []
+
+
+def test_each_package_says_what_it_holds_and_may_import():
+    for name in pipeline.LAYERS:
+        doc = (ROOT / name / "__init__.py").read_text(encoding="utf-8")
+        assert doc.startswith('"""') and "May import" in doc, name
