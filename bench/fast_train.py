@@ -65,7 +65,7 @@ def synthetic_pair(folder: Path, num_images: int = 8000, dim: int = 1280, text_d
 def measure_ratio(cfg, batches: int, rounds: int) -> dict:
     from pipeline.training.trainer import Trainer
 
-    trainer = Trainer(cfg, echo=lambda *a: None)
+    trainer = Trainer.from_config(cfg, echo=lambda *a: None)
     pairs = trainer.epoch_batches(0)
     pairs.slices = pairs.slices[:batches]
     images = torch.from_numpy(trainer.source.inputs._array)      # the preloaded image features
@@ -87,7 +87,7 @@ def measure_full_run(cfg) -> dict:
     def log(message):
         print(f"[{time.perf_counter() - start:.1f} s] {message}", file=sys.stderr)
 
-    summary = Trainer(cfg, echo=log).fit()
+    summary = Trainer.from_config(cfg, echo=log).fit()
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     emb = embed_checkpoint(Path(cfg.run_dir) / "best.pt", cfg.features, "test", torch.device("cpu"))
     test = evaluate_split_embeddings(emb)

@@ -36,7 +36,7 @@ def measure(backbone: str, args, folder: Path) -> dict:
     cfg = TrainConfig(rc=True, root=args.root, backbone=backbone, run_dir=str(folder / backbone),
                       batch_size=batch_size, embed_dim=args.embed_dim, val_every=0, workers=args.workers,
                       device=args.device, min_word_count=1)
-    trainer = Trainer(cfg, echo=lambda *a: None)
+    trainer = Trainer.from_config(cfg, echo=lambda *a: None)
     pairs = trainer.epoch_batches(0)
     pairs.slices = pairs.slices[: args.batches]
     in_memory = pairs[0].pin_memory() if trainer.device.type == "cuda" else pairs[0]

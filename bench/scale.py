@@ -186,7 +186,7 @@ def make_trainer(path: Path, run_dir: Path, embed_dim: int, preload: bool = Fals
     cfg = TrainConfig(features=str(path), run_dir=str(run_dir), loss="mh", batch_size=BATCH_ROWS,
                       embed_dim=embed_dim, val_every=0, val_split="test", val_images=TEST_IMAGES,
                       workers=0, preload=preload, device="cpu", log_every=10**9)
-    return Trainer(cfg, echo=lambda *a, **k: None)
+    return Trainer.from_config(cfg, echo=lambda *a, **k: None)
 
 
 def timed_steps(trainer, batches, count: int) -> list[float]:

@@ -47,7 +47,7 @@ VAL_EVERY = 50
 def measure_ratio(cfg, batches: int, rounds: int) -> dict:
     from pipeline.training.trainer import Trainer
 
-    trainer = Trainer(cfg, echo=lambda *a: None)
+    trainer = Trainer.from_config(cfg, echo=lambda *a: None)
     pairs = trainer.epoch_batches(0)
     pairs.slices = pairs.slices[:batches]
     loaded = [pairs[b] for b in range(len(pairs.slices))]  # the same batches, read once, in memory

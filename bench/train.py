@@ -56,7 +56,7 @@ def main() -> None:
         cfg = TrainConfig(features=features, run_dir=str(Path(tmp) / "run"), loss=args.loss,
                           batch_size=args.batch_size, embed_dim=args.embed_dim, val_every=0,
                           workers=args.workers, preload=args.preload, log_every=10)
-        trainer = Trainer(cfg, echo=lambda *a: None)
+        trainer = Trainer.from_config(cfg, echo=lambda *a: None)
         pairs = trainer.epoch_batches(0)
         pairs.slices = pairs.slices[: args.batches]
         in_memory = [pairs[b] for b in range(len(pairs))]

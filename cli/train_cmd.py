@@ -74,7 +74,8 @@ def train_command(ctx, config_file, resume, overwrite, loss_option, **options):
     if not resume:  # the options first, then the folder (a resumed run takes the run's options)
         config.check()
     with RunFolder(config.run_dir).claim(resume, overwrite):
-        summary = Trainer(config, resume=resume, echo=click.echo, given=given, overwrite=overwrite).fit()
+        summary = Trainer.from_config(config, resume=resume, echo=click.echo, given=given,
+                                      overwrite=overwrite).fit()
     if distributed.is_main():  # under torchrun the other ranks say nothing
         click.echo(f"done: best validation rsum {summary['best_rsum']:.2f} at epoch {summary['best_epoch']} "
                    f"→ {Path(config.run_dir) / 'best.pt'}")

@@ -88,7 +88,7 @@ def train_run(cache, run_dir, **options):
     from pipeline.training.trainer import TrainConfig, Trainer
 
     config = TrainConfig(features=str(cache), run_dir=str(run_dir), **{**TINY_TRAIN, **options})
-    Trainer(config, **QUIET).fit()
+    Trainer.from_config(config, **QUIET).fit()
     return run_dir
 
 

@@ -25,7 +25,7 @@ from pipeline.training.trainer import TrainConfig, Trainer
 
 
 def one_step(config: dict) -> dict:
-    trainer = Trainer(TrainConfig(**config), echo=lambda *a: None)
+    trainer = Trainer.from_config(TrainConfig(**config), echo=lambda *a: None)
     loss = trainer.step(trainer.epoch_batches(0)[0])
     named = [(n, p) for n, p in trainer.model.named_parameters() if p.requires_grad]
     named += [(f"loss.{n}", p) for n, p in trainer.loss.named_parameters() if p.requires_grad]
@@ -44,7 +44,7 @@ def killed_run(config: dict, kill_after: int) -> None:
 
     Trainer.step = step
     try:
-        Trainer(TrainConfig(**config), echo=lambda *a: None).fit()
+        Trainer.from_config(TrainConfig(**config), echo=lambda *a: None).fit()
     except KeyboardInterrupt:
         pass
     finally:
@@ -57,10 +57,11 @@ def main(spec_path: str, out: str) -> None:
     torch.save(results, out / f"steps-rank{dist.rank()}.pt")
     if "resume" in spec:
         config = spec["resume"]["config"]
-        Trainer(TrainConfig(**{**config, "run_dir": str(out / "full")}), echo=lambda *a: None).fit()
+        Trainer.from_config(TrainConfig(**{**config, "run_dir": str(out / "full")}),
+                            echo=lambda *a: None).fit()
         cut = {**config, "run_dir": str(out / "cut")}
         killed_run(cut, spec["resume"]["kill_after"])
-        Trainer(TrainConfig(**cut), resume=True, echo=lambda *a: None).fit()
+        Trainer.from_config(TrainConfig(**cut), resume=True, echo=lambda *a: None).fit()
     if "cli" in spec:
         from cli.main import cli
 

@@ -82,7 +82,8 @@ def launched(tiny_cache, tmp_path_factory):
 
 def _single_process_step(config: dict) -> dict:
     """The same step by one process on the concatenated batch (WORLD × PER_RANK pairs)."""
-    trainer = Trainer(TrainConfig(**{**config, "batch_size": WORLD * PER_RANK}), echo=lambda *a: None)
+    trainer = Trainer.from_config(TrainConfig(**{**config, "batch_size": WORLD * PER_RANK}),
+                                  echo=lambda *a: None)
     loss = trainer.step(trainer.epoch_batches(0)[0])
     named = [(n, p) for n, p in trainer.model.named_parameters() if p.requires_grad]
     named += [(f"loss.{n}", p) for n, p in trainer.loss.named_parameters() if p.requires_grad]

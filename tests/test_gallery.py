@@ -39,7 +39,7 @@ def run(tmp_path_factory):
                                 image_ids=ids, dataset_root=str(DEMO_DATA))
     config = TrainConfig(features=str(cache), run_dir=str(root / "mh"), loss="mh", epochs=2, embed_dim=16,
                          word_dim=8, batch_size=16, lr=5e-3, min_word_count=1, val_every=0)
-    Trainer(config, echo=lambda *a: None).fit()
+    Trainer.from_config(config, echo=lambda *a: None).fit()
     return root / "mh" / "best.pt", cache
 
 

@@ -301,7 +301,7 @@ def judged_run(tmp_path_factory):
                                 image_ids=ids, dataset_root=str(DEMO_DATA))
     config = TrainConfig(features=str(cache), run_dir=str(root / "runs" / "mh"), loss="mh", epochs=1,
                          embed_dim=16, word_dim=8, batch_size=16, lr=5e-3, min_word_count=1, val_every=0)
-    Trainer(config, echo=lambda *a: None).fit()
+    Trainer.from_config(config, echo=lambda *a: None).fit()
     rng = np.random.default_rng(1)
     lines = ["image,caption_key,grade"]
     for q in range(32, 40):
@@ -391,7 +391,8 @@ def test_evaluate_an_rc_checkpoint_on_images_with_judgments(tmp_path):
     from pipeline.training.trainer import TrainConfig, Trainer
 
     root = make_flickr8k(tmp_path / "f8k", sizes=(("train", 4), ("dev", 1), ("test", 3)))
-    Trainer(TrainConfig(rc=True, root=str(root), backbone="tiny", run_dir=str(tmp_path / "rc"), epochs=1,
+    Trainer.from_config(TrainConfig(rc=True, root=str(root), backbone="tiny", run_dir=str(tmp_path / "rc"),
+                                    epochs=1,
                         embed_dim=16, word_dim=8, batch_size=4, min_word_count=1, val_every=0, workers=0),
             echo=lambda *a: None).fit()
     test = load_dataset("flickr8k", root).subset("test").image_ids

@@ -135,11 +135,12 @@ def test_train_a_plug_in_then_evaluate_without_it(tiny_cache, tmp_path):
 def test_the_loss_parameters_are_optimised_and_resumed(tiny_cache, tmp_path):
     config = TrainConfig(features=str(tiny_cache), run_dir=str(tmp_path / "run"), loss=EXAMPLE,
                          epochs=1, **TINY_TRAIN)
-    trainer = Trainer(config, echo=lambda *a: None)
+    trainer = Trainer.from_config(config, echo=lambda *a: None)
     scale = trainer.loss.log_scale
     assert any(q is scale for group in trainer.optimizer.param_groups for q in group["params"])
     trainer.fit()
-    resumed = Trainer(config, resume=True, echo=lambda *a: None)  # restored, nothing left to train
+    resumed = Trainer.from_config(config, resume=True,
+                                  echo=lambda *a: None)  # restored, nothing left to train
     assert resumed.loss.log_scale.item() == scale.item() != pytest.approx(math.log(1 / 0.07))
 
 
@@ -149,7 +150,7 @@ def test_order_code_form_is_carried_into_the_checkpoint_and_evaluation(tiny_cach
 
     config = TrainConfig(features=str(tiny_cache), run_dir=str(tmp_path / "run"), loss="order",
                          loss_options={"squared": False}, epochs=1, **TINY_TRAIN)
-    Trainer(config, echo=lambda *a: None).fit()
+    Trainer.from_config(config, echo=lambda *a: None).fit()
     state = load_checkpoint(tmp_path / "run" / "best.pt")
     assert state["model_config"]["similarity"] == "order-norm"
     emb = embed_checkpoint(tmp_path / "run" / "best.pt", tiny_cache, "test", torch.device("cpu"))

@@ -49,7 +49,7 @@ def _cnn_state(state):
 
 
 def test_frozen_rc_run_trains_the_head_only_and_checkpoints_the_cnn(images_root, tmp_path):
-    summary = Trainer(_rc(images_root, tmp_path / "run", epochs=2, loss="sh"), **QUIET).fit()
+    summary = Trainer.from_config(_rc(images_root, tmp_path / "run", epochs=2, loss="sh"), **QUIET).fit()
     run = tmp_path / "run"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records] == [1, 2] and summary["iterations"] == 2 * 10  # 40 pairs / 4
@@ -68,7 +68,7 @@ def test_frozen_rc_run_trains_the_head_only_and_checkpoints_the_cnn(images_root,
 
 def test_finetune_trains_the_cnn_in_its_own_param_group(images_root, tmp_path):
     cfg = _rc(images_root, tmp_path / "run", epochs=1, loss="sh", finetune=True, backbone_lr_factor=0.1)
-    trainer = Trainer(cfg, **QUIET)
+    trainer = Trainer.from_config(cfg, **QUIET)
     assert [g["lr"] for g in trainer.optimizer.param_groups] == pytest.approx([5e-3, 5e-4])
     cnn = {id(p) for p in trainer.model.backbone.parameters()}
     assert {id(p) for p in trainer.optimizer.param_groups[1]["params"]} == cnn
@@ -82,7 +82,7 @@ def test_finetune_trains_the_cnn_in_its_own_param_group(images_root, tmp_path):
 
 
 def test_frozen_backbone_takes_no_gradient_and_stays_in_eval_mode(images_root, tmp_path):
-    trainer = Trainer(_rc(images_root, tmp_path / "run", finetune=False), **QUIET)
+    trainer = Trainer.from_config(_rc(images_root, tmp_path / "run", finetune=False), **QUIET)
     trainer.model.train()
     assert not trainer.model.backbone.cnn.training and trainer.model.image_encoder.proj.training
     assert all(not p.requires_grad for p in trainer.model.backbone.parameters())
@@ -130,13 +130,13 @@ def _kill_after(monkeypatch, iterations):
 def test_rc_resume_gives_the_same_weights_as_an_uninterrupted_run(images_root, tmp_path, monkeypatch):
     # 5 batches per epoch; a checkpoint every 3 iterations; crops decoded in a worker process
     opts = dict(epochs=2, loss="mh", finetune=True, batch_size=8, val_every=3, workers=1, lr_decay_epoch=1)
-    Trainer(_rc(images_root, tmp_path / "full", **opts), **QUIET).fit()
+    Trainer.from_config(_rc(images_root, tmp_path / "full", **opts), **QUIET).fit()
     with monkeypatch.context() as m:
         _kill_after(m, 7)  # epoch 2, batch 2; last checkpoint at iteration 6
         with pytest.raises(KeyboardInterrupt):
-            Trainer(_rc(images_root, tmp_path / "cut", **opts), **QUIET).fit()
+            Trainer.from_config(_rc(images_root, tmp_path / "cut", **opts), **QUIET).fit()
     assert load_checkpoint(tmp_path / "cut" / "last.pt")["iteration"] == 6
-    Trainer(_rc(images_root, tmp_path / "cut", **opts), resume=True, **QUIET).fit()
+    Trainer.from_config(_rc(images_root, tmp_path / "cut", **opts), resume=True, **QUIET).fit()
     full, cut = (load_checkpoint(tmp_path / r / "last.pt") for r in ("full", "cut"))
     assert cut["iteration"] == full["iteration"] == 10
     for key, value in full["model"].items():
@@ -144,16 +144,18 @@ def test_rc_resume_gives_the_same_weights_as_an_uninterrupted_run(images_root, t
     for key, value in _cnn_state(full).items():
         assert torch.equal(value, _cnn_state(cut)[key]), key
     with pytest.raises(VseError, match="may not change finetune"):
-        Trainer(_rc(images_root, tmp_path / "cut", **{**opts, "finetune": False}), resume=True, **QUIET)
+        Trainer.from_config(_rc(images_root, tmp_path / "cut", **{**opts, "finetune": False}), resume=True,
+                            **QUIET)
 
 
 def test_init_from_a_cached_run_loads_its_projection_and_text_encoder(images_root, tiny_features, tmp_path):
     cached = TrainConfig(features=str(tiny_features), run_dir=str(tmp_path / "cached"), epochs=2, loss="sh",
                          **SMALL)
-    Trainer(cached, **QUIET).fit()
+    Trainer.from_config(cached, **QUIET).fit()
     best = load_checkpoint(tmp_path / "cached" / "best.pt")
     said = []
-    rc = Trainer(_rc(images_root, tmp_path / "rc", init_from=str(tmp_path / "cached" / "best.pt")),
+    rc = Trainer.from_config(_rc(images_root, tmp_path / "rc",
+                                 init_from=str(tmp_path / "cached" / "best.pt")),
                  echo=said.append)
     head = rc.model.head_state_dict()
     assert set(head) == set(best["model"])
@@ -162,7 +164,7 @@ def test_init_from_a_cached_run_loads_its_projection_and_text_encoder(images_roo
     assert rc.vocab.words == best["vocab"] and "kept fresh" not in said[0]
     # RC validation = centre crops through the current CNN = the 1-crop cache's features
     rc_emb = encode_split(rc.model, rc.index, rc.captions, "dev", rc.device)
-    cached_trainer = Trainer(cached, **QUIET)
+    cached_trainer = Trainer.from_config(cached, **QUIET)
     cached_trainer.model.load_state_dict(best["model"])
     cache_emb = encode_split(cached_trainer.model, cached_trainer.index, cached_trainer.captions, "dev",
                              cached_trainer.device)
@@ -213,8 +215,9 @@ def test_random_resized_crop_box_follows_the_torchvision_rule(images_root):
 
 
 def test_evaluate_an_rc_checkpoint(images_root, tiny_features, tmp_path):
-    Trainer(_rc(images_root, tmp_path / "frozen", epochs=1, loss="sh"), **QUIET).fit()
-    tuned_trainer = Trainer(_rc(images_root, tmp_path / "tuned", epochs=1, loss="sh", finetune=True), **QUIET)
+    Trainer.from_config(_rc(images_root, tmp_path / "frozen", epochs=1, loss="sh"), **QUIET).fit()
+    tuned_trainer = Trainer.from_config(_rc(images_root, tmp_path / "tuned", epochs=1, loss="sh",
+                                            finetune=True), **QUIET)
     tuned_trainer.fit()
     runner = CliRunner()
     # frozen CNN: the 1-crop cache of the same backbone holds exactly its features
@@ -256,7 +259,7 @@ def test_unreadable_image_stops_training_in_one_line(images_root, tmp_path):
     victim = sorted((root / "images").iterdir())[3]
     victim.write_bytes(victim.read_bytes()[:200])  # truncated JPEG
     with pytest.raises(VseError) as caught:
-        Trainer(_rc(root, tmp_path / "run", epochs=1, workers=1), **QUIET).fit()
+        Trainer.from_config(_rc(root, tmp_path / "run", epochs=1, workers=1), **QUIET).fit()
     message = str(caught.value)
     assert victim.name in message and "\n" not in message and "Traceback" not in message
 
@@ -281,7 +284,7 @@ def test_cli_rc_options_and_their_errors(images_root, tmp_path):
 def test_rc_pools_the_cnn_map_end_to_end_and_embeds_like_evaluate(images_root, tmp_path):
     """--rc --image-pool gpo: the CNN's map as a set (VSE∞'s grid setting), fine-tuned; evaluated
     on images, and `vse embed` of the same files gives the same image embeddings."""
-    trainer = Trainer(_rc(images_root, tmp_path / "grid", epochs=1, loss="mh", finetune=True,
+    trainer = Trainer.from_config(_rc(images_root, tmp_path / "grid", epochs=1, loss="mh", finetune=True,
                           image_pool="gpo"), **QUIET)
     trainer.fit()
     state = load_checkpoint(tmp_path / "grid" / "best.pt")

@@ -245,7 +245,7 @@ def train_run(config: dict, resume: bool, threads: int | None = None, echo=print
     folder = RunFolder(config["run_dir"])
     with folder.lock:  # another sweep training this run keeps it (and its log)
         cfg = TrainConfig.from_dict(config)
-        summary = Trainer(cfg, resume=resume, echo=echo).fit()
+        summary = Trainer.from_config(cfg, resume=resume, echo=echo).fit()
         summary = {**summary, "epoch": cfg.epochs, "finished": time.time()}
         folder.mark_done(summary)
     return summary

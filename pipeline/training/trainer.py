@@ -14,34 +14,25 @@ import math
 import time
 import warnings
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-import numpy as np
 import torch
 
 from pipeline.core import distributed as dist
-from pipeline.core.checkpoint import load_checkpoint, save_checkpoint
-from pipeline.core.config import TrainConfig, file_options
+from pipeline.core.checkpoint import save_checkpoint
+from pipeline.core.config import TrainConfig
 from pipeline.core.errors import VseError
 from pipeline.core.runtime import (
     autocast,
-    configure_kernels,
-    default_workers,
-    describe,
     device_rng_state,
     pin_memory,
-    resolve_device,
     rng_state,
-    seed_everything,
     set_rng_state,
 )
 from pipeline.data.batches import Batch, LoadFailure, PairBatches, batch_slices, epoch_order
 from pipeline.evaluation.inference import encode_split
 from pipeline.evaluation.metrics import evaluate_embeddings
 from pipeline.models.vse_model import join_state
-from pipeline.training import factories
-from pipeline.training.curves import Curves
-from pipeline.training.run_folder import RunFolder, file_identity
+from pipeline.training.build import RunParts, build_run
 
 
 @dataclass
@@ -54,98 +45,40 @@ class Progress:
 
 
 class Trainer:
-    """The loop of one run: its parts (built by ``pipeline.training.factories``), fit, step, validate
-    and the state a checkpoint holds. Its files go through ``runs.RunFolder``."""
+    """The loop of one run: fit, step, validate, and the state a checkpoint holds. It is handed
+    its parts (``training.build.RunParts``, built by ``build_run``); its files go through
+    ``RunFolder``. ``Trainer.from_config`` builds the parts and the Trainer in one call."""
 
-    def __init__(self, config: TrainConfig, resume: bool = False, echo=print, given=None,
-                 overwrite: bool = False):
-        """``given``: the names of the options the user set (the CLI's flags and config file);
-        with ``resume`` the others are the run's own. None: every option of ``config``.
-        ``overwrite``: replace a run already in the folder (kept until this run's first
-        checkpoint is complete); without it or ``resume`` such a folder is refused."""
-        self.run = RunFolder(config.run_dir)
-        # before the process group exists, the rank comes from torchrun's environment
-        self.echo = echo if dist.env_is_main() else (lambda *a, **k: None)
-        self.resume, self.overwrite = resume, overwrite
-        resume_state = None
-        if resume:  # rank 0 holds the folder from here on: nobody writes it while it is read
-            self.run.lock.acquire()
-            if dist.env_is_main():
-                self.run.start(resume, overwrite)
-            resume_state, config, notes = self.run.resume(config, given)
-            if notes:
-                self.echo(f"resuming with {', '.join(notes)}")
-        config.check()
-        self.cfg = config
-        self.device = resolve_device(config.device)
-        self.distributed = dist.init_from_env(self.device)
-        self.echo = echo if dist.is_main() else (lambda *a, **k: None)  # the rank is known now
-        self.world = dist.world_size()
-        if resume_state is not None:
-            self._check_world_size(resume_state)
-        kernels = configure_kernels(self.device, config.deterministic, fixed_shapes=config.rc)
-        self.setup_line = (f"device {describe(self.device, config.amp)}" + (f", {kernels}" if kernels else "")
-                           + (f"; {self.world} processes ({dist.backend()})" if self.distributed else ""))
-
-        self.source = factories.create_pair_source(config)
-        self.index = self.source.index
-        self.workers = (config.workers if config.workers is not None
-                        else (default_workers() if config.rc else 0))
-        init_state = load_checkpoint(config.init_from) if config.init_from else None
-        # the training pairs, in cache order (the epoch order permutes these positions)
-        train_images = self.index.split(config.train_split)
-        self.train_captions = np.flatnonzero(np.isin(self.index.caption_image, train_images))
-        self.captions = factories.create_caption_side(config, self.source, self.train_captions,
-                                                      resume_state, init_state, self.run.last)
-        self.vocab = self.captions.vocab  # None with cached caption features
-        if len(self.train_captions) == 0:
-            raise VseError(f"split {config.train_split!r} has no captions", self.source.location)
-        if len(self.index.split(config.val_split)) == 0:  # fail now, not after the first epoch
-            raise VseError(f"validation split {config.val_split!r} has no images", self.source.location)
-
-        seed_everything(config.seed)
-        self.loss, self.loss_traits = factories.create_loss(config, self.device)
-        self.model = factories.create_model(config, self.source, self.captions, self.loss_traits,
-                                            self.device, self.distributed)
-        self.model_config = self.model.config
-        if init_state is not None:
-            factories.init_from_checkpoint(self.model, init_state, config, self.echo)
-        elif config.glove:
-            factories.load_glove(self.model, self.vocab, self.echo)
-        self.relevance = factories.create_relevance(config, self.loss_traits, self.source)
-        self.trainable, self.loss_parameters = factories.trainable_parameters(self.model, self.loss)
-        self.optimizer = factories.create_optimizer(config, self.model, self.trainable)
-        self.scheduler = factories.create_scheduler(config, self.optimizer)
-        self.scaler = factories.create_scaler(config, self.device)
+    def __init__(self, parts: RunParts):
+        self.parts = parts
+        self.cfg, self.run, self.echo = parts.config, parts.run, parts.echo
+        self.resume, self.overwrite = parts.resume, parts.overwrite
+        self.device, self.distributed, self.world = parts.device, parts.distributed, parts.world
+        self.setup_line, self.workers = parts.setup_line, parts.workers
+        self.source, self.index = parts.source, parts.source.index
+        self.train_captions, self.captions = parts.train_captions, parts.captions
+        self.loss, self.loss_traits, self.relevance = parts.loss, parts.loss_traits, parts.relevance
+        self.model, self.ddp_model, self.model_config = parts.model, parts.ddp_model, parts.model.config
+        self.trainable, self.loss_parameters = parts.trainable, parts.loss_parameters
+        self.optimizer, self.scheduler, self.scaler = parts.optimizer, parts.scheduler, parts.scaler
+        self.file_identity, self.curves = parts.file_identity, parts.curves
         self.progress = Progress()
-        self.monitor = CollapseMonitor(self.loss_traits, config.batch_size * self.world, self.echo)
-        self.ddp_model = factories.wrap_ddp(self.model, config, self.distributed)
-        self.file_identity = self._file_identity(resume_state)
-        if resume_state is not None:
-            self._restore(resume_state)
-        # a resumed run's curves drop what the stopped process logged after its checkpoint
-        purge = self.progress.iteration + 1 if resume else None
-        self.curves = Curves(self.run.curves_dir, purge_step=purge, enabled=dist.is_main())
+        self.monitor = CollapseMonitor(self.loss_traits, self.cfg.batch_size * self.world, self.echo)
+        if parts.resume_state is not None:
+            self.load_state_dict(parts.resume_state)
 
-    # ----------------------------------------------------------------- set-up helpers
-    def _check_world_size(self, state: dict) -> None:
-        """The global batch (and so each pair's place in it) depends on the number of processes."""
-        saved = int(state.get("world_size", 1))  # checkpoints before world_size: one process
-        if saved != self.world:
-            raise VseError(f"--resume with {self.world} process(es), but the run was trained with {saved}: "
-                           f"the global batch and the order of pairs depend on it", self.run.last)
+    @classmethod
+    def from_config(cls, config: TrainConfig, resume: bool = False, echo=print, given=None,
+                    overwrite: bool = False) -> Trainer:
+        """The Trainer of a run folder and its config (``build_run``'s arguments)."""
+        return cls(build_run(config, resume=resume, echo=echo, given=given, overwrite=overwrite))
 
-    def _file_identity(self, resume_state) -> dict:
-        """The identity of each file the run names (``runs.file_identity``), so that a resumed
-        run may name them by another path: a resumed run keeps what its checkpoint recorded."""
-        if resume_state is not None and "file_identity" in resume_state:
-            return resume_state["file_identity"]
-        if not dist.is_main():
-            return {}
-        return {name: file_identity(getattr(self.cfg, name)) for name in file_options()
-                if getattr(self.cfg, name) and Path(getattr(self.cfg, name)).is_file()}
+    @property
+    def vocab(self):
+        return self.captions.vocab  # None with cached caption features
 
-    def _restore(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a checkpoint: weights, optimizer, schedule, scaler, position, RNGs."""
         self.model.load_state_dict(join_state(state["model"], state.get("backbone", {}).get("state")))
         if state.get("loss"):
             self.loss.load_state_dict(state["loss"])
