@@ -63,9 +63,9 @@ def synthetic_pair(folder: Path, num_images: int = 8000, dim: int = 1280, text_d
 
 
 def measure_ratio(cfg, batches: int, rounds: int) -> dict:
-    from pipeline.training.trainer import Trainer
+    from pipeline.training.build import build_trainer
 
-    trainer = Trainer.from_config(cfg, echo=lambda *a: None)
+    trainer = build_trainer(cfg, echo=lambda *a: None)
     pairs = trainer.epoch_batches(0)
     pairs.slices = pairs.slices[:batches]
     images = torch.from_numpy(trainer.source.inputs._array)      # the preloaded image features
@@ -81,13 +81,13 @@ def measure_ratio(cfg, batches: int, rounds: int) -> dict:
 
 def measure_full_run(cfg) -> dict:
     from pipeline.evaluation.evaluate import embed_checkpoint, evaluate_split_embeddings
-    from pipeline.training.trainer import Trainer
+    from pipeline.training.build import build_trainer
 
     start, cpu = time.perf_counter(), time.process_time()
     def log(message):
         print(f"[{time.perf_counter() - start:.1f} s] {message}", file=sys.stderr)
 
-    summary = Trainer.from_config(cfg, echo=log).fit()
+    summary = build_trainer(cfg, echo=log).fit()
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     emb = embed_checkpoint(Path(cfg.run_dir) / "best.pt", cfg.features, "test", torch.device("cpu"))
     test = evaluate_split_embeddings(emb)
@@ -113,7 +113,7 @@ def main() -> None:
     if bool(args.features) != bool(args.text_features):
         parser.error("give --features and --text-features together (or neither: synthetic)")
 
-    from pipeline.training.trainer import TrainConfig
+    from pipeline.core.config import TrainConfig
 
     with tempfile.TemporaryDirectory() as tmp:
         features, text = ((args.features, args.text_features) if args.features

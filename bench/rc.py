@@ -30,13 +30,14 @@ sys.path.insert(0, str(ROOT))
 
 
 def measure(backbone: str, args, folder: Path) -> dict:
-    from pipeline.training.trainer import TrainConfig, Trainer
+    from pipeline.core.config import TrainConfig
+    from pipeline.training.build import build_trainer
 
     batch_size = args.batch_size or (128 if backbone == "tiny" else 32)
     cfg = TrainConfig(rc=True, root=args.root, backbone=backbone, run_dir=str(folder / backbone),
                       batch_size=batch_size, embed_dim=args.embed_dim, val_every=0, workers=args.workers,
                       device=args.device, min_word_count=1)
-    trainer = Trainer.from_config(cfg, echo=lambda *a: None)
+    trainer = build_trainer(cfg, echo=lambda *a: None)
     pairs = trainer.epoch_batches(0)
     pairs.slices = pairs.slices[: args.batches]
     in_memory = pairs[0].pin_memory() if trainer.device.type == "cuda" else pairs[0]

@@ -181,12 +181,13 @@ def phase_train(path: Path, run_dir: Path, iterations: int, embed_dim: int, prel
 
 
 def make_trainer(path: Path, run_dir: Path, embed_dim: int, preload: bool = False):
-    from pipeline.training.trainer import TrainConfig, Trainer
+    from pipeline.core.config import TrainConfig
+    from pipeline.training.build import build_trainer
 
     cfg = TrainConfig(features=str(path), run_dir=str(run_dir), loss="mh", batch_size=BATCH_ROWS,
                       embed_dim=embed_dim, val_every=0, val_split="test", val_images=TEST_IMAGES,
                       workers=0, preload=preload, device="cpu", log_every=10**9)
-    return Trainer.from_config(cfg, echo=lambda *a, **k: None)
+    return build_trainer(cfg, echo=lambda *a, **k: None)
 
 
 def timed_steps(trainer, batches, count: int) -> list[float]:

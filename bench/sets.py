@@ -45,9 +45,9 @@ VAL_EVERY = 50
 
 
 def measure_ratio(cfg, batches: int, rounds: int) -> dict:
-    from pipeline.training.trainer import Trainer
+    from pipeline.training.build import build_trainer
 
-    trainer = Trainer.from_config(cfg, echo=lambda *a: None)
+    trainer = build_trainer(cfg, echo=lambda *a: None)
     pairs = trainer.epoch_batches(0)
     pairs.slices = pairs.slices[:batches]
     loaded = [pairs[b] for b in range(len(pairs.slices))]  # the same batches, read once, in memory
@@ -157,7 +157,7 @@ def main() -> None:
     args = parser.parse_args()
     parts = set(args.parts.split(","))
 
-    from pipeline.training.trainer import TrainConfig
+    from pipeline.core.config import TrainConfig
 
     report = {"bench": "sets", "features": args.features, "text_features": args.text_features,
               "torch_threads": torch.get_num_threads(),

@@ -49,14 +49,15 @@ def main() -> None:
     parser.add_argument("--preload", action="store_true")
     args = parser.parse_args()
 
-    from pipeline.training.trainer import TrainConfig, Trainer
+    from pipeline.core.config import TrainConfig
+    from pipeline.training.build import build_trainer
 
     with tempfile.TemporaryDirectory() as tmp:
         features = args.features or str(synthetic_cache(Path(tmp), 1000, 1280))
         cfg = TrainConfig(features=features, run_dir=str(Path(tmp) / "run"), loss=args.loss,
                           batch_size=args.batch_size, embed_dim=args.embed_dim, val_every=0,
                           workers=args.workers, preload=args.preload, log_every=10)
-        trainer = Trainer.from_config(cfg, echo=lambda *a: None)
+        trainer = build_trainer(cfg, echo=lambda *a: None)
         pairs = trainer.epoch_batches(0)
         pairs.slices = pairs.slices[: args.batches]
         in_memory = [pairs[b] for b in range(len(pairs))]

@@ -63,8 +63,8 @@ def train_command(ctx, config_file, resume, overwrite, loss_option, **options):
 
     Every option and its default: docs/OPTIONS.md."""
     from pipeline.core import distributed
+    from pipeline.training.build import build_trainer
     from pipeline.training.run_folder import RunFolder
-    from pipeline.training.trainer import Trainer
 
     values, given = given_values(ctx, options, loss_option,
                                  _read_config_file(config_file) if config_file else {})
@@ -74,7 +74,7 @@ def train_command(ctx, config_file, resume, overwrite, loss_option, **options):
     if not resume:  # the options first, then the folder (a resumed run takes the run's options)
         config.check()
     with RunFolder(config.run_dir).claim(resume, overwrite):
-        summary = Trainer.from_config(config, resume=resume, echo=click.echo, given=given,
+        summary = build_trainer(config, resume=resume, echo=click.echo, given=given,
                                       overwrite=overwrite).fit()
     if distributed.is_main():  # under torchrun the other ranks say nothing
         click.echo(f"done: best validation rsum {summary['best_rsum']:.2f} at epoch {summary['best_epoch']} "

@@ -85,10 +85,11 @@ def train(features, run_dir, *extra):
 
 def train_run(cache, run_dir, **options):
     """A finished tiny run (``TINY_TRAIN`` and ``options``) in ``run_dir``."""
-    from pipeline.training.trainer import TrainConfig, Trainer
+    from pipeline.core.config import TrainConfig
+    from pipeline.training.build import build_trainer
 
     config = TrainConfig(features=str(cache), run_dir=str(run_dir), **{**TINY_TRAIN, **options})
-    Trainer.from_config(config, **QUIET).fit()
+    build_trainer(config, **QUIET).fit()
     return run_dir
 
 

@@ -21,11 +21,13 @@ from pathlib import Path
 import torch
 
 from pipeline.core import distributed as dist
-from pipeline.training.trainer import TrainConfig, Trainer
+from pipeline.core.config import TrainConfig
+from pipeline.training.build import build_trainer
+from pipeline.training.trainer import Trainer
 
 
 def one_step(config: dict) -> dict:
-    trainer = Trainer.from_config(TrainConfig(**config), echo=lambda *a: None)
+    trainer = build_trainer(TrainConfig(**config), echo=lambda *a: None)
     loss = trainer.step(trainer.epoch_batches(0)[0])
     named = [(n, p) for n, p in trainer.model.named_parameters() if p.requires_grad]
     named += [(f"loss.{n}", p) for n, p in trainer.loss.named_parameters() if p.requires_grad]
@@ -44,7 +46,7 @@ def killed_run(config: dict, kill_after: int) -> None:
 
     Trainer.step = step
     try:
-        Trainer.from_config(TrainConfig(**config), echo=lambda *a: None).fit()
+        build_trainer(TrainConfig(**config), echo=lambda *a: None).fit()
     except KeyboardInterrupt:
         pass
     finally:
@@ -57,11 +59,11 @@ def main(spec_path: str, out: str) -> None:
     torch.save(results, out / f"steps-rank{dist.rank()}.pt")
     if "resume" in spec:
         config = spec["resume"]["config"]
-        Trainer.from_config(TrainConfig(**{**config, "run_dir": str(out / "full")}),
+        build_trainer(TrainConfig(**{**config, "run_dir": str(out / "full")}),
                             echo=lambda *a: None).fit()
         cut = {**config, "run_dir": str(out / "cut")}
         killed_run(cut, spec["resume"]["kill_after"])
-        Trainer.from_config(TrainConfig(**cut), resume=True, echo=lambda *a: None).fit()
+        build_trainer(TrainConfig(**cut), resume=True, echo=lambda *a: None).fit()
     if "cli" in spec:
         from cli.main import cli
 

@@ -13,9 +13,10 @@ import torch
 from rc_data import make_flickr8k
 
 from pipeline.core.checkpoint import load_checkpoint
+from pipeline.core.config import TrainConfig
 from pipeline.data.caption_features import encode_text
 from pipeline.relevance.stage import build_relevance
-from pipeline.training.trainer import TrainConfig, Trainer
+from pipeline.training.build import build_trainer
 
 pytestmark = pytest.mark.slow  # processes, real images or servers: `pytest -m "not slow"` skips them
 
@@ -82,7 +83,7 @@ def launched(tiny_cache, tmp_path_factory):
 
 def _single_process_step(config: dict) -> dict:
     """The same step by one process on the concatenated batch (WORLD × PER_RANK pairs)."""
-    trainer = Trainer.from_config(TrainConfig(**{**config, "batch_size": WORLD * PER_RANK}),
+    trainer = build_trainer(TrainConfig(**{**config, "batch_size": WORLD * PER_RANK}),
                                   echo=lambda *a: None)
     loss = trainer.step(trainer.epoch_batches(0)[0])
     named = [(n, p) for n, p in trainer.model.named_parameters() if p.requires_grad]

@@ -16,10 +16,11 @@ from conftest import DEMO_DATA, demo_captions, learnable_features, write_feature
 from PIL import Image, ImageOps
 
 from cli.main import cli
+from pipeline.core.config import TrainConfig
 from pipeline.core.runtime import resolve_device
 from pipeline.evaluation.evaluate import embed_checkpoint
 from pipeline.reports.gallery import THUMB_SIZE, Mark, build_gallery
-from pipeline.training.trainer import TrainConfig, Trainer
+from pipeline.training.build import build_trainer
 
 NASTY = ('<script>document.title="pwned"</script>'
          '<img src=x onerror="document.title=\'pwned\'"> & "q"')
@@ -39,7 +40,7 @@ def run(tmp_path_factory):
                                 image_ids=ids, dataset_root=str(DEMO_DATA))
     config = TrainConfig(features=str(cache), run_dir=str(root / "mh"), loss="mh", epochs=2, embed_dim=16,
                          word_dim=8, batch_size=16, lr=5e-3, min_word_count=1, val_every=0)
-    Trainer.from_config(config, echo=lambda *a: None).fit()
+    build_trainer(config, echo=lambda *a: None).fit()
     return root / "mh" / "best.pt", cache
 
 

@@ -24,13 +24,14 @@ from conftest import QUIET, TINY_TRAIN
 from cli.main import cli
 from pipeline.core import distributed, runtime
 from pipeline.core.checkpoint import load_checkpoint
+from pipeline.core.config import TrainConfig
 from pipeline.core.errors import VseError
 from pipeline.data.batches import Batch
 from pipeline.data.captions import CachedCaptionVectors, GRUCaptions
 from pipeline.models.vse_model import ModelConfig, TextEncoder
 from pipeline.training import factories as factories_module
 from pipeline.training import trainer as train_module
-from pipeline.training.trainer import TrainConfig, Trainer
+from pipeline.training.build import build_trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -72,7 +73,7 @@ def fake_generators(monkeypatch):
 
 def test_each_rank_gets_back_its_own_cuda_generator(fake_generators, tiny_cache, tmp_path, monkeypatch):
     rank_states = [torch.tensor([10], dtype=torch.uint8), torch.tensor([11], dtype=torch.uint8)]
-    trainer = Trainer.from_config(_config(tiny_cache, tmp_path / "run", loss="sh"), **QUIET)
+    trainer = build_trainer(_config(tiny_cache, tmp_path / "run", loss="sh"), **QUIET)
     # the checkpoint's RNG entry on a 2-process GPU run: each rank's state, gathered in rank order
     monkeypatch.setattr(train_module, "device_rng_state", lambda device: rank_states[0])
     monkeypatch.setattr(distributed, "all_gather_object", lambda own: [own, rank_states[1]])
@@ -168,12 +169,12 @@ def test_resume_across_loss_scaling(tiny_cache, tmp_path, monkeypatch, first, se
     the other way round.  CPU GradScalers stand in for the GPU's (same state, same code path)."""
     run = tmp_path / "run"
     monkeypatch.setattr(factories_module, "needs_grad_scaler", lambda device, enabled=True: first)
-    Trainer.from_config(_config(tiny_cache, run, loss="sh", epochs=1, batch_size=40), **QUIET).fit()
+    build_trainer(_config(tiny_cache, run, loss="sh", epochs=1, batch_size=40), **QUIET).fit()
     saved = load_checkpoint(run / "last.pt")["scaler"]
     assert bool(saved) is first
     monkeypatch.setattr(factories_module, "needs_grad_scaler", lambda device, enabled=True: second)
     said = []
-    trainer = Trainer.from_config(_config(tiny_cache, run, loss="sh", epochs=2, batch_size=40), resume=True,
+    trainer = build_trainer(_config(tiny_cache, run, loss="sh", epochs=2, batch_size=40), resume=True,
                       echo=said.append)
     if first and second:
         assert trainer.scaler.get_scale() == saved["scale"]
@@ -237,7 +238,7 @@ def test_the_process_group_is_destroyed_at_exit(tmp_path, monkeypatch):
 
 def test_only_rank_0_speaks_at_set_up(tiny_cache, tmp_path, monkeypatch):
     said = []
-    trainer = Trainer.from_config(_config(tiny_cache, tmp_path / "a", loss="sh"), echo=said.append)
+    trainer = build_trainer(_config(tiny_cache, tmp_path / "a", loss="sh"), echo=said.append)
     assert trainer.setup_line.startswith("device cpu")  # said by fit() once the run folder is locked
     trainer.echo("hello")
     assert said == ["hello"]
@@ -248,7 +249,7 @@ def test_only_rank_0_speaks_at_set_up(tiny_cache, tmp_path, monkeypatch):
 
     monkeypatch.setattr(distributed, "init_from_env", init_as_rank_1)
     said = []
-    Trainer.from_config(_config(tiny_cache, tmp_path / "b", loss="sh"), echo=said.append).echo("hello")
+    build_trainer(_config(tiny_cache, tmp_path / "b", loss="sh"), echo=said.append).echo("hello")
     assert said == []
 
 
@@ -278,7 +279,7 @@ def test_evaluation_and_validation_run_in_fp32_unless_asked(trained, tiny_cache,
     refused = runner.invoke(cli, ["evaluate", "--embeddings", str(tmp_path / "x.npz"), "--amp"])
     assert refused.exit_code == 2 and "--amp goes with --checkpoint" in refused.output
     asked.clear()
-    trainer = Trainer.from_config(_config(tiny_cache, tmp_path / "run", loss="sh", amp=True), **QUIET)
+    trainer = build_trainer(_config(tiny_cache, tmp_path / "run", loss="sh", amp=True), **QUIET)
     trainer.validate()
     assert asked and not any(asked)  # metrics.jsonl agrees with `vse evaluate`
     assert json.loads((trained / "config.json").read_text())["deterministic"] is True
@@ -347,7 +348,7 @@ LOSSES = [("sh", {}), ("mh", {}), ("mh", {"negative_set_size": 5}), ("order", {}
 
 @pytest.mark.parametrize("loss,options", LOSSES)
 def test_one_host_sync_per_training_step(tiny_cache, tmp_path, monkeypatch, loss, options):
-    trainer = Trainer.from_config(_config(tiny_cache, tmp_path / "run", loss=loss, loss_options=options),
+    trainer = build_trainer(_config(tiny_cache, tmp_path / "run", loss=loss, loss_options=options),
                                   **QUIET)
     pairs = trainer.epoch_batches(0)
     trainer.step(pairs[0])  # Adam's state exists from now on, as in every later step
@@ -402,7 +403,7 @@ def test_packing_is_pack_padded_sequence_without_its_blocking_copy():
 
 
 def test_a_non_finite_loss_stops_before_any_checkpoint_holds_it(tiny_cache, tmp_path):
-    trainer = Trainer.from_config(_config(tiny_cache, tmp_path / "run", loss="sh", epochs=1, val_every=1),
+    trainer = build_trainer(_config(tiny_cache, tmp_path / "run", loss="sh", epochs=1, val_every=1),
                                   **QUIET)
     real, calls = trainer.loss, []
 
@@ -424,7 +425,7 @@ def test_a_non_finite_loss_stops_before_any_checkpoint_holds_it(tiny_cache, tmp_
 
 @CUDA
 def test_one_host_sync_per_step_on_a_real_gpu(tiny_cache, tmp_path):
-    trainer = Trainer.from_config(_config(tiny_cache, tmp_path / "run", loss="mh", device="cuda"), **QUIET)
+    trainer = build_trainer(_config(tiny_cache, tmp_path / "run", loss="mh", device="cuda"), **QUIET)
     pairs = trainer.epoch_batches(0)
     trainer.step(pairs[0].pin_memory())
     batch = pairs[1].pin_memory()

@@ -290,7 +290,8 @@ def judged_run(tmp_path_factory):
     against its token file) and a csv of judgments: test-image pairs plus 3 pairs outside."""
     from conftest import demo_captions, learnable_features, write_feature_cache
 
-    from pipeline.training.trainer import TrainConfig, Trainer
+    from pipeline.core.config import TrainConfig
+    from pipeline.training.build import build_trainer
 
     root = tmp_path_factory.mktemp("judged")
     ids, captions = demo_captions(40)
@@ -301,7 +302,7 @@ def judged_run(tmp_path_factory):
                                 image_ids=ids, dataset_root=str(DEMO_DATA))
     config = TrainConfig(features=str(cache), run_dir=str(root / "runs" / "mh"), loss="mh", epochs=1,
                          embed_dim=16, word_dim=8, batch_size=16, lr=5e-3, min_word_count=1, val_every=0)
-    Trainer.from_config(config, echo=lambda *a: None).fit()
+    build_trainer(config, echo=lambda *a: None).fit()
     rng = np.random.default_rng(1)
     lines = ["image,caption_key,grade"]
     for q in range(32, 40):
@@ -387,11 +388,12 @@ def test_evaluate_an_rc_checkpoint_on_images_with_judgments(tmp_path):
 
     from rc_data import make_flickr8k
 
+    from pipeline.core.config import TrainConfig
     from pipeline.data.readers import load_dataset
-    from pipeline.training.trainer import TrainConfig, Trainer
+    from pipeline.training.build import build_trainer
 
     root = make_flickr8k(tmp_path / "f8k", sizes=(("train", 4), ("dev", 1), ("test", 3)))
-    Trainer.from_config(TrainConfig(rc=True, root=str(root), backbone="tiny", run_dir=str(tmp_path / "rc"),
+    build_trainer(TrainConfig(rc=True, root=str(root), backbone="tiny", run_dir=str(tmp_path / "rc"),
                                     epochs=1,
                         embed_dim=16, word_dim=8, batch_size=4, min_word_count=1, val_every=0, workers=0),
             echo=lambda *a: None).fit()

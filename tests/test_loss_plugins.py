@@ -15,12 +15,13 @@ from conftest import TINY_TRAIN
 
 from cli.main import cli
 from pipeline.core.checkpoint import load_checkpoint
+from pipeline.core.config import TrainConfig
 from pipeline.core.errors import VseError
 from pipeline.models.loss_check import run_contract
 from pipeline.models.loss_plugins import loss_traits, make_loss
 from pipeline.models.losses import LOSS_NAMES, LOSSES, VseLoss
 from pipeline.models.similarity import SIMILARITIES
-from pipeline.training.trainer import TrainConfig, Trainer
+from pipeline.training.build import build_trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "examples/infonce_learnable_tau.py:LearnableTemperatureInfoNCE"
@@ -135,11 +136,11 @@ def test_train_a_plug_in_then_evaluate_without_it(tiny_cache, tmp_path):
 def test_the_loss_parameters_are_optimised_and_resumed(tiny_cache, tmp_path):
     config = TrainConfig(features=str(tiny_cache), run_dir=str(tmp_path / "run"), loss=EXAMPLE,
                          epochs=1, **TINY_TRAIN)
-    trainer = Trainer.from_config(config, echo=lambda *a: None)
+    trainer = build_trainer(config, echo=lambda *a: None)
     scale = trainer.loss.log_scale
     assert any(q is scale for group in trainer.optimizer.param_groups for q in group["params"])
     trainer.fit()
-    resumed = Trainer.from_config(config, resume=True,
+    resumed = build_trainer(config, resume=True,
                                   echo=lambda *a: None)  # restored, nothing left to train
     assert resumed.loss.log_scale.item() == scale.item() != pytest.approx(math.log(1 / 0.07))
 
@@ -150,7 +151,7 @@ def test_order_code_form_is_carried_into_the_checkpoint_and_evaluation(tiny_cach
 
     config = TrainConfig(features=str(tiny_cache), run_dir=str(tmp_path / "run"), loss="order",
                          loss_options={"squared": False}, epochs=1, **TINY_TRAIN)
-    Trainer.from_config(config, echo=lambda *a: None).fit()
+    build_trainer(config, echo=lambda *a: None).fit()
     state = load_checkpoint(tmp_path / "run" / "best.pt")
     assert state["model_config"]["similarity"] == "order-norm"
     emb = embed_checkpoint(tmp_path / "run" / "best.pt", tiny_cache, "test", torch.device("cpu"))

@@ -11,13 +11,15 @@ from rc_data import make_flickr8k
 
 from cli.main import cli
 from pipeline.core.checkpoint import load_checkpoint
+from pipeline.core.config import TrainConfig
 from pipeline.core.errors import VseError
 from pipeline.data.extract import ExtractOptions, extract_features
 from pipeline.data.image_source import RandomCrops, resized_crop_box
 from pipeline.data.readers import load_dataset, open_image
 from pipeline.evaluation.inference import embed_rc_checkpoint, encode_split
 from pipeline.models.backbones import load_backbone
-from pipeline.training.trainer import TrainConfig, Trainer
+from pipeline.training.build import build_trainer
+from pipeline.training.trainer import Trainer
 
 SMALL = dict(embed_dim=16, word_dim=8, batch_size=4, lr=5e-3, min_word_count=1, val_every=0, workers=0,
              log_every=1)
@@ -49,7 +51,7 @@ def _cnn_state(state):
 
 
 def test_frozen_rc_run_trains_the_head_only_and_checkpoints_the_cnn(images_root, tmp_path):
-    summary = Trainer.from_config(_rc(images_root, tmp_path / "run", epochs=2, loss="sh"), **QUIET).fit()
+    summary = build_trainer(_rc(images_root, tmp_path / "run", epochs=2, loss="sh"), **QUIET).fit()
     run = tmp_path / "run"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records] == [1, 2] and summary["iterations"] == 2 * 10  # 40 pairs / 4
@@ -68,7 +70,7 @@ def test_frozen_rc_run_trains_the_head_only_and_checkpoints_the_cnn(images_root,
 
 def test_finetune_trains_the_cnn_in_its_own_param_group(images_root, tmp_path):
     cfg = _rc(images_root, tmp_path / "run", epochs=1, loss="sh", finetune=True, backbone_lr_factor=0.1)
-    trainer = Trainer.from_config(cfg, **QUIET)
+    trainer = build_trainer(cfg, **QUIET)
     assert [g["lr"] for g in trainer.optimizer.param_groups] == pytest.approx([5e-3, 5e-4])
     cnn = {id(p) for p in trainer.model.backbone.parameters()}
     assert {id(p) for p in trainer.optimizer.param_groups[1]["params"]} == cnn
@@ -82,7 +84,7 @@ def test_finetune_trains_the_cnn_in_its_own_param_group(images_root, tmp_path):
 
 
 def test_frozen_backbone_takes_no_gradient_and_stays_in_eval_mode(images_root, tmp_path):
-    trainer = Trainer.from_config(_rc(images_root, tmp_path / "run", finetune=False), **QUIET)
+    trainer = build_trainer(_rc(images_root, tmp_path / "run", finetune=False), **QUIET)
     trainer.model.train()
     assert not trainer.model.backbone.cnn.training and trainer.model.image_encoder.proj.training
     assert all(not p.requires_grad for p in trainer.model.backbone.parameters())
@@ -130,13 +132,13 @@ def _kill_after(monkeypatch, iterations):
 def test_rc_resume_gives_the_same_weights_as_an_uninterrupted_run(images_root, tmp_path, monkeypatch):
     # 5 batches per epoch; a checkpoint every 3 iterations; crops decoded in a worker process
     opts = dict(epochs=2, loss="mh", finetune=True, batch_size=8, val_every=3, workers=1, lr_decay_epoch=1)
-    Trainer.from_config(_rc(images_root, tmp_path / "full", **opts), **QUIET).fit()
+    build_trainer(_rc(images_root, tmp_path / "full", **opts), **QUIET).fit()
     with monkeypatch.context() as m:
         _kill_after(m, 7)  # epoch 2, batch 2; last checkpoint at iteration 6
         with pytest.raises(KeyboardInterrupt):
-            Trainer.from_config(_rc(images_root, tmp_path / "cut", **opts), **QUIET).fit()
+            build_trainer(_rc(images_root, tmp_path / "cut", **opts), **QUIET).fit()
     assert load_checkpoint(tmp_path / "cut" / "last.pt")["iteration"] == 6
-    Trainer.from_config(_rc(images_root, tmp_path / "cut", **opts), resume=True, **QUIET).fit()
+    build_trainer(_rc(images_root, tmp_path / "cut", **opts), resume=True, **QUIET).fit()
     full, cut = (load_checkpoint(tmp_path / r / "last.pt") for r in ("full", "cut"))
     assert cut["iteration"] == full["iteration"] == 10
     for key, value in full["model"].items():
@@ -144,17 +146,17 @@ def test_rc_resume_gives_the_same_weights_as_an_uninterrupted_run(images_root, t
     for key, value in _cnn_state(full).items():
         assert torch.equal(value, _cnn_state(cut)[key]), key
     with pytest.raises(VseError, match="may not change finetune"):
-        Trainer.from_config(_rc(images_root, tmp_path / "cut", **{**opts, "finetune": False}), resume=True,
+        build_trainer(_rc(images_root, tmp_path / "cut", **{**opts, "finetune": False}), resume=True,
                             **QUIET)
 
 
 def test_init_from_a_cached_run_loads_its_projection_and_text_encoder(images_root, tiny_features, tmp_path):
     cached = TrainConfig(features=str(tiny_features), run_dir=str(tmp_path / "cached"), epochs=2, loss="sh",
                          **SMALL)
-    Trainer.from_config(cached, **QUIET).fit()
+    build_trainer(cached, **QUIET).fit()
     best = load_checkpoint(tmp_path / "cached" / "best.pt")
     said = []
-    rc = Trainer.from_config(_rc(images_root, tmp_path / "rc",
+    rc = build_trainer(_rc(images_root, tmp_path / "rc",
                                  init_from=str(tmp_path / "cached" / "best.pt")),
                  echo=said.append)
     head = rc.model.head_state_dict()
@@ -164,7 +166,7 @@ def test_init_from_a_cached_run_loads_its_projection_and_text_encoder(images_roo
     assert rc.vocab.words == best["vocab"] and "kept fresh" not in said[0]
     # RC validation = centre crops through the current CNN = the 1-crop cache's features
     rc_emb = encode_split(rc.model, rc.index, rc.captions, "dev", rc.device)
-    cached_trainer = Trainer.from_config(cached, **QUIET)
+    cached_trainer = build_trainer(cached, **QUIET)
     cached_trainer.model.load_state_dict(best["model"])
     cache_emb = encode_split(cached_trainer.model, cached_trainer.index, cached_trainer.captions, "dev",
                              cached_trainer.device)
@@ -215,8 +217,8 @@ def test_random_resized_crop_box_follows_the_torchvision_rule(images_root):
 
 
 def test_evaluate_an_rc_checkpoint(images_root, tiny_features, tmp_path):
-    Trainer.from_config(_rc(images_root, tmp_path / "frozen", epochs=1, loss="sh"), **QUIET).fit()
-    tuned_trainer = Trainer.from_config(_rc(images_root, tmp_path / "tuned", epochs=1, loss="sh",
+    build_trainer(_rc(images_root, tmp_path / "frozen", epochs=1, loss="sh"), **QUIET).fit()
+    tuned_trainer = build_trainer(_rc(images_root, tmp_path / "tuned", epochs=1, loss="sh",
                                             finetune=True), **QUIET)
     tuned_trainer.fit()
     runner = CliRunner()
@@ -259,7 +261,7 @@ def test_unreadable_image_stops_training_in_one_line(images_root, tmp_path):
     victim = sorted((root / "images").iterdir())[3]
     victim.write_bytes(victim.read_bytes()[:200])  # truncated JPEG
     with pytest.raises(VseError) as caught:
-        Trainer.from_config(_rc(root, tmp_path / "run", epochs=1, workers=1), **QUIET).fit()
+        build_trainer(_rc(root, tmp_path / "run", epochs=1, workers=1), **QUIET).fit()
     message = str(caught.value)
     assert victim.name in message and "\n" not in message and "Traceback" not in message
 
@@ -284,7 +286,7 @@ def test_cli_rc_options_and_their_errors(images_root, tmp_path):
 def test_rc_pools_the_cnn_map_end_to_end_and_embeds_like_evaluate(images_root, tmp_path):
     """--rc --image-pool gpo: the CNN's map as a set (VSE∞'s grid setting), fine-tuned; evaluated
     on images, and `vse embed` of the same files gives the same image embeddings."""
-    trainer = Trainer.from_config(_rc(images_root, tmp_path / "grid", epochs=1, loss="mh", finetune=True,
+    trainer = build_trainer(_rc(images_root, tmp_path / "grid", epochs=1, loss="mh", finetune=True,
                           image_pool="gpo"), **QUIET)
     trainer.fit()
     state = load_checkpoint(tmp_path / "grid" / "best.pt")

@@ -18,6 +18,7 @@ from cli.main import cli
 from pipeline.core.checkpoint import load_checkpoint
 from pipeline.core.config import TrainConfig
 from pipeline.core.errors import VseError
+from pipeline.training.build import build_trainer
 from pipeline.training.run_folder import DONE_MARKER, REPLACING, RunFolder
 from pipeline.training.trainer import Trainer
 
@@ -63,7 +64,7 @@ def test_a_finished_run_survives_a_repeated_train_without_resume(tiny_cache, tmp
                              "--run-dir\n")
     assert _files(run) == before
     with pytest.raises(VseError, match="holds a run"):  # the library refuses too, not only the CLI
-        Trainer.from_config(_config(tiny_cache, run, loss="sh", epochs=1), **QUIET).fit()
+        build_trainer(_config(tiny_cache, run, loss="sh", epochs=1), **QUIET).fit()
     assert _files(run) == before
     both = _train_cli(tiny_cache, run, "--resume", "--overwrite")
     assert both.exit_code == 1 and "give one" in both.output
@@ -129,7 +130,7 @@ def test_an_attempt_without_a_checkpoint_is_not_a_run(tiny_cache, tmp_path):
 
 def test_resume_knows_the_cache_by_identity_not_by_its_path(tiny_cache, tmp_path, monkeypatch):
     run = tmp_path / "run"
-    Trainer.from_config(_config(tiny_cache, run, loss="sh", epochs=1), **QUIET).fit()
+    build_trainer(_config(tiny_cache, run, loss="sh", epochs=1), **QUIET).fit()
     link = tmp_path / "link.h5"
     link.symlink_to(tiny_cache)
     moved = tmp_path / "moved"
@@ -139,7 +140,7 @@ def test_resume_knows_the_cache_by_identity_not_by_its_path(tiny_cache, tmp_path
     monkeypatch.chdir(tiny_cache.parent)
     said = []
     for epochs, path in enumerate(["tiny.h5", str(link), str(moved / "tiny.h5"), str(tiny_cache)], start=2):
-        trainer = Trainer.from_config(_config(path, run, loss="sh", epochs=epochs), resume=True,
+        trainer = build_trainer(_config(path, run, loss="sh", epochs=epochs), resume=True,
                           given={"epochs", "features"}, echo=said.append)
         trainer.fit()
         assert trainer.cfg.features == path
@@ -153,7 +154,7 @@ def test_resume_knows_the_cache_by_identity_not_by_its_path(tiny_cache, tmp_path
                                 {"train": np.arange(24), "dev": np.arange(24, 32), "test": np.arange(32, 40)},
                                 image_ids=ids)
     with pytest.raises(VseError, match="may not change features"):
-        Trainer.from_config(_config(other, run, loss="sh", epochs=6), resume=True,
+        build_trainer(_config(other, run, loss="sh", epochs=6), resume=True,
                             given={"epochs", "features"}, **QUIET)
 
 
@@ -190,7 +191,7 @@ def test_curves_are_readable_while_the_run_trains(tiny_cache, tmp_path):
             seen["val"] = _scalars(run / "tb", "val/rsum")
             seen["loss"] = _scalars(run / "tb", "train/loss")
 
-    Trainer.from_config(_config(tiny_cache, run, loss="sh", epochs=3), echo=echo).fit()
+    build_trainer(_config(tiny_cache, run, loss="sh", epochs=3), echo=echo).fit()
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [step for step, _ in seen["val"]] == [8]  # while epoch 3 was still to come
     assert seen["val"][0][1] == pytest.approx(records[0]["rsum"], rel=1e-6)
@@ -203,7 +204,7 @@ def test_curves_are_readable_while_the_run_trains(tiny_cache, tmp_path):
 def test_a_resumed_run_continues_its_curves_without_duplicate_steps(tiny_cache, tmp_path, monkeypatch):
     opts = dict(loss="sh", epochs=3, val_every=5)
     full = tmp_path / "full"
-    Trainer.from_config(_config(tiny_cache, full, **opts), **QUIET).fit()
+    build_trainer(_config(tiny_cache, full, **opts), **QUIET).fit()
     cut = tmp_path / "cut"
     original = Trainer.step
 
@@ -214,10 +215,10 @@ def test_a_resumed_run_continues_its_curves_without_duplicate_steps(tiny_cache, 
 
     monkeypatch.setattr(Trainer, "step", killed_at_13)
     with pytest.raises(KeyboardInterrupt):
-        Trainer.from_config(_config(tiny_cache, cut, **opts), **QUIET).fit()
+        build_trainer(_config(tiny_cache, cut, **opts), **QUIET).fit()
     assert max(step for step, _ in _scalars(cut / "tb", "train/loss")) == 13  # logged past the checkpoint
     monkeypatch.setattr(Trainer, "step", original)
-    Trainer.from_config(_config(tiny_cache, cut, **opts), resume=True, **QUIET).fit()
+    build_trainer(_config(tiny_cache, cut, **opts), resume=True, **QUIET).fit()
     assert len(os.listdir(cut / "tb")) == 2  # one event file per start
     for tag in ("train/loss", "val/rsum", "val/t2i_r5"):
         resumed, uninterrupted = _scalars(cut / "tb", tag), _scalars(full / "tb", tag)

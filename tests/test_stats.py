@@ -10,12 +10,12 @@ from click.testing import CliRunner
 from scipy.stats import ttest_ind
 
 from cli.main import cli
+from pipeline.core.config import TrainConfig
 from pipeline.core.errors import VseError
 from pipeline.evaluation.stats import mean_std, paired_permutation_test, recall_hits, welch_greater
 from pipeline.reports.report import format_results, seed_groups
 from pipeline.training.run_folder import config_id
 from pipeline.training.sweep import load_sweep
-from pipeline.training.trainer import TrainConfig
 
 # ---------------------------------------------------------------------------- statistics
 

@@ -12,13 +12,15 @@ from conftest import QUIET, TINY_TRAIN, demo_captions, learnable_features, write
 
 from cli.main import cli
 from pipeline.core.checkpoint import load_checkpoint
+from pipeline.core.config import TrainConfig
 from pipeline.core.errors import VseError
 from pipeline.data.cache import FeatureCache
 from pipeline.data.caption_features import CaptionFeatures, encode_text, parts_dir
 from pipeline.data.caption_index import caption_fingerprint
 from pipeline.models.losses import LOSS_NAMES
 from pipeline.models.vse_model import VectorTextEncoder
-from pipeline.training.trainer import TrainConfig, Trainer
+from pipeline.training.build import build_trainer
+from pipeline.training.trainer import Trainer
 
 
 @pytest.fixture(scope="session")
@@ -118,7 +120,7 @@ def test_encode_text_never_overwrites_a_file_it_did_not_make(tiny_cache, tmp_pat
 def test_text_features_train_learn_and_evaluate(tiny_cache, tiny_text, tmp_path):
     cfg = _config(tiny_cache, tiny_text, tmp_path / "run", loss="sh", epochs=6, lr_decay_epoch=5,
                   val_split="train")
-    trainer = Trainer.from_config(cfg, **QUIET)
+    trainer = build_trainer(cfg, **QUIET)
     assert isinstance(trainer.model.text_encoder, VectorTextEncoder) and trainer.vocab is None
     assert isinstance(trainer.source.inputs._array, np.ndarray)  # image features preloaded too
     summary = trainer.fit()
@@ -142,7 +144,7 @@ def test_text_features_train_learn_and_evaluate(tiny_cache, tiny_text, tmp_path)
 def test_resume_with_text_features_gives_the_same_weights(tiny_cache, tiny_text, tmp_path, monkeypatch,
                                                           projection):
     opts = dict(loss="mh", epochs=3, lr_decay_epoch=2, val_every=3, text_projection=projection)
-    Trainer.from_config(_config(tiny_cache, tiny_text, tmp_path / "full", **opts), **QUIET).fit()
+    build_trainer(_config(tiny_cache, tiny_text, tmp_path / "full", **opts), **QUIET).fit()
     original, calls = Trainer.step, {"n": 0}
 
     def step(self, batch):
@@ -154,8 +156,8 @@ def test_resume_with_text_features_gives_the_same_weights(tiny_cache, tiny_text,
     with monkeypatch.context() as m:
         m.setattr(Trainer, "step", step)
         with pytest.raises(KeyboardInterrupt):
-            Trainer.from_config(_config(tiny_cache, tiny_text, tmp_path / "cut", **opts), **QUIET).fit()
-    Trainer.from_config(_config(tiny_cache, tiny_text, tmp_path / "cut", **opts), resume=True, **QUIET).fit()
+            build_trainer(_config(tiny_cache, tiny_text, tmp_path / "cut", **opts), **QUIET).fit()
+    build_trainer(_config(tiny_cache, tiny_text, tmp_path / "cut", **opts), resume=True, **QUIET).fit()
     full, cut = (load_checkpoint(tmp_path / r / "last.pt") for r in ("full", "cut"))
     assert cut["iteration"] == full["iteration"] == 24
     assert full["model_config"]["text_projection"] == projection
@@ -163,13 +165,13 @@ def test_resume_with_text_features_gives_the_same_weights(tiny_cache, tiny_text,
         assert torch.equal(value, cut["model"][key]), key
 
     with pytest.raises(VseError, match="may not change text_features"):
-        Trainer.from_config(TrainConfig(features=str(tiny_cache), run_dir=str(tmp_path / "cut"),
+        build_trainer(TrainConfig(features=str(tiny_cache), run_dir=str(tmp_path / "cut"),
                             **{**TINY_TRAIN, **opts}), resume=True)
 
 
 @pytest.mark.parametrize("loss", LOSS_NAMES)
 def test_every_loss_trains_a_step_on_text_features(tiny_cache, tiny_text, tiny_relevance, tmp_path, loss):
-    trainer = Trainer.from_config(_config(tiny_cache, tiny_text, tmp_path / loss, loss=loss,
+    trainer = build_trainer(_config(tiny_cache, tiny_text, tmp_path / loss, loss=loss,
                               relevance=str(tiny_relevance),
                               epochs=1), **QUIET)
     before = {k: v.clone() for k, v in trainer.model.text_encoder.state_dict().items()}
@@ -194,7 +196,7 @@ def _other_model_file(tiny_text, path):
 
 
 def test_caption_features_of_other_captions_or_model_are_refused_in_one_line(tiny_cache, tiny_text, tmp_path):
-    Trainer.from_config(_config(tiny_cache, tiny_text, tmp_path / "run", loss="sh", epochs=1), **QUIET).fit()
+    build_trainer(_config(tiny_cache, tiny_text, tmp_path / "run", loss="sh", epochs=1), **QUIET).fit()
     best = str(tmp_path / "run" / "best.pt")
     runner = CliRunner()
 
@@ -216,7 +218,7 @@ def test_caption_features_of_other_captions_or_model_are_refused_in_one_line(tin
     assert result.exit_code == 1 and "made for other captions" in result.output
 
     with pytest.raises(VseError, match="may not change text_features"):  # another model's vectors
-        Trainer.from_config(_config(tiny_cache, other, tmp_path / "run", loss="sh", epochs=2), resume=True)
+        build_trainer(_config(tiny_cache, other, tmp_path / "run", loss="sh", epochs=2), resume=True)
     with pytest.raises(VseError, match="no GRU"):
         _config(tiny_cache, tiny_text, tmp_path / "g", glove=True).check()
 

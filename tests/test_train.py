@@ -11,8 +11,10 @@ from conftest import TINY_TRAIN, demo_captions, learnable_features, write_featur
 
 from cli.main import cli
 from pipeline.core.checkpoint import load_checkpoint
+from pipeline.core.config import TrainConfig
 from pipeline.core.errors import VseError
-from pipeline.training.trainer import TrainConfig, Trainer
+from pipeline.training.build import build_trainer
+from pipeline.training.trainer import Trainer
 
 
 def _config(tiny_cache, run_dir, **overrides):
@@ -22,7 +24,7 @@ def _config(tiny_cache, run_dir, **overrides):
 def test_training_learns_and_writes_run_files(tiny_cache, tmp_path):
     # Validation on the 24 training images: this checks that the loop learns, in 48 steps.
     cfg = _config(tiny_cache, tmp_path / "run", loss="sh", epochs=6, lr_decay_epoch=5, val_split="train")
-    summary = Trainer.from_config(cfg, echo=lambda *a: None).fit()
+    summary = build_trainer(cfg, echo=lambda *a: None).fit()
     run = tmp_path / "run"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records] == [1, 2, 3, 4, 5, 6]
@@ -55,14 +57,14 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tiny_cache, tmp_p
                                                                extra):
     # 120 training captions / 16 = 8 batches per epoch; validation (and last.pt) every 3 iterations.
     opts = dict(loss=loss, epochs=3, lr_decay_epoch=2, val_every=3, **extra)
-    Trainer.from_config(_config(tiny_cache, tmp_path / "full", **opts), echo=lambda *a: None).fit()
+    build_trainer(_config(tiny_cache, tmp_path / "full", **opts), echo=lambda *a: None).fit()
 
     with monkeypatch.context() as m:
         _kill_after(m, 13)  # dies in epoch 2, one step after the checkpoint at iteration 12
         with pytest.raises(KeyboardInterrupt):
-            Trainer.from_config(_config(tiny_cache, tmp_path / "cut", **opts), echo=lambda *a: None).fit()
+            build_trainer(_config(tiny_cache, tmp_path / "cut", **opts), echo=lambda *a: None).fit()
     assert load_checkpoint(tmp_path / "cut" / "last.pt")["iteration"] == 12
-    Trainer.from_config(_config(tiny_cache, tmp_path / "cut", **opts), resume=True,
+    build_trainer(_config(tiny_cache, tmp_path / "cut", **opts), resume=True,
                         echo=lambda *a: None).fit()
 
     full = load_checkpoint(tmp_path / "full" / "last.pt")
@@ -74,19 +76,19 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tiny_cache, tmp_p
 
 
 def test_resume_refuses_a_different_setting(tiny_cache, tmp_path):
-    Trainer.from_config(_config(tiny_cache, tmp_path / "r", loss="sh", epochs=1), echo=lambda *a: None).fit()
+    build_trainer(_config(tiny_cache, tmp_path / "r", loss="sh", epochs=1), echo=lambda *a: None).fit()
     with pytest.raises(VseError, match=r"may not change batch_size 8 \(the run's: 16\)"):
-        Trainer.from_config(_config(tiny_cache, tmp_path / "r", loss="sh", epochs=2, batch_size=8),
+        build_trainer(_config(tiny_cache, tmp_path / "r", loss="sh", epochs=2, batch_size=8),
                             resume=True)
     # every option counts, not a list of some: the lr, the margin, mixed precision (amp) …
     for change, shown in (({"lr": 0.05}, "lr 0.05 (the run's: 0.005)"),
                           ({"margin": 0.3}, "margin 0.3 (the run's: None)"),
                           ({"amp": False}, "amp False (the run's: True)")):
         with pytest.raises(VseError, match=re.escape(shown)):
-            Trainer.from_config(_config(tiny_cache, tmp_path / "r", loss="sh", epochs=2, **change),
+            build_trainer(_config(tiny_cache, tmp_path / "r", loss="sh", epochs=2, **change),
                                 resume=True)
     with pytest.raises(VseError, match="no last.pt"):
-        Trainer.from_config(_config(tiny_cache, tmp_path / "none", loss="sh"), resume=True)
+        build_trainer(_config(tiny_cache, tmp_path / "none", loss="sh"), resume=True)
 
 
 def _train_cli(*args):
@@ -124,15 +126,15 @@ def test_resume_refuses_another_number_of_processes(tiny_cache, tmp_path):
     from pipeline.core.checkpoint import save_checkpoint
 
     run = tmp_path / "run"
-    Trainer.from_config(_config(tiny_cache, run, loss="sh", epochs=1), echo=lambda *a: None).fit()
+    build_trainer(_config(tiny_cache, run, loss="sh", epochs=1), echo=lambda *a: None).fit()
     state = load_checkpoint(run / "last.pt")
     assert state["world_size"] == 1
     save_checkpoint({**state, "world_size": 2}, run / "last.pt")  # as if trained by torchrun × 2
     with pytest.raises(VseError, match=r"--resume with 1 process\(es\), but the run was trained with 2"):
-        Trainer.from_config(_config(tiny_cache, run, loss="sh", epochs=2), resume=True)
+        build_trainer(_config(tiny_cache, run, loss="sh", epochs=2), resume=True)
     del state["world_size"]  # a checkpoint from before world_size was recorded: one process
     save_checkpoint(state, run / "last.pt")
-    Trainer.from_config(_config(tiny_cache, run, loss="sh", epochs=2), resume=True,
+    build_trainer(_config(tiny_cache, run, loss="sh", epochs=2), resume=True,
                         echo=lambda *a: None).fit()
     assert load_checkpoint(run / "last.pt")["epoch"] == 2
 
@@ -145,7 +147,7 @@ def test_nan_features_stop_training_with_a_clear_error(tmp_path):
     cache = write_feature_cache(tmp_path / "nan.h5", feats, captions, caption_image,
                                 {"train": np.arange(8), "dev": np.arange(8, 10)})
     with pytest.raises(VseError, match="loss became nan"):
-        Trainer.from_config(_config(cache, tmp_path / "run", loss="sh", epochs=1, batch_size=50),
+        build_trainer(_config(cache, tmp_path / "run", loss="sh", epochs=1, batch_size=50),
                 echo=lambda *a: None).fit()
 
 
@@ -219,7 +221,7 @@ def test_cli_evaluate_npz_and_bad_npz(tmp_path):
 
 
 def test_evaluate_refuses_features_of_another_dimension(tiny_cache, tmp_path):
-    Trainer.from_config(_config(tiny_cache, tmp_path / "run", loss="sh", epochs=1),
+    build_trainer(_config(tiny_cache, tmp_path / "run", loss="sh", epochs=1),
                         echo=lambda *a: None).fit()
     ids, captions = demo_captions(10)
     other = write_feature_cache(tmp_path / "other.h5", np.zeros((10, 7)), captions,
@@ -233,7 +235,7 @@ def test_evaluate_refuses_features_of_another_dimension(tiny_cache, tmp_path):
 def test_a_bad_validation_split_stops_before_training_and_stale_temporaries_go(tiny_cache, tmp_path):
     run = tmp_path / "run"
     with pytest.raises(VseError, match="no split 'val'"):
-        Trainer.from_config(_config(tiny_cache, run, loss="sh", epochs=1, val_split="val"),
+        build_trainer(_config(tiny_cache, run, loss="sh", epochs=1, val_split="val"),
                             echo=lambda *a: None)
     assert not run.exists()  # refused at set-up, before any epoch
     run.mkdir()
@@ -241,7 +243,7 @@ def test_a_bad_validation_split_stops_before_training_and_stale_temporaries_go(t
     live = run / f".other.json.{os.getpid()}.tmp"  # a writer that is still running
     killed.write_bytes(b"half")
     live.write_bytes(b"busy")
-    Trainer.from_config(_config(tiny_cache, run, loss="sh", epochs=1), echo=lambda *a: None).fit()
+    build_trainer(_config(tiny_cache, run, loss="sh", epochs=1), echo=lambda *a: None).fit()
     assert not killed.exists() and live.exists()
     assert (run / "last.pt").exists()
 
@@ -263,11 +265,11 @@ def test_what_resume_may_change_leaves_the_updates_alone(tiny_cache, tmp_path):
     """RESUME_MAY_CHANGE's promise: more epochs and another --val-every (and the folder's
     path) give the weights of one run with the final settings."""
     opts = {"loss": "mh", "loss_options": {"negative_set_size": 5}, "lr_decay_epoch": 1}
-    Trainer.from_config(_config(tiny_cache, tmp_path / "full", epochs=2, **opts), echo=lambda *a: None).fit()
+    build_trainer(_config(tiny_cache, tmp_path / "full", epochs=2, **opts), echo=lambda *a: None).fit()
     first = _config(tiny_cache, tmp_path / "first", epochs=1, val_every=3, **opts)
-    Trainer.from_config(first, echo=lambda *a: None).fit()
+    build_trainer(first, echo=lambda *a: None).fit()
     os.rename(tmp_path / "first", tmp_path / "moved")
-    Trainer.from_config(_config(tiny_cache, tmp_path / "moved", epochs=2, val_every=5, **opts), resume=True,
+    build_trainer(_config(tiny_cache, tmp_path / "moved", epochs=2, val_every=5, **opts), resume=True,
             echo=lambda *a: None).fit()
     full = load_checkpoint(tmp_path / "full" / "last.pt")
     moved = load_checkpoint(tmp_path / "moved" / "last.pt")
@@ -298,10 +300,10 @@ def test_adam_kernels_make_the_same_updates_and_old_runs_resume_with_their_own(t
     from pipeline.core.checkpoint import save_checkpoint
 
     opts = dict(loss="sh", epochs=1)
-    fused = Trainer.from_config(_config(tiny_cache, tmp_path / "fused", **opts), echo=lambda *a: None)
+    fused = build_trainer(_config(tiny_cache, tmp_path / "fused", **opts), echo=lambda *a: None)
     assert fused.optimizer.defaults["fused"] is True  # the default kernel
     fused.fit()
-    plain = Trainer.from_config(_config(tiny_cache, tmp_path / "plain", adam_kernel="default", **opts),
+    plain = build_trainer(_config(tiny_cache, tmp_path / "plain", adam_kernel="default", **opts),
                     echo=lambda *a: None)
     assert not plain.optimizer.defaults["fused"]
     plain.fit()
@@ -314,6 +316,6 @@ def test_adam_kernels_make_the_same_updates_and_old_runs_resume_with_their_own(t
     state = load_checkpoint(tmp_path / "plain" / "last.pt")
     del state["train_config"]["adam_kernel"]
     save_checkpoint(state, tmp_path / "plain" / "last.pt")
-    resumed = Trainer.from_config(_config(tiny_cache, tmp_path / "plain", loss="sh", epochs=2), resume=True,
+    resumed = build_trainer(_config(tiny_cache, tmp_path / "plain", loss="sh", epochs=2), resume=True,
                       given={"epochs"}, echo=lambda *a: None)
     assert resumed.cfg.adam_kernel == "default" and not resumed.optimizer.defaults["fused"]

@@ -130,6 +130,14 @@ def build_run(config: TrainConfig, resume: bool = False, echo=print, given=None,
         resume_state=resume_state)
 
 
+def build_trainer(config: TrainConfig, resume: bool = False, echo=print, given=None,
+                  overwrite: bool = False):
+    """The Trainer of a run folder and its config, in one call (``build_run``'s arguments)."""
+    from pipeline.training.trainer import Trainer
+
+    return Trainer(build_run(config, resume=resume, echo=echo, given=given, overwrite=overwrite))
+
+
 def _check_world_size(state: dict, world: int, where) -> None:
     """The global batch (and so each pair's place in it) depends on the number of processes."""
     saved = int(state.get("world_size", 1))  # checkpoints before world_size: one process

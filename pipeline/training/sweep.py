@@ -238,14 +238,14 @@ def train_run(config: dict, resume: bool, threads: int | None = None, echo=print
     """Train one run to the end and write its done marker; returns the Trainer's summary."""
     import torch
 
-    from pipeline.training.trainer import Trainer
+    from pipeline.training.build import build_trainer
 
     if threads:
         torch.set_num_threads(threads)
     folder = RunFolder(config["run_dir"])
     with folder.lock:  # another sweep training this run keeps it (and its log)
         cfg = TrainConfig.from_dict(config)
-        summary = Trainer.from_config(cfg, resume=resume, echo=echo).fit()
+        summary = build_trainer(cfg, resume=resume, echo=echo).fit()
         summary = {**summary, "epoch": cfg.epochs, "finished": time.time()}
         folder.mark_done(summary)
     return summary

@@ -14,12 +14,12 @@ import math
 import time
 import warnings
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from pipeline.core import distributed as dist
 from pipeline.core.checkpoint import save_checkpoint
-from pipeline.core.config import TrainConfig
 from pipeline.core.errors import VseError
 from pipeline.core.runtime import (
     autocast,
@@ -32,7 +32,9 @@ from pipeline.data.batches import Batch, LoadFailure, PairBatches, batch_slices,
 from pipeline.evaluation.inference import encode_split
 from pipeline.evaluation.metrics import evaluate_embeddings
 from pipeline.models.vse_model import join_state
-from pipeline.training.build import RunParts, build_run
+
+if TYPE_CHECKING:  # the Trainer is handed its parts; it does not know how they are built
+    from pipeline.training.build import RunParts
 
 
 @dataclass
@@ -47,7 +49,7 @@ class Progress:
 class Trainer:
     """The loop of one run: fit, step, validate, and the state a checkpoint holds. It is handed
     its parts (``training.build.RunParts``, built by ``build_run``); its files go through
-    ``RunFolder``. ``Trainer.from_config`` builds the parts and the Trainer in one call."""
+    ``RunFolder``. ``training.build.build_trainer`` builds the parts and the Trainer in one call."""
 
     def __init__(self, parts: RunParts):
         self.parts = parts
@@ -66,12 +68,6 @@ class Trainer:
         self.monitor = CollapseMonitor(self.loss_traits, self.cfg.batch_size * self.world, self.echo)
         if parts.resume_state is not None:
             self.load_state_dict(parts.resume_state)
-
-    @classmethod
-    def from_config(cls, config: TrainConfig, resume: bool = False, echo=print, given=None,
-                    overwrite: bool = False) -> Trainer:
-        """The Trainer of a run folder and its config (``build_run``'s arguments)."""
-        return cls(build_run(config, resume=resume, echo=echo, given=given, overwrite=overwrite))
 
     @property
     def vocab(self):
