@@ -155,6 +155,24 @@ def test_the_service_side_embeds_a_query_like_the_file(made, tmp_path):
     assert embedder.dim == 16 and embedder.similarity == "cosine"
 
 
+def test_the_service_reads_the_checkpoint_once(made, monkeypatch):
+    """search and serve build their model from one read of the checkpoint (it was two)."""
+    import pipeline.core.checkpoint as checkpoint_module
+    from pipeline.search import embed as embed_module
+
+    reads = []
+    real = checkpoint_module.load_checkpoint
+
+    def counting(path, *args, **kwargs):
+        reads.append(str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(embed_module, "load_checkpoint", counting)
+    monkeypatch.setattr("pipeline.evaluation.inference.load_checkpoint", counting)
+    embedder = embed_module.Embedder.from_checkpoint(made["gpo"], "cpu")
+    assert reads == [str(made["gpo"])] and embedder.dim == 16
+
+
 @pytest.mark.parametrize("write, option, problem", [
     (lambda p: p.write_text(""), "--captions", "empty caption file"),
     (lambda p: p.write_text("\n\n"), "--captions", "empty caption file"),

@@ -67,7 +67,7 @@ def standin(monkeypatch):
     """`load_embedder` returns the stand-in of the checkpoint (the seam the real one fills)."""
     made = []
 
-    def load(checkpoint, device="auto"):
+    def load(checkpoint, device="auto", digest=None):
         made.append(str(checkpoint))
         return StandInEmbedder.for_checkpoint(checkpoint)
 

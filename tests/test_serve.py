@@ -245,7 +245,8 @@ def test_vse_serve_binds_localhost_and_checks_the_model(demo, monkeypatch, tmp_p
 
     seen = {}
     monkeypatch.setattr(search_module, "load_embedder",
-                        lambda checkpoint, device="auto": StandInEmbedder.for_checkpoint(checkpoint))
+                        lambda checkpoint, device="auto", digest=None:
+                        StandInEmbedder.for_checkpoint(checkpoint))
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: seen.update(config=self.config))
     result = CliRunner().invoke(cli, ["serve", str(demo["root"] / "idx")])
     assert result.exit_code == 0, result.output

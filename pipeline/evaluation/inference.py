@@ -73,7 +73,13 @@ class LoadedModel:
 
 
 def load_model(checkpoint_path, device: torch.device) -> LoadedModel:
-    state = load_checkpoint(checkpoint_path)
+    """The model of a checkpoint file (of a cached-feature run), on ``device``, in eval mode."""
+    return model_from_state(load_checkpoint(checkpoint_path), checkpoint_path, device)
+
+
+def model_from_state(state: dict, checkpoint_path, device: torch.device) -> LoadedModel:
+    """The model of a checkpoint already read (``load_checkpoint``): a caller that needs the
+    state for more than the model reads the file once."""
     try:
         cfg = ModelConfig.from_dict(state["model_config"])
         model = VSEModel(cfg)

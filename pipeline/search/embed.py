@@ -201,15 +201,16 @@ class Embedder:
         return self.model.config.similarity
 
     @classmethod
-    def from_checkpoint(cls, checkpoint, device="auto", features=None) -> Embedder:
+    def from_checkpoint(cls, checkpoint, device="auto", features=None, digest: str | None = None) -> Embedder:
         """``features``: the feature cache whose pipeline embeds images, instead of the one the
-        checkpoint records or names (a checkpoint made before checkpoints recorded it)."""
-        from pipeline.evaluation.inference import load_model
+        checkpoint records or names (a checkpoint made before checkpoints recorded it).
+        ``digest``: the file's sha256 when the caller has it already. The file is read once."""
+        from pipeline.evaluation.inference import model_from_state
 
         checkpoint = Path(checkpoint)
         device = runtime.resolve_device(device) if isinstance(device, str) else device
         state = load_checkpoint(checkpoint)
-        digest = file_sha256(checkpoint)
+        digest = digest or file_sha256(checkpoint)
         why = ""
         if "backbone" in state:
             from pipeline.data.image_source import rc_model
@@ -218,7 +219,7 @@ class Embedder:
             model = model.to(device).eval()
             images = _OwnCnnImages(preprocessing, state["backbone"])
         else:
-            model = load_model(checkpoint, device).model
+            model = model_from_state(state, checkpoint, device).model  # the state read above: once
             pipeline, why = image_pipeline(state, features)
             images = _CacheImages(pipeline, device) if pipeline else None
         if images is not None and model.config.image_pool is None and images.describe.get("grid"):

@@ -48,12 +48,12 @@ class QueryError(VseError):
         super().__init__(message)
 
 
-def load_embedder(checkpoint, device: str = "auto"):
+def load_embedder(checkpoint, device: str = "auto", digest: str | None = None):
     """The model that embeds queries: `vse embed`'s, from the checkpoint (imported here, as it
     loads torch and the encoders, which an index-only search does not need)."""
     from pipeline.search.embed import Embedder
 
-    return Embedder.from_checkpoint(checkpoint, device=device)
+    return Embedder.from_checkpoint(checkpoint, device=device, digest=digest)
 
 
 def check_text(text, limits: QueryLimits) -> str:
@@ -158,7 +158,7 @@ def open_searcher(index_path, checkpoint=None, device: str = "auto",
     if digest != index.checkpoint_sha256:
         raise VseError(f"is another model (sha256 {digest[:12]}…) than the one the index was made with "
                        f"({index.checkpoint_sha256[:12]}…)", checkpoint)
-    embedder = load_embedder(checkpoint, device)
+    embedder = load_embedder(checkpoint, device, digest)
     check_embedder(embedder, index, checkpoint)
     return Searcher(index, embedder, limits, checkpoint)
 
