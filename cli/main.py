@@ -11,9 +11,20 @@ import click
 from pipeline import __version__
 from pipeline.core.errors import VseError
 
+# Old command names kept for one version: old → new (a note on stderr says so when one is used).
+ALIASES = {"check-head": "check-pool"}
+
 
 class VseGroup(click.Group):
-    """A click group that turns ``VseError`` into one line on stderr and exit status 1."""
+    """A click group that turns ``VseError`` into one line on stderr and exit status 1, and
+    takes the old names of ``ALIASES``."""
+
+    def get_command(self, ctx, name):
+        if name in ALIASES:
+            click.echo(f"note: `vse {name}` is now `vse {ALIASES[name]}`; the old name goes in the next "
+                       "version", err=True)
+            name = ALIASES[name]
+        return super().get_command(ctx, name)
 
     def invoke(self, ctx):
         try:
@@ -40,7 +51,7 @@ COMMANDS = {
     "plot": "cli.report_cmd:plot_command",
     "gallery": "cli.report_cmd:gallery_command",
     "check-loss": "cli.check_loss_cmd:check_loss_command",
-    "check-head": "cli.check_head_cmd:check_head_command",
+    "check-pool": "cli.check_pool_cmd:check_pool_command",
     "embed": "cli.embed_cmd:embed_command",
     "index": "cli.search_cmd:index",
     "search": "cli.search_cmd:search",

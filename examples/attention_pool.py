@@ -1,8 +1,8 @@
 """Attention pooling over a set (the attention-based MIL pooling of Ilse et al., ICML 2018,
 without its gate): an example of a `vse` set-pool plug-in.
 
-    vse check-head examples/attention_pool.py:AttentionPool
-    vse check-head examples/attention_pool.py:AttentionPool --pool-option hidden=64
+    vse check-pool examples/attention_pool.py:AttentionPool
+    vse check-pool examples/attention_pool.py:AttentionPool --pool-option hidden=64
 
 A pool is any torch.nn.Module built as ``Class(dim=E, **options)`` and called as
 ``pool(x, lengths)``: x (B, K, E) the members of B sets, padded to K; lengths (B,) how many

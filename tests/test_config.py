@@ -79,7 +79,8 @@ def test_a_new_option_is_one_field_seen_by_help_checks_resume_and_identity():
 def test_what_the_lists_used_to_say_now_comes_from_the_fields():
     assert resume_may_change() == ("run_dir", "epochs", "val_every", "workers", "preload", "device",
                                    "log_every")
-    assert set(execution_only()) == {"run_dir", "seed", "workers", "log_every", "preload", "device"}
+    # grid is implied by rc + image_pool (it only says it aloud), so it adds nothing to a run's identity
+    assert set(execution_only()) == {"run_dir", "seed", "workers", "log_every", "preload", "device", "grid"}
     assert old_defaults()["adam_kernel"] == "default" and old_defaults()["max_caption_tokens"] == 100
 
 
@@ -171,3 +172,21 @@ def test_csv_options_of_train_rc_reach_the_reader_and_stay_out_of_cached_runs(tm
     cached = CliRunner().invoke(cli, ["train", "--features", str(tiny_cache), "--csv-img-key", "picture",
                                       "--run-dir", str(tmp_path / "cached")])
     assert cached.exit_code == 1 and "--csv-img-key describe a --dataset csv file for --rc" in cached.output
+
+
+def test_the_modules_and_the_cli_take_their_name_lists_from_the_registry():
+    """The registry's sentence holds: each list of names is the registry's own object."""
+    from cli.main import cli
+    from pipeline.models import similarity
+    from pipeline.relevance import stage
+    from pipeline.search import faiss_index
+
+    assert similarity.SIMILARITIES is registry.SIMILARITIES
+    assert stage.METHODS is registry.RELEVANCE_METHODS
+    assert faiss_index.KINDS is registry.INDEX_KINDS
+    choices = {p.name: tuple(p.type.choices) for p in cli.commands["extract"].params
+               if isinstance(p.type, click.Choice)}
+    assert choices["kind"] == registry.DATASET_KINDS
+    relevance = {p.name: tuple(p.type.choices) for p in cli.commands["relevance"].params
+                 if isinstance(p.type, click.Choice)}
+    assert relevance["method"] == registry.RELEVANCE_METHODS

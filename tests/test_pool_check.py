@@ -1,4 +1,4 @@
-"""The set-pool contract (`vse check-head`): built-in pools and the example plug-in keep it;
+"""The set-pool contract (`vse check-pool`): built-in pools and the example plug-in keep it;
 hand-made broken pools fail the check that names their fault."""
 
 import re
@@ -76,22 +76,29 @@ def test_a_sequence_pool_reports_its_order_without_failing(tmp_path):
     assert all(r.ok for i, r in enumerate(results) if i != 3)
 
 
-def test_check_head_command(tmp_path):
+def test_check_pool_command(tmp_path):
     runner = CliRunner()
-    result = runner.invoke(cli, ["check-head", EXAMPLE, "--pool-option", "hidden=16"])
+    result = runner.invoke(cli, ["check-pool", EXAMPLE, "--pool-option", "hidden=16"])
     assert result.exit_code == 0, result.output
-    assert result.output.startswith(f"check-head {EXAMPLE}\n")
+    assert result.output.startswith(f"check-pool {EXAMPLE}\n")
     assert re.search(r"padding ignored +ok", result.output)
     path = tmp_path / "broken.py"
     path.write_text(BROKEN["no gradient"])
-    result = runner.invoke(cli, ["check-head", f"{path}:Pool"])
+    result = runner.invoke(cli, ["check-pool", f"{path}:Pool"])
     assert result.exit_code == 1
     assert re.search(r"gradient reaches every member, no padding +FAIL +no gradient reaches the members",
                      result.output)
-    result = runner.invoke(cli, ["check-head", "last"])
+    result = runner.invoke(cli, ["check-pool", "last"])
     assert result.exit_code == 1 and result.output.startswith("error: unknown pool 'last'")
-    result = runner.invoke(cli, ["check-head", str(tmp_path / "nope.py") + ":Pool"])
+    result = runner.invoke(cli, ["check-pool", str(tmp_path / "nope.py") + ":Pool"])
     assert result.output.strip().splitlines() == [f"error: {tmp_path / 'nope.py'}: no such pool file"]
+
+
+def test_the_old_name_check_head_still_runs_with_a_note():
+    result = CliRunner().invoke(cli, ["check-head", EXAMPLE, "--pool-option", "hidden=16"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith("note: `vse check-head` is now `vse check-pool`")
+    assert result.stdout.startswith(f"check-pool {EXAMPLE}\n")
 
 
 def test_a_pool_that_cannot_be_built_is_one_line(tmp_path):

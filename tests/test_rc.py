@@ -284,10 +284,10 @@ def test_cli_rc_options_and_their_errors(images_root, tmp_path):
 
 
 def test_rc_pools_the_cnn_map_end_to_end_and_embeds_like_evaluate(images_root, tmp_path):
-    """--rc --image-pool gpo: the CNN's map as a set (VSE∞'s grid setting), fine-tuned; evaluated
+    """--rc --grid --image-pool gpo: the CNN's map as a set (VSE∞'s grid setting), fine-tuned; evaluated
     on images, and `vse embed` of the same files gives the same image embeddings."""
     trainer = build_trainer(_rc(images_root, tmp_path / "grid", epochs=1, loss="mh", finetune=True,
-                          image_pool="gpo"), **QUIET)
+                                grid=True, image_pool="gpo"), **QUIET)
     trainer.fit()
     state = load_checkpoint(tmp_path / "grid" / "best.pt")
     assert state["backbone"]["grid"] is True and len(state["pool_weights"]["image"]) == 16 * 16

@@ -86,8 +86,11 @@ class TrainConfig:
 
     # ---- where the pairs come from
     features: str = option("", "Feature cache (.h5) from `vse extract`.", path="file")
-    rc: bool = option(False, "End to end: decode images, random crops through the CNN every step "
-                             "(no feature cache; needs --root).")
+    rc: bool = option(False, "Read pixels and run the CNN each step (random crops; no feature cache; "
+                             "needs --root). The CNN stays frozen unless --finetune.")
+    grid: bool = option(False, "--rc: the CNN gives its last feature map as a set of h·w grid cells, "
+                               "pooled by --image-pool, instead of one pooled vector.", identity=False,
+                        before=False)
     dataset: str = option("flickr8k", "--rc: dataset layout of --root.", choices=IMAGE_DATASET_KINDS)
     root: str = option("", shared=True, path="any")
     csv_img_key: str | None = option(None, shared=True, before=None)
@@ -136,7 +139,9 @@ class TrainConfig:
     max_caption_tokens: int = option(100, "Captions are cut to this many tokens.", minimum=1, before=100)
     img_norm: bool = option(True, "VSE0 variant: images not L2-normalised.", flag="--no-img-norm",
                             flag_value=False)
-    projection: str = option("linear", "The image head: linear (VSE++) or mlp (ConVSE).",
+    projection: str = option("linear", "The head of a one-vector image and of the GRU caption encoder "
+                                       "(--text-pool last): linear (VSE++) or mlp (ConVSE). Sets use "
+                                       "--set-projection, caption features --text-projection.",
                              choices=PROJECTIONS)
     text_features: str | None = option(
         None, "Caption-feature file from `vse encode-text`: a head over these frozen vectors replaces "
@@ -242,12 +247,31 @@ class TrainConfig:
             if csv:
                 raise VseError(f"{', '.join(map(flag_name, csv))} describe a --dataset csv file for --rc; "
                                "a feature cache already holds its captions and splits")
+        if self.grid and not self.rc:
+            raise VseError("--grid is for --rc (the CNN runs each step); a cache holds a grid when "
+                           "`vse extract --grid` made it")
+        if self.grid and self.image_pool is None:
+            raise VseError("--grid gives each image a set of grid cells: pool them with --image-pool")
+        gru_head = not self.text_features and self.text_pool == LAST
+        if self.projection != "linear" and self.image_pool is not None and not gru_head:
+            raise VseError(f"--projection {self.projection} applies to a one-vector image and to the GRU "
+                           "caption encoder; here the images are sets (--set-projection) and the captions "
+                           "are not the GRU's (--text-projection)")
         if self.image_pool is not None:
             check_image_pool(self.image_pool)
         check_text_pool(self.text_pool)
         if self.text_features and self.glove:
             raise VseError("--glove initialises the GRU's word embeddings; with --text-features "
                            "there is no GRU")
+
+    def old_spellings(self) -> list[str]:
+        """Apply the spellings kept for one version; returns a note for each one used."""
+        notes = []
+        if self.rc and self.image_pool is not None and not self.grid:
+            self.grid = True
+            notes.append("--rc with --image-pool now needs --grid (the CNN's map as a set); "
+                         "taken as --grid for this version")
+        return notes
 
     def dataset_options(self) -> dict:
         """The reader options of --dataset (the csv layout) for ``data.readers.load_dataset``."""

@@ -1,4 +1,9 @@
-"""The names of the house: the one list of every kind of built-in part, torch-free.
+"""The names of the house: the one list of every kind of built-in name, torch-free.
+
+Dataset layouts (``READERS``), losses, backbones, set pools, projections, similarities,
+relevance methods, FAISS index kinds, size-augmentation rules, Adam kernels and crop modes are
+listed here and nowhere else (tests/test_config.py checks that the modules and the CLI take
+them from here).
 
 timm's rule: a registry is the single source of names, and factories build the parts. Each
 registry maps a name to ``"module:attribute"``, resolved only when the part is built, so
@@ -169,7 +174,7 @@ PROJECTIONS = ("linear", "mlp")
 # Set pools: a padded set of vectors → one vector, ``pool(x (B, K, E), lengths (B,))`` →
 # (B, E). They pool image members (regions, grid cells) and caption tokens (BiGRU states, or
 # cached token vectors) alike; a user's own pool is built as ``Class(dim=E, **options)``
-# (``vse check-head`` runs its contract).
+# (``vse check-pool`` runs its contract).
 SET_POOLS = Registry("pool", {
     "mean": "pipeline.models.heads:MeanPool",  # masked mean
     "max": "pipeline.models.heads:MaxPool",    # masked max per dimension
@@ -191,6 +196,16 @@ SET_PROJECTIONS = ("linear", "linear+mlp")
 # Size augmentation of a training set (set_augment.size_augment): "precomp" = VSE∞'s rule for
 # precomputed regions, "grid" = its rule for CNN grids.
 SIZE_AUGMENT_RULES = ("precomp", "grid")
+
+# ---------------------------------------------------------------------------- scores and files
+# Similarities of an image and a caption embedding (models.similarity): the inner product, and the
+# order-embedding score squared (the paper) or not (VSE++'s code).
+SIMILARITIES = ("cosine", "order", "order-norm")
+# Caption relevance (`vse relevance --method`): LSEH's TF-IDF + SVD, MiniLM, mean GloVe, and the
+# ladder paper's gate of the two.
+RELEVANCE_METHODS = ("svd", "bert", "cbow", "cbow+bert")
+# FAISS index kinds (`vse index --kind`).
+INDEX_KINDS = ("flat", "hnsw", "ivfpq")
 
 # ---------------------------------------------------------------------------- training
 # Adam's kernels: the same update, rounded differently (PROTOCOL.md). "fused" is one pass over

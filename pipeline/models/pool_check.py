@@ -1,4 +1,4 @@
-"""The set-pool contract (``vse check-head``): what every pool, built-in or a user's own, must
+"""The set-pool contract (``vse check-pool``): what every pool, built-in or a user's own, must
 satisfy for a set head (``heads.SetImageHead``, the caption encoders) to use it.
 
 A pool is built as ``Class(dim=E, **options)`` and called as ``pool(x (B, K, E), lengths

@@ -12,10 +12,8 @@ import numpy as np
 import torch
 
 from pipeline.core.errors import VseError
+from pipeline.core.registry import SIMILARITIES  # a model's ``similarity``, a loss's declared one
 
-# Similarity names (a model's ``similarity``, a loss's declared similarity): the inner product,
-# and the order-embedding score squared (the paper) or not (VSE++'s code).
-SIMILARITIES = ("cosine", "order", "order-norm")
 # Largest (rows, step, D) difference block of ``order_scores`` (elements).
 ORDER_BLOCK_ELEMENTS = 1 << 22
 

@@ -10,13 +10,14 @@ import numpy as np
 
 from pipeline.core.errors import VseError
 from pipeline.core.fsutil import atomic_path, flush_to_disk, guard_output, output_format
+from pipeline.core.registry import RELEVANCE_METHODS
 from pipeline.relevance.neighbours import top_neighbours
 from pipeline.relevance.store import DTYPES, FORMAT, write_relevance
 from pipeline.relevance.svd import DEFAULT_SVD_ITERATIONS, MODEL_FORMAT, SvdModel, model_path_for
 from pipeline.text.encoders import encode_captions, encoder_identity
 from pipeline.text.vectors import RelevanceVectors
 
-METHODS = ("svd", "bert", "cbow", "cbow+bert")
+METHODS = RELEVANCE_METHODS
 DEFAULT_CBOW_THRESHOLD = 0.8  # the ladder code's EcoSTSMatrix(coocthreshold=0.8)
 
 

@@ -46,6 +46,7 @@ from pipeline import __version__
 from pipeline.core.errors import VseError
 from pipeline.core.formats import EMBEDDINGS, SEARCH_INDEX
 from pipeline.core.fsutil import FOLDER_META, atomic_dir, file_sha256, guard_output
+from pipeline.core.registry import INDEX_KINDS
 
 FORMAT, FORMAT_VERSION = SEARCH_INDEX.tag, SEARCH_INDEX.version
 ITEMS_FORMAT = "vse-index-items"
@@ -53,7 +54,7 @@ FAISS_FILE, ITEMS_FILE = "index.faiss", "items.h5"
 EMBEDDINGS_FORMAT, EMBEDDINGS_VERSION = EMBEDDINGS.tag, EMBEDDINGS.version
 GROUPS = ("images", "captions")
 GROUP_FIELD = {"images": "paths", "captions": "texts"}  # what a result shows besides its id
-KINDS = ("flat", "hnsw", "ivfpq")
+KINDS = INDEX_KINDS
 RECALL_AT = 10
 EF_SEARCH_STEPS = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 NPROBE_STEPS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)

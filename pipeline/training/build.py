@@ -82,6 +82,8 @@ def build_run(config: TrainConfig, resume: bool = False, echo=print, given=None,
         resume_state, config, notes = run.resume(config, given)
         if notes:
             quiet_echo(f"resuming with {', '.join(notes)}")
+    for note in config.old_spellings():
+        quiet_echo(f"note: {note}")
     config.check()
     device = resolve_device(config.device)
     distributed = dist.init_from_env(device)

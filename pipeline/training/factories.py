@@ -40,7 +40,7 @@ def create_pair_source(cfg: TrainConfig) -> PairSource:
     return ImageSource(cfg.dataset, cfg.root, cfg.backbone, weights=cfg.backbone_weights,
                        finetune=cfg.finetune, freeze_bn=cfg.freeze_bn, crop=cfg.crop, seed=cfg.seed,
                        batch_size=cfg.batch_size, dataset_options=cfg.dataset_options(),
-                       grid=cfg.image_pool is not None)
+                       grid=cfg.grid)
 
 
 def create_caption_side(cfg: TrainConfig, source: PairSource, train_captions: np.ndarray,
@@ -73,6 +73,9 @@ def create_model(cfg: TrainConfig, source: PairSource, captions: CaptionEncoder,
         feature_dim=source.feature_dim, embed_dim=cfg.embed_dim, img_norm=cfg.img_norm,
         similarity=traits.similarity, projection=cfg.projection, **image_fields(cfg, source),
         text_pool=cfg.text_pool, pool_options=cfg.pool_options, **captions.model_fields(cfg))
+    if not cfg.img_norm and traits.similarity != "cosine":
+        raise VseError(f"--no-img-norm: loss {cfg.loss!r} scores by {traits.similarity}, which needs "
+                       "normalised images; drop --no-img-norm")
     model = VSEModel(model_config, source.backbone).to(device)
     if distributed and cfg.finetune and not cfg.freeze_bn and device.type == "cuda":
         # BatchNorm statistics of the global batch, as one process with N×B would compute
