@@ -21,3 +21,65 @@ __version__ = "0.1.0"
 
 # The packages in the order above: each may import only those before it (tests/test_layers.py).
 LAYERS = ("core", "models", "text", "data", "relevance", "evaluation", "training", "reports", "search")
+
+# Where each module of the flat layout (version 0.1.0 before the split by concern) went. A user's
+# plug-in (FILE.py:Class) that imports an old path, e.g. ``from pipeline.losses import
+# MaxHingeLoss``, still works for one version, with a note; the old names that are packages now
+# (models, text, evaluation, search) cannot be kept.
+MOVED = {
+    "errors": "core.errors", "fsutil": "core.fsutil", "runtime": "core.runtime",
+    "distributed": "core.distributed", "runlock": "core.runlock", "plugin_import": "core.plugin_import",
+    "registry": "core.registry", "config": "core.config", "checkpoint": "core.checkpoint",
+    "layers": "models.layers", "heads": "models.heads", "set_augment": "models.set_augment",
+    "models": "models.vse_model", "losses": "models.losses", "loss_plugins": "models.loss_plugins",
+    "loss_check": "models.loss_check", "pool_check": "models.pool_check", "backbones": "models.backbones",
+    "engines": "models.engines", "crops": "models.crops", "text": "text.vocabulary", "glove": "text.glove",
+    "relevance.encoders": "text.encoders", "relevance.bert": "text.bert", "relevance.cbow": "text.cbow",
+    "relevance.vectors": "text.vectors", "datasets": "data.readers", "index": "data.caption_index",
+    "cache": "data.cache", "caption_features": "data.caption_features", "captions": "data.captions",
+    "batches": "data.batches", "rc": "data.image_source", "extract": "data.extract",
+    "evaluation": "evaluation.evaluate", "metrics": "evaluation.metrics", "inference": "evaluation.inference",
+    "judgments": "evaluation.judgments", "relevance.human": "evaluation.relevance_human",
+    "stats": "evaluation.stats", "train": "training.trainer", "factories": "training.factories",
+    "runs": "training.run_folder", "curves": "training.curves", "sweep": "training.sweep",
+    "batch_eval": "reports.batch_eval", "compare": "reports.compare", "report": "reports.report",
+    "plots": "reports.plots", "gallery": "reports.gallery", "embed": "search.embed",
+    "search_index": "search.faiss_index", "search": "search.searcher", "serve": "search.serve",
+}
+
+
+class _MovedModules:
+    """``import pipeline.<old>`` gives the module it moved to, with a note (a FutureWarning)."""
+
+    @staticmethod
+    def find_spec(fullname, path=None, target=None):
+        import importlib.util
+
+        old = fullname.removeprefix(__name__ + ".")
+        if not fullname.startswith(__name__ + ".") or old not in MOVED or old in LAYERS:
+            return None
+        return importlib.util.spec_from_loader(fullname, _MovedModules)
+
+    @staticmethod
+    def create_module(spec):
+        import importlib
+        import warnings
+
+        new = f"{__name__}.{MOVED[spec.name.removeprefix(__name__ + '.')]}"
+        warnings.warn(f"{spec.name} is now {new}; the old path goes in the next version", FutureWarning,
+                      stacklevel=2)
+        return importlib.import_module(new)
+
+    @staticmethod
+    def exec_module(module):
+        pass
+
+
+def _install_moved_modules() -> None:
+    import sys
+
+    if not any(isinstance(f, type) and f is _MovedModules for f in sys.meta_path):
+        sys.meta_path.append(_MovedModules)
+
+
+_install_moved_modules()

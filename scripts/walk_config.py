@@ -10,7 +10,8 @@ classes (their ``__init__``); what cannot be resolved statically is not followed
 
 - files: the files the config enters (the start file included);
 - climbs: calls in the walk from a package to a package above it in ``pipeline.LAYERS`` (with
-  ``--layers-of-old-layout``, the old flat modules are mapped to the package they moved to);
+  ``--layers-of-old-layout``, the old flat modules are mapped to the package they moved to,
+  ``pipeline.MOVED``);
 - the call edges themselves, one per line, with ``--edges``.
 """
 
@@ -22,22 +23,11 @@ import json
 import sys
 from pathlib import Path
 
-LAYERS = ("core", "models", "text", "data", "relevance", "evaluation", "training", "reports", "search")
-# Where each module of the flat layout (before the house was split by concern) went.
-OLD_LAYOUT = {
-    "errors": "core", "fsutil": "core", "runtime": "core", "distributed": "core", "runlock": "core",
-    "plugin_import": "core", "registry": "core", "config": "core", "checkpoint": "core",
-    "layers": "models", "heads": "models", "set_augment": "models", "models": "models", "losses": "models",
-    "loss_plugins": "models", "loss_check": "models", "pool_check": "models", "backbones": "models",
-    "engines": "models", "crops": "models", "text": "text", "glove": "text", "datasets": "data",
-    "index": "data", "cache": "data", "caption_features": "data", "captions": "data", "batches": "data",
-    "rc": "data", "extract": "data", "relevance": "relevance", "evaluation": "evaluation",
-    "metrics": "evaluation", "inference": "evaluation", "judgments": "evaluation", "stats": "evaluation",
-    "train": "training", "factories": "training", "runs": "training", "curves": "training",
-    "sweep": "training", "batch_eval": "reports", "compare": "reports", "report": "reports",
-    "plots": "reports", "gallery": "reports", "embed": "search", "search_index": "search",
-    "search": "search", "serve": "search",
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pipeline import LAYERS, MOVED  # noqa: E402  (this repository's, whatever --root walks)
+
+# The package each module of the flat layout moved to (judgments and relevance were packages).
+OLD_LAYOUT = {old.split(".")[0]: new.split(".")[0] for old, new in MOVED.items()} | {"relevance": "relevance"}
 
 
 class Module:

@@ -60,3 +60,21 @@ def test_no_img_norm_with_an_order_loss_is_refused_in_one_line(tiny_cache, tmp_p
 def test_the_old_command_name_is_not_listed_but_runs():
     listed = CliRunner().invoke(cli, ["--help"]).output
     assert "check-pool" in listed and "check-head" not in listed
+
+
+def test_a_plugin_importing_an_old_module_path_still_works_with_a_note():
+    """Modules moved into packages by concern; a user's FILE.py that imports the old path gets the
+    module it moved to, with a FutureWarning naming the new path."""
+    import importlib
+    import sys
+
+    import pipeline
+    from pipeline.models.losses import MaxHingeLoss
+
+    sys.modules.pop("pipeline.losses", None)
+    with pytest.warns(FutureWarning, match="pipeline.losses is now pipeline.models.losses"):
+        old = importlib.import_module("pipeline.losses")
+    assert old.MaxHingeLoss is MaxHingeLoss
+    assert all(importlib.util.find_spec(f"pipeline.{new}") for new in pipeline.MOVED.values())
+    with pytest.raises(ImportError):
+        importlib.import_module("pipeline.no_such_module")
