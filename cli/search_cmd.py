@@ -129,19 +129,30 @@ def search(index_path, text, image, k, checkpoint, device, as_json):
 def serve(index_path, checkpoint, host, port, device, image_root, max_upload_mb, max_query_chars, max_k,
           thumb_size):
     """Serve an index: a JSON API (/api/search, /api/search/image, /api/info) and a search page (/)."""
+    from pathlib import Path
+
     from pipeline.core.errors import VseError
     from pipeline.search.searcher import open_searcher
+    from pipeline.search.serve import bind
     from pipeline.search.serve import serve as run
 
     if max_upload_mb <= 0 or thumb_size < 16:
         raise VseError("--max-upload-mb must be positive and --thumb-size at least 16")
+    if image_root is not None and not Path(image_root).is_dir():
+        raise VseError("--image-root: no such folder", image_root)
     limits = dataclasses.replace(LIMITS, max_upload_bytes=int(max_upload_mb * 2 ** 20),
                                  max_chars=max_query_chars, max_k=max_k)
-    searcher = open_searcher(index_path, checkpoint, device, limits)
+    limits.check()
+    sock = bind(host, port)  # before the model loads: a taken port is said at once, in one line
+    try:
+        searcher = open_searcher(index_path, checkpoint, device, limits)
+    except BaseException:
+        sock.close()
+        raise
     if host not in ("127.0.0.1", "localhost", "::1"):
         click.echo(f"note: listening on {host}, not only this machine: the service has no authentication",
                    err=True)
     info = searcher.index.info()
     click.echo(f"serving {info['count']} {info['of']} ({info['kind']}) of model "
                f"{info['checkpoint_sha256'][:12]} on http://{host}:{port}/", err=True)
-    run(searcher, host=host, port=port, image_root=image_root, thumb_size=thumb_size)
+    run(searcher, sock=sock, host=host, image_root=image_root, thumb_size=thumb_size)

@@ -607,3 +607,21 @@ def test_full_flickr8k():
                for e in ds.report.examples["caption_missing_image"])
     assert {k: len(v) for k, v in ds.splits.items()} == {"train": 6000, "dev": 1000,
                                                          "test": 1000}
+
+
+def test_a_tiny_very_wide_image_is_refused_before_decoding_by_every_stage(tmp_path):
+    """A 1 x 8000 PNG is 102 bytes and passes a pixel cap, but resized to a 256 px short side it
+    would be 256 x 2,048,000: open_image (extract, RC, embed) and decode_image (search, serve)
+    refuse it with the same rule, naming it."""
+    from pipeline.search.searcher import QueryError, QueryLimits, decode_image
+
+    path = tmp_path / "wide.png"
+    Image.new("RGB", (8000, 1)).save(path)
+    assert path.stat().st_size < 200
+    with pytest.raises(VseError, match=r"is 8000x1 pixels, 8000 times as long as it is wide; at most 20:1"):
+        open_image(path)
+    with pytest.raises(QueryError, match="at most 20:1") as info:
+        decode_image(path.read_bytes(), QueryLimits())
+    assert info.value.status == 413
+    Image.new("RGB", (400, 20)).save(tmp_path / "panorama.png")  # 20:1 is still an image
+    assert open_image(tmp_path / "panorama.png").size == (400, 20)

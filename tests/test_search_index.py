@@ -253,6 +253,15 @@ def test_search_prints_the_captions_of_a_caption_index(tmp_path, demo, standin):
     assert len(result.output.splitlines()) == 3
 
 
+def test_a_query_of_undecodable_bytes_is_one_line(tmp_path, demo, standin):
+    """`vse search --text $'dog \\xff beach'`: the shell's byte arrives as a lone surrogate."""
+    embeddings, _ = demo
+    assert run("index", embeddings, "--out", tmp_path / "idx", "--of", "captions").exit_code == 0
+    one_line_error(run("search", tmp_path / "idx", "--text", "dog \udcff beach"), "not valid Unicode")
+    one_line_error(run("search", tmp_path / "idx", "--text", "dog", "-k", 0), "k must be at least 1, not 0")
+    assert standin == []  # refused before the model was loaded
+
+
 # ---------------------------------------------------------------------------- refusals at build
 
 
@@ -367,7 +376,12 @@ def edit_meta(index, **change):
 def test_an_altered_index_is_refused_in_one_line(built, standin):
     for change, words in (({"count": 11}, ["says 11 items", "holds 12"]), ({"dim": 64}, ["32-d", "64"]),
                           ({"kind": "hnsw"}, ["not the inner-product hnsw index"]),
-                          ({"format_version": 9}, ["format_version"]), ({"complete": False}, ["incomplete"])):
+                          ({"format_version": 9}, ["format_version"]), ({"complete": False}, ["incomplete"]),
+                          ({"of": "captions"}, ["says it holds captions", "holds images"]),
+                          ({"checkpoint": 123}, ["checkpoint is 123, not str or null"]),
+                          ({"count": "12"}, ["count is '12', not int"]), ({"dim": True}, ["dim is True"]),
+                          ({"recall": [1]}, ["recall is [1]"]), ({"files": {}},
+                                                                 ["files.index.faiss.sha256"])):
         saved = (built / "meta.json").read_text()
         edit_meta(built, **change)
         one_line_error(run("search", built, "--text", "a dog"), *words)

@@ -31,7 +31,7 @@ from pipeline.core.fsutil import file_sha256
 from pipeline.search import searcher as search_module
 from pipeline.search.faiss_index import IndexOptions, SearchIndex, build_index
 from pipeline.search.searcher import QueryLimits, Searcher
-from pipeline.search.serve import DEFAULT_HOST, create_app
+from pipeline.search.serve import DEFAULT_HOST, MAX_HEAD_BYTES, create_app, server_config
 
 pytestmark = pytest.mark.slow  # processes, real images or servers: `pytest -m "not slow"` skips them
 
@@ -43,13 +43,13 @@ LIMITS = QueryLimits(max_upload_bytes=200_000, max_chars=300, max_k=20, max_pixe
 
 
 @contextlib.contextmanager
-def running(app):
+def running(app, **settings):
     """The app served by uvicorn on a free port of 127.0.0.1, in a thread; yields its URL."""
     import uvicorn
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="critical"))
+    server = uvicorn.Server(server_config(app, log_level="critical", **settings))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -170,7 +170,7 @@ def test_info_names_the_model_and_the_index(client, demo):
     ("POST", "/api/search", {"json": {"q": "x" * 50_000}}, 400, "50000 characters"),
     ("POST", "/api/search", {"content": b"x" * 70_000}, 413, "more than 65536 bytes"),
     ("GET", "/api/search", {"params": {"q": "dog", "k": "many"}}, 400, "k must be an integer"),
-    ("GET", "/api/search", {"params": {"q": "dog", "k": "21"}}, 400, "between 1 and 20"),
+    ("GET", "/api/search", {"params": {"q": "dog", "k": "21"}}, 400, "at most 20"),
     ("POST", "/api/search", {"content": b"{not json"}, 400, "must be JSON"),
     ("POST", "/api/search", {"json": ["dog"]}, 400, '"q"'),
     ("POST", "/api/search", {"json": {"q": 7}}, 400, "must be a string"),
@@ -185,6 +185,18 @@ def test_info_names_the_model_and_the_index(client, demo):
     ("POST", "/api/search/image", {"files": {"image": ("a.png", b"\x89PNG" + b"0" * 220_000, "image/png")}},
      413, "at most 200000"),
     ("POST", "/api/search/image", {"content": png_bytes(size=(1001, 1000))}, 413, "1001x1000 pixels"),
+    # a tiny very wide image would be huge after the resize to the short side
+    ("POST", "/api/search/image", {"content": png_bytes(size=(8000, 1))}, 413, "at most 20:1"),
+    # one rule for k, from a URL or from JSON; JSON's non-numbers; unpaired surrogates; nesting
+    ("POST", "/api/search", {"content": b'{"q": "dog", "k": 1e400}'}, 400, "k must be an integer"),
+    ("POST", "/api/search", {"content": b'{"q": "dog", "k": Infinity}'}, 400, "must be JSON"),
+    ("POST", "/api/search", {"json": {"q": "dog", "k": 2.9}}, 400, "k must be an integer"),
+    ("POST", "/api/search", {"json": {"q": "dog", "k": True}}, 400, "k must be an integer"),
+    ("GET", "/api/search", {"params": {"q": "dog", "k": "1.5"}}, 400, "k must be an integer"),
+    ("GET", "/api/search", {"params": {"q": "dog", "k": "0"}}, 400, "k must be at least 1"),
+    ("POST", "/api/search", {"content": b'{"q": "dog \\ud800"}'}, 400, "not valid Unicode"),
+    ("POST", "/api/search", {"content": b'{"q": ' + b"[" * 20_000 + b"]" * 20_000 + b"}"}, 400,
+     "nested too deeply"),
     ("DELETE", "/api/search", {}, 405, "Method Not Allowed"),
     ("PUT", "/api/search/image", {}, 405, "Method Not Allowed"),
     ("GET", "/api/nothing", {}, 404, "Not Found"),
@@ -197,6 +209,63 @@ def test_bad_requests_get_a_json_message_and_never_a_traceback(client, method, u
     body = response.json()
     assert list(body) == ["error"] and words in body["error"], body
     assert "Traceback" not in response.text and "secret" not in response.text and ".py" not in response.text
+
+
+def test_json_answers_say_nosniff_and_head_of_the_page_is_not_405(client):
+    assert client.get("/api/info").headers["x-content-type-options"] == "nosniff"
+    assert client.get("/api/search", params={"q": "dog"}).headers["x-content-type-options"] == "nosniff"
+    assert client.head("/").status_code == 200
+
+
+def raw_request(url: str, data: bytes, read_timeout: float = 5.0) -> bytes:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=read_timeout) as sock:
+        sock.sendall(data)
+        chunks = []
+        try:
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        except (ConnectionResetError, TimeoutError):
+            pass
+        return b"".join(chunks)
+
+
+def test_a_huge_request_line_is_refused_and_stalls_nobody(server, client, demo):
+    """uvicorn's h11 with a cap on the request head: 100 MB of request line is refused after
+    MAX_HEAD_BYTES, and a query on another connection meanwhile is answered as usual."""
+    host, port = server.removeprefix("http://").split(":")
+    answer = {}
+
+    def flood():
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            try:
+                sock.sendall(b"GET /api/search?q=" + b"a" * (100 * 2 ** 20))
+            except OSError:  # the server closed the connection once the cap was passed
+                pass
+            answer["flood"] = sock.recv(200)
+
+    thread = threading.Thread(target=flood)
+    thread.start()
+    started = time.perf_counter()
+    assert client.get("/api/search", params={"q": demo["captions"][0][0]}).status_code == 200
+    answer["took"] = time.perf_counter() - started
+    thread.join(30)
+    assert answer["flood"].startswith(b"HTTP/1.1 400"), answer
+    assert answer["took"] < 2.0, answer  # normally ~20 ms; 8-11 s before the cap
+    assert MAX_HEAD_BYTES <= 64 * 1024
+
+
+def test_a_connection_that_never_finishes_its_request_head_is_closed(demo):
+    index = SearchIndex(demo["root"] / "idx")
+    app = create_app(Searcher(index, StandInEmbedder(index.checkpoint_sha256, 32), LIMITS,
+                              demo["checkpoint"]))
+    with running(app, head_timeout=0.5) as url:
+        started = time.perf_counter()
+        reply = raw_request(url, b"GET /api/info HTTP/1.1\r\nHost: x\r\n", read_timeout=5)
+        waited = time.perf_counter() - started
+        assert reply == b"" and 0.4 < waited < 4, (reply, waited)  # closed at the deadline, no answer
+        with httpx.Client(base_url=url) as ok:  # a complete request on a new connection is answered
+            assert ok.get("/api/info").status_code == 200
 
 
 def test_the_server_keeps_answering_after_errors(client, demo):
@@ -247,10 +316,17 @@ def test_vse_serve_binds_localhost_and_checks_the_model(demo, monkeypatch, tmp_p
     monkeypatch.setattr(search_module, "load_embedder",
                         lambda checkpoint, device="auto", digest=None:
                         StandInEmbedder.for_checkpoint(checkpoint))
-    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: seen.update(config=self.config))
-    result = CliRunner().invoke(cli, ["serve", str(demo["root"] / "idx")])
+    monkeypatch.setattr(uvicorn.Server, "run",
+                        lambda self, sockets=None: seen.update(config=self.config, sockets=sockets))
+    with socket.socket() as probe:  # the default port, if this machine has it free
+        free = probe.connect_ex(("127.0.0.1", 8000)) != 0
+    args = ["serve", str(demo["root"] / "idx")] + ([] if free else ["--port", "0"])
+    result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
-    assert DEFAULT_HOST == "127.0.0.1" and (seen["config"].host, seen["config"].port) == ("127.0.0.1", 8000)
+    (sock,) = seen["sockets"]
+    assert DEFAULT_HOST == "127.0.0.1" and sock.getsockname()[0] == "127.0.0.1"
+    assert not free or sock.getsockname()[1] == 8000
+    sock.close()
     other = tmp_path / "other.pt"
     other.write_bytes(b"another model")
     result = CliRunner().invoke(cli, ["serve", str(demo["root"] / "idx"), "--checkpoint", str(other)])
@@ -325,3 +401,33 @@ def test_the_page_searches_and_shows_thumbnails_with_scores(browser, server, dem
     assert all("415" in p for p in problems), problems  # only the refused upload's status, no script error
     assert requests and all(url.startswith(server + "/") for url in requests), requests
     page.close()
+
+
+def test_a_request_for_another_host_is_refused(server, demo):
+    """DNS rebinding: a page elsewhere that resolves its own name to 127.0.0.1 sends its own Host."""
+    with httpx.Client(base_url=server) as c:
+        refused = c.get("/api/info", headers={"Host": "evil.example:8000"})
+        assert refused.status_code == 400 and "unknown Host" in refused.json()["error"]
+        assert c.get("/api/info", headers={"Host": "localhost"}).status_code == 200
+
+
+def test_serve_refuses_a_taken_port_and_a_bad_one_in_one_line_before_loading(demo, monkeypatch, tmp_path):
+    loaded = []
+    monkeypatch.setattr(search_module, "load_embedder",
+                        lambda *a, **k: loaded.append(a) or StandInEmbedder.for_checkpoint(a[0]))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(cli, ["serve", str(demo["root"] / "idx"), "--port", str(port)])
+    assert result.exit_code == 1 and loaded == []
+    assert result.output.strip().splitlines() == [
+        f"error: cannot listen on 127.0.0.1:{port} (Address already in use)"], result.output
+    result = CliRunner().invoke(cli, ["serve", str(demo["root"] / "idx"), "--port", "99999"])
+    assert result.exit_code == 1 and "--port must be between 0 and 65535, not 99999" in result.output
+    result = CliRunner().invoke(cli, ["serve", str(demo["root"] / "idx"), "--image-root",
+                                      str(tmp_path / "no")])
+    assert result.exit_code == 1 and "--image-root: no such folder" in result.output
+    result = CliRunner().invoke(cli, ["serve", str(demo["root"] / "idx"), "--max-query-chars", "-1",
+                                      "--port", "0"])
+    assert result.exit_code == 1 and "--max-query-chars must be a positive integer" in result.output

@@ -537,6 +537,36 @@ def _json_or_none(value):
 # ---------------------------------------------------------------------------- reading
 
 
+# The type of each meta.json field an index reads (None: the field may be null or absent).
+_META_TYPES = {"complete": bool, "kind": str, "of": str, "dim": int, "count": int, "params": dict,
+               "files": dict, "checkpoint_sha256": str, "checkpoint": (str, None), "image_root": (str, None),
+               "recall": (dict, None), "embeddings": (dict, None), "build": (dict, None)}
+
+
+def _check_meta_types(meta: dict, meta_path) -> None:
+    """Every field read has its type (a bool is not an int): an edited meta.json is refused in
+    one line naming the field, never a KeyError or TypeError later."""
+    for name, kinds in _META_TYPES.items():
+        kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+        value = meta.get(name)
+        ok = (value is None and None in kinds) or any(
+            k is not None and isinstance(value,
+                                         k) and not (k is int and isinstance(value, bool)) for k in kinds)
+        if not ok:
+            wanted = " or ".join("null" if k is None else k.__name__ for k in kinds)
+            raise VseError(f"index metadata is incomplete or altered: {name} is {value!r}, not {wanted}",
+                           meta_path)
+    if meta["complete"] is not True:
+        raise VseError("index metadata is incomplete or altered: complete is not true", meta_path)
+    if meta["kind"] not in KINDS or meta["of"] not in GROUPS or meta["dim"] < 1 or meta["count"] < 0:
+        raise VseError(f"index metadata is altered (kind {meta['kind']!r}, of {meta['of']!r}, dim "
+                       f"{meta['dim']}, count {meta['count']})", meta_path)
+    for name in (FAISS_FILE, ITEMS_FILE):
+        entry = meta["files"].get(name)
+        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
+            raise VseError(f"index metadata is incomplete or altered: files.{name}.sha256 missing", meta_path)
+
+
 class SearchIndex:
     """An index folder, checked whole on opening: ``search(queries, k)``, ``items``, ``meta``."""
 
@@ -554,17 +584,10 @@ class SearchIndex:
         except (OSError, ValueError) as exc:
             raise VseError(f"unreadable index metadata ({exc})", meta_path) from exc
         SEARCH_INDEX.check(meta, meta_path)
-        try:
-            if meta.get("complete") is not True:
-                raise KeyError("complete")
-            self.kind, self.of = str(meta["kind"]), str(meta["of"])
-            self.dim, self.count = int(meta["dim"]), int(meta["count"])
-            self.params, files = dict(meta["params"]), meta["files"]
-            self.checkpoint_sha256 = str(meta["checkpoint_sha256"])
-            expected = {name: str(files[name]["sha256"]) for name in (FAISS_FILE, ITEMS_FILE)}
-        except (KeyError, TypeError, ValueError) as exc:
-            raise VseError(f"index metadata is incomplete or altered ({exc} missing or wrong)",
-                           meta_path) from None
+        _check_meta_types(meta, meta_path)
+        self.kind, self.of, self.dim, self.count = meta["kind"], meta["of"], meta["dim"], meta["count"]
+        self.params, self.checkpoint_sha256 = meta["params"], meta["checkpoint_sha256"]
+        expected = {name: meta["files"][name]["sha256"] for name in (FAISS_FILE, ITEMS_FILE)}
         if self.kind not in KINDS or self.of not in GROUPS:
             raise VseError(f"index metadata is altered (kind {self.kind!r}, of {self.of!r})", meta_path)
         self.meta = meta
@@ -576,6 +599,11 @@ class SearchIndex:
             raise VseError("differs from the one recorded in meta.json (sha256): the index was altered",
                            items_path)
         with h5py.File(items_path, "r") as f:
+            held = f.attrs.get("of")
+            held = held.decode() if isinstance(held, bytes) else held
+            if held != self.of or GROUP_FIELD[self.of] not in f or "ids" not in f:
+                raise VseError(f"index metadata says it holds {self.of}, {ITEMS_FILE} holds {held}: "
+                               "the index was altered", meta_path)
             self.ids = f["ids"].asstr()[()]
             self.shown = f[GROUP_FIELD[self.of]].asstr()[()]
         if len(self.ids) != self.count or len(self.shown) != self.count:

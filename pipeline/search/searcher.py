@@ -12,6 +12,7 @@ model it was made with, refusing a checkpoint whose sha256 is not the index's; a
 from __future__ import annotations
 
 import io
+import re
 import threading
 import time
 import warnings
@@ -22,6 +23,7 @@ import numpy as np
 
 from pipeline.core.errors import VseError
 from pipeline.core.fsutil import file_sha256
+from pipeline.data.readers.base import image_shape_problem
 from pipeline.search.faiss_index import SearchIndex
 
 
@@ -34,10 +36,14 @@ class QueryLimits:
     max_upload_bytes: int = 10 * 2 ** 20   # an uploaded image's file size
     max_pixels: int = 40_000_000           # an image's width × height once decoded
 
+    # the option that sets each limit (`vse serve`), as messages name it
+    FLAGS = {"max_chars": "--max-query-chars", "max_k": "--max-k", "max_upload_bytes": "--max-upload-mb",
+             "max_pixels": "max_pixels"}
+
     def check(self) -> None:
         for name, value in vars(self).items():
             if not isinstance(value, int) or value < 1:
-                raise VseError(f"{name.replace('_', '-')} must be a positive integer, not {value!r}")
+                raise VseError(f"{self.FLAGS[name]} must be a positive integer, not {value!r}")
 
 
 class QueryError(VseError):
@@ -59,6 +65,11 @@ def load_embedder(checkpoint, device: str = "auto", digest: str | None = None):
 def check_text(text, limits: QueryLimits) -> str:
     if not isinstance(text, str):
         raise QueryError("the query must be a string")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: JSON "\ud800", or bytes a terminal could not decode
+        raise QueryError("the query is not valid Unicode text (it holds a lone surrogate or undecodable "
+                         "bytes)") from None
     text = text.strip()
     if not text:
         raise QueryError("the query is empty")
@@ -68,12 +79,17 @@ def check_text(text, limits: QueryLimits) -> str:
 
 
 def check_k(k, limits: QueryLimits) -> int:
-    try:
+    """One rule wherever k comes from (a JSON number, a URL's text, a flag): an integer, written
+    as one. 2.9, 3.0, true, 1e400 and "1.5" are all refused the same way."""
+    if isinstance(k, str) and re.fullmatch(r"\s*[+-]?[0-9]{1,6}\s*", k):
         k = int(k)
-    except (TypeError, ValueError):
-        raise QueryError(f"k must be an integer, not {k!r}") from None
-    if not 1 <= k <= limits.max_k:
-        raise QueryError(f"k must be between 1 and {limits.max_k}, not {k}")
+    if not isinstance(k, int) or isinstance(k, bool):
+        shown = repr(k) if not isinstance(k, str) else repr(k[:40])
+        raise QueryError(f"k must be an integer from 1 to {limits.max_k}, not {shown}") from None
+    if k < 1:
+        raise QueryError(f"k must be at least 1, not {k}")
+    if k > limits.max_k:
+        raise QueryError(f"k must be at most {limits.max_k}, not {k}")
     return k
 
 
@@ -94,13 +110,18 @@ def decode_image(data: bytes, limits: QueryLimits, name: str = "the upload"):
             if width * height > limits.max_pixels:
                 raise QueryError(f"{name} is {width}x{height} pixels; at most {limits.max_pixels} pixels",
                                  413)
+            problem = image_shape_problem(width, height)
+            if problem:
+                raise QueryError(f"{name} {problem}", 413)
             image.load()
     except QueryError:
         raise
     except UnidentifiedImageError:
         raise QueryError(f"{name} is not an image (PNG, JPEG, WebP, ...)", 415) from None
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError,
-            Image.DecompressionBombWarning) as exc:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise QueryError(f"{name} is larger than {Image.MAX_IMAGE_PIXELS} pixels (a decompression bomb?)",
+                         413) from None
+    except (OSError, ValueError, SyntaxError) as exc:
         raise QueryError(f"{name} cannot be decoded as an image ({str(exc)[:120]})", 400) from None
     return image.convert("RGB")
 

@@ -85,7 +85,18 @@ class _Images:
         return out.getvalue()
 
 
-def create_app(searcher: Searcher, *, image_root=None, thumb_size: int = DEFAULT_THUMB):
+def allowed_hosts(host: str) -> tuple[str, ...] | None:
+    """The ``Host:`` names a request may carry when the service listens on ``host``: a loopback
+    service answers only its own names, so a web page elsewhere cannot reach it through a name
+    that resolves to 127.0.0.1 (DNS rebinding). None: any (a service on every interface)."""
+    if host in ("0.0.0.0", "::", ""):
+        return None
+    loopback = ("127.0.0.1", "localhost", "::1", "[::1]")
+    return loopback if host in loopback else (host, *loopback)
+
+
+def create_app(searcher: Searcher, *, image_root=None, thumb_size: int = DEFAULT_THUMB,
+               hosts: tuple[str, ...] | None = ("127.0.0.1", "localhost", "::1", "[::1]")):
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -118,7 +129,9 @@ def create_app(searcher: Searcher, *, image_root=None, thumb_size: int = DEFAULT
         where = ".".join(str(p) for p in first.get("loc", ()))
         return error(400, f"{where}: {first.get('msg', 'invalid request')}".strip(": "))
 
-    app.add_middleware(_CatchAll, response=lambda: error(500, INTERNAL_ERROR))
+    app.add_middleware(_CatchAll, response=lambda: error(500, INTERNAL_ERROR), hosts=hosts,
+                       wrong_host=lambda: error(400, "unknown Host header: this service answers "
+                                                     "requests for its own address only"))
 
     def shown(answer: dict) -> dict:
         """Results for the page: an image's thumbnail URL instead of its path."""
@@ -140,7 +153,7 @@ def create_app(searcher: Searcher, *, image_root=None, thumb_size: int = DEFAULT
                 raise QueryError(too_large, 413)
         return bytes(body)
 
-    @app.get("/", include_in_schema=False)
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def home():
         return HTMLResponse(page, headers=page_headers)
 
@@ -158,8 +171,10 @@ def create_app(searcher: Searcher, *, image_root=None, thumb_size: int = DEFAULT
     async def search_post(request: Request):
         body = await read_limited(request, MAX_JSON_BYTES, f"the body is more than {MAX_JSON_BYTES} bytes")
         try:
-            query = json.loads(body)
-        except ValueError:
+            query = json.loads(body, parse_constant=_no_constant)
+        except RecursionError:
+            raise QueryError("the JSON body is nested too deeply") from None
+        except ValueError:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             raise QueryError('the body must be JSON: {"q": "a dog runs on the beach", "k": 10}') from None
         if not isinstance(query, dict) or "q" not in query:
             raise QueryError('the body must be a JSON object with "q" (and optionally "k")')
@@ -199,21 +214,29 @@ def create_app(searcher: Searcher, *, image_root=None, thumb_size: int = DEFAULT
 
 
 class _CatchAll:
-    """Answers an unexpected exception with ``response()`` (a JSON 500) and logs it, without
-    handing it on to the server: Starlette's own handler re-raises it, and uvicorn then closes
-    the connection, so a client's next request on it would fail."""
+    """The outermost layer of the app. It answers a request for another ``Host:`` than
+    ``hosts`` with ``wrong_host()``, marks every answer ``X-Content-Type-Options: nosniff``, and
+    answers an unexpected exception with ``response()`` (a JSON 500), logged, without handing it
+    on to the server: Starlette's own handler re-raises it, and uvicorn then closes the
+    connection, so a client's next request on it would fail."""
 
-    def __init__(self, app, response):
-        self.app, self.response = app, response
+    def __init__(self, app, response, hosts=None, wrong_host=None):
+        self.app, self.response, self.hosts, self.wrong_host = app, response, hosts, wrong_host
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if self.hosts is not None and _host_name(scope) not in self.hosts:
+            return await self.wrong_host()(scope, receive, send)
         started = False
 
         async def tracking_send(message):
             nonlocal started
-            started = started or message["type"] == "http.response.start"
+            if message["type"] == "http.response.start":
+                started = True
+                headers = list(message.get("headers", []))
+                if not any(k.lower() == b"x-content-type-options" for k, _ in headers):
+                    message = {**message, "headers": headers + [(b"x-content-type-options", b"nosniff")]}
             await send(message)
 
         try:
@@ -225,22 +248,114 @@ class _CatchAll:
             await self.response()(scope, receive, send)
 
 
+def _host_name(scope) -> str:
+    """The request's ``Host:`` without its port (an IPv6 literal keeps its brackets)."""
+    value = next((v for k, v in scope.get("headers", []) if k == b"host"), b"").decode("latin-1").strip()
+    if value.startswith("["):
+        return value[:value.find("]") + 1]
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def _no_constant(name: str):
+    """NaN, Infinity and -Infinity are not JSON numbers (Python's json accepts them)."""
+    raise ValueError(f"{name} is not JSON")
+
+
 def _quote(item_id: str) -> str:
     from urllib.parse import quote
 
     return quote(item_id, safe="")
 
 
-def serve(searcher: Searcher, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, image_root=None,
-          thumb_size: int = DEFAULT_THUMB, log_level: str = "info") -> None:
-    """Run the service until interrupted."""
+def bind(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT):
+    """The listening socket, bound now: a port in use or out of range is refused in one line
+    before anything slow (loading the model) happens, and nothing can take it meanwhile."""
+    import socket
+
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise VseError(f"--port must be between 0 and 65535, not {port}")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise VseError(f"--host {host!r} is not an address of this machine ({exc})") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise VseError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
+    return sock
+
+
+# uvicorn's h11 implementation (httptools reads a request line of any length): a request line
+# with its headers is capped at MAX_HEAD_BYTES (a 400 beyond it), and a connection that has not
+# sent a complete request head HEAD_TIMEOUT seconds after it opened (or after its last answer)
+# is closed: uvicorn itself times out only idle keep-alive connections, so a half-open one
+# would otherwise stay forever.
+MAX_HEAD_BYTES = 16 * 1024
+HEAD_TIMEOUT = 10.0
+
+
+def server_config(app, head_timeout: float = HEAD_TIMEOUT, **kwargs):
+    """The uvicorn configuration `vse serve` runs (and its tests run)."""
     import uvicorn
 
-    if not 0 <= port <= 65535:
-        raise VseError(f"--port must be between 0 and 65535, not {port}")
-    app = create_app(searcher, image_root=image_root, thumb_size=thumb_size)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, server_header=False)
-    try:
-        uvicorn.Server(config).run()
-    except OSError as exc:  # pragma: no cover - e.g. the port is taken (uvicorn exits itself)
-        raise VseError(f"cannot serve on {host}:{port} ({exc.strerror})") from exc
+    return uvicorn.Config(app, http=_head_timeout_protocol(head_timeout),
+                          h11_max_incomplete_event_size=MAX_HEAD_BYTES, timeout_keep_alive=5,
+                          server_header=False, **kwargs)
+
+
+def _head_timeout_protocol(seconds: float):
+    """uvicorn's H11Protocol with a deadline for each request head."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadTimeoutH11Protocol(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm_head_deadline()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm_head_deadline()  # the next request's head has the same time
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.cycle is not None and self.cycle is not self._waiting_after:  # a head arrived
+                self._cancel_head_deadline()
+
+        def connection_lost(self, exc) -> None:
+            self._cancel_head_deadline()
+            super().connection_lost(exc)
+
+        def _arm_head_deadline(self) -> None:
+            self._cancel_head_deadline()
+            self._waiting_after = self.cycle
+            self._head_timer = self.loop.call_later(seconds, self._head_overdue)
+
+        def _cancel_head_deadline(self) -> None:
+            timer = getattr(self, "_head_timer", None)
+            if timer is not None:
+                timer.cancel()
+                self._head_timer = None
+
+        def _head_overdue(self) -> None:
+            self._head_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return HeadTimeoutH11Protocol
+
+
+def serve(searcher: Searcher, *, sock=None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+          image_root=None, thumb_size: int = DEFAULT_THUMB, log_level: str = "info") -> None:
+    """Run the service on ``sock`` (``bind``; bound here from host and port if None) until
+    interrupted."""
+    import uvicorn
+
+    sock = sock if sock is not None else bind(host, port)
+    app = create_app(searcher, image_root=image_root, thumb_size=thumb_size,
+                     hosts=allowed_hosts(host))
+    uvicorn.Server(server_config(app, log_level=log_level)).run(sockets=[sock])

@@ -172,14 +172,33 @@ class Dataset(CaptionIndex):
         return "\n".join(lines)
 
 
+# The widest image any stage decodes, long side over short side. Every pipeline resizes the short
+# side to a fixed size (256 for a 224 network), so a 1 × 8,000 PNG of 102 bytes would become
+# 256 × 2,048,000 pixels (1.5 GB) after its resize: the bound on pixels before decoding does not
+# bound the image after the resize, this does (256 × 5,120 at most). Panoramas reach 10:1.
+MAX_ASPECT_RATIO = 20
+
+
+def image_shape_problem(width: int, height: int) -> str | None:
+    """Why an image of this size is refused by every stage, or None (the one rule: extract, RC,
+    embed, search and serve all apply it)."""
+    short, long = sorted((int(width), int(height)))
+    if short < 1:
+        return f"is {width}x{height} pixels: an image needs at least one pixel a side"
+    if long > MAX_ASPECT_RATIO * short:
+        return (f"is {width}x{height} pixels, {long / short:.0f} times as long as it is wide; at most "
+                f"{MAX_ASPECT_RATIO}:1 (resized to the network's short side it would be too large)")
+    return None
+
+
 def open_image(path) -> Image.Image:
     """Decode an image file fully and return it as RGB.
 
     Grayscale, palette and CMYK images are converted; images with transparency are
     composited onto white.  Empty, truncated, unreadable or unknown-format files, and
-    images larger than ``PIL.Image.MAX_IMAGE_PIXELS`` (decompression bombs), raise
-    ``VseError`` naming the file.  EXIF orientation is not applied (the published feature
-    pipelines do not apply it either).
+    images larger than ``PIL.Image.MAX_IMAGE_PIXELS`` (decompression bombs) or wider than
+    ``MAX_ASPECT_RATIO``, raise ``VseError`` naming the file.  EXIF orientation is not applied
+    (the published feature pipelines do not apply it either).
     """
     path = Path(path)
     try:
@@ -188,6 +207,9 @@ def open_image(path) -> Image.Image:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as image:
+                problem = image_shape_problem(*image.size)  # before decoding a pixel
+                if problem:
+                    raise VseError(f"image {problem}", path)
                 image.load()
                 return _to_rgb(image)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
