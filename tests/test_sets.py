@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DEMO_DATA, demo_captions, vse, write_feature_cache
+from conftest import DEMO_DATA, demo_captions, train, vse, write_feature_cache
 
 from pipeline.core.errors import VseError
 from pipeline.data.cache import FeatureCache
@@ -54,6 +54,29 @@ def test_regions_are_read_in_place_never_copied(tmp_path):
     with pytest.raises(VseError, match=r"dev_ims.npy, which is missing \(the cache and the files it names "
                                        r"move together; import them again, it copies nothing\)"):
         FeatureCache(tmp_path / "moved" / "regions.h5")
+
+
+def test_a_region_file_replaced_after_import_is_refused_by_train_resume_evaluate(tmp_path):
+    """Rows read in place: another array of the same shape under the same name is noticed (its size
+    and sampled blocks are recorded at import), by every command that opens the cache."""
+    regions_folder(tmp_path / "precomp")
+    out = tmp_path / "regions.h5"
+    assert vse("extract", "--dataset", "vsepp-precomp", "--root", tmp_path / "precomp", "--out",
+               out).exit_code == 0
+    run = ["--features", out, "--image-pool", "mean", "--val-split", "dev"]
+    assert train(out, tmp_path / "run", *run[2:]).exit_code == 0
+    changed = tmp_path / "precomp" / "train_ims.npy"
+    imported = np.load(changed)
+    np.save(changed, imported[::-1].copy())  # the same shape and size, other rows
+    with pytest.raises(VseError, match=r"train_ims.npy: changed since the cache .*regions.h5 was imported"):
+        FeatureCache(out)
+    for args in (["train", *run, "--run-dir", tmp_path / "run", "--resume", "--epochs", 2],
+                 ["evaluate", "--checkpoint", tmp_path / "run" / "best.pt", "--features", out]):
+        result = vse(*args)
+        assert result.exit_code == 1, result.output
+        assert result.output.strip().splitlines()[-1].startswith(f"error: {changed}: changed since")
+    np.save(changed, imported)  # the imported array again: accepted
+    FeatureCache(out).close()
 
 
 @pytest.mark.parametrize("array,problem", [

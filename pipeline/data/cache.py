@@ -29,7 +29,7 @@ import numpy as np
 from pipeline import __version__
 from pipeline.core.errors import VseError
 from pipeline.core.formats import FEATURES
-from pipeline.core.fsutil import atomic_h5, guard_output
+from pipeline.core.fsutil import atomic_h5, guard_output, sampled_sha256
 from pipeline.data.caption_index import CaptionIndex, IndexedRows, caption_fingerprint
 
 FORMAT, FORMAT_VERSION = FEATURES.tag, FEATURES.version
@@ -306,8 +306,15 @@ def write_external_cache(path, segments: list[RawSegment], item_shape: tuple, dt
         except ValueError:  # another drive
             name = str(source)
         external.append((name, segment.offset, segment.rows * row_bytes))
+    identity = {}  # what each file was at import: changed files are refused when the cache is opened
+    for (name, _, _), segment in zip(external, segments):
+        start = min(s.offset for s in segments if Path(s.path).resolve() == Path(segment.path).resolve())
+        stop = max(s.offset + s.rows * row_bytes for s in segments
+                   if Path(s.path).resolve() == Path(segment.path).resolve())
+        identity[name] = _file_identity(Path(segment.path), start, stop - start)
     with atomic_h5(path) as f:
         f.create_dataset("features", shape=(num_rows, *item_shape), dtype=dtype, external=external)
+        f.attrs["external_identity"] = json.dumps(identity, sort_keys=True)
         _write_index(f, index)
         f.create_dataset("bad_images", data=np.zeros(0, dtype=np.int64))
         f.attrs.update({k: v for k, v in attrs.items() if v is not None})
@@ -322,6 +329,29 @@ def write_external_cache(path, segments: list[RawSegment], item_shape: tuple, dt
             f.attrs.update(layout="set", set_size=int(item_shape[0]))
         f.attrs["complete"] = True
     return path
+
+
+def _file_identity(source: Path, start: int, length: int) -> dict:
+    stat = source.stat()
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "start": start, "length": length,
+            "sample_sha256": sampled_sha256(source, start, length)}
+
+
+def _check_external_identity(f: h5py.File, folder: Path, path: Path) -> None:
+    """Each file an imported cache reads in place must be the one imported: same size and the
+    same sampled blocks (``fsutil.sampled_sha256``). A cache imported before vse recorded this
+    has nothing to compare."""
+    recorded = f.attrs.get("external_identity")
+    if recorded is None:
+        return
+    for name, was in json.loads(recorded).items():
+        source = Path(name) if Path(name).is_absolute() else folder / name
+        now = source.stat()
+        if now.st_size != was["size"] or sampled_sha256(source, was["start"],
+                                                        was["length"]) != was["sample_sha256"]:
+            when = datetime.fromtimestamp(now.st_mtime_ns / 1e9, timezone.utc).isoformat(timespec="seconds")
+            raise VseError(f"changed since the cache {path} was imported (size or content; modified "
+                           f"{when}): its features are not the ones imported; import it again", source)
 
 
 def _open_features(f: h5py.File, path: Path) -> h5py.Dataset:
@@ -340,6 +370,8 @@ def _open_features(f: h5py.File, path: Path) -> h5py.Dataset:
         if source.stat().st_size < offset + size:
             raise VseError(f"{source} is shorter ({source.stat().st_size} bytes) than the "
                            f"{offset + size} bytes the cache reads from it", path)
+    if dataset.external:
+        _check_external_identity(f, folder, path)
     return dataset
 
 
