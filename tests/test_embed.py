@@ -103,6 +103,38 @@ def test_a_broken_image_is_skipped_counted_and_listed_and_strict_refuses(made, t
     assert not (tmp_path / "s.h5").exists()
 
 
+def test_a_file_name_that_is_not_utf8_or_holds_a_newline_is_skipped_and_listed(made, tmp_path):
+    """One such name used to fail the whole embed at its very end (h5py cannot store it), every
+    rerun the same way; now it is skipped and listed, as an unreadable image is."""
+    import os
+
+    folder = tmp_path / "imgs"
+    shutil.copytree(made["root"] / "images", folder)
+    first = sorted(folder.iterdir())[0]
+    os.rename(first, os.path.join(os.fsencode(folder), b"caf\xe9.jpg"))  # Latin-1, not UTF-8
+    second = sorted(p for p in folder.iterdir() if p.name.isascii())[0]
+    second.rename(folder / "two\nlines.jpg")
+    out = tmp_path / "e.h5"
+    result = vse("embed", made["gru"], "--images", folder, "--out", out, "--workers", 0, "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "13 embedded, 2 skipped" in result.output
+    with h5py.File(out, "r") as f:
+        failed = sorted(f["images/failed"].asstr()[()].tolist())
+        assert len(f["images/ids"]) == 13
+    assert failed == ["caf\\xe9.jpg\tits name is not UTF-8 (rename the file)",
+                      "two\\x0alines.jpg\tits name holds a control character such as a line break "
+                      "(rename the file)"]
+
+
+def test_a_list_file_keeps_its_paths_inside_its_folder_as_a_csv_does(made, tmp_path):
+    listing = tmp_path / "list.txt"
+    listing.write_text("../elsewhere/a.jpg\n")
+    result = vse("embed", made["gru"], "--images", listing, "--out", tmp_path / "e.h5", "--no-progress")
+    assert result.exit_code == 1
+    assert result.output.strip() == (f"error: {listing}: line 1: image path '../elsewhere/a.jpg' leaves the "
+                                     f"list's folder {tmp_path}")
+
+
 def test_an_interrupted_embed_goes_on_from_its_parts(made, tmp_path, monkeypatch):
     import pipeline.search.embed as embed
 

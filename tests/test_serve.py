@@ -403,6 +403,31 @@ def test_the_page_searches_and_shows_thumbnails_with_scores(browser, server, dem
     page.close()
 
 
+def test_the_thumbnail_of_an_id_with_a_line_break_is_found(tmp_path, demo):
+    """Starlette's path parameter stopped at a newline: such an id (from a CSV's id column) was a 404."""
+    from urllib.parse import quote
+
+    import h5py
+
+    names, _ = demo_items(N)
+    embeddings, _ = demo_embeddings(tmp_path / "e.h5", demo["checkpoint"], n=N)
+    ids = [f"line\nbreak{k}.jpg" for k in range(N)]
+    (tmp_path / "images").mkdir()
+    for name, item in zip(names, ids):
+        shutil.copy(DEMO_IMAGES / name, tmp_path / "images" / item)
+    with h5py.File(embeddings, "a") as f:
+        del f["images/ids"], f["images/paths"]
+        f["images"].create_dataset("ids", data=ids, dtype=h5py.string_dtype("utf-8"))
+        f["images"].create_dataset("paths", data=ids, dtype=h5py.string_dtype("utf-8"))
+    build_index(embeddings, tmp_path / "idx", IndexOptions(), image_root=tmp_path / "images")
+    index = SearchIndex(tmp_path / "idx")
+    app = create_app(Searcher(index, StandInEmbedder(index.checkpoint_sha256, 32), LIMITS,
+                              demo["checkpoint"]))
+    with running(app) as url, httpx.Client(base_url=url) as c:
+        answer = c.get("/image/" + quote(ids[3], safe=""))
+        assert answer.status_code == 200 and answer.headers["content-type"] == "image/jpeg"
+
+
 def test_a_request_for_another_host_is_refused(server, demo):
     """DNS rebinding: a page elsewhere that resolves its own name to 127.0.0.1 sends its own Host."""
     with httpx.Client(base_url=server) as c:

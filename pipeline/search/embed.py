@@ -41,7 +41,7 @@ from pipeline.core.errors import VseError
 from pipeline.core.fsutil import atomic_h5, atomic_path, file_sha256, guard_output
 from pipeline.data.cache import SET_DTYPE, FeatureCache
 from pipeline.data.readers import open_image
-from pipeline.data.readers.csv_file import read_csv_items
+from pipeline.data.readers.csv_file import _csv_image_path, read_csv_items
 from pipeline.data.readers.csv_layout import CsvLayout
 from pipeline.models.layers import l2_normalize
 from pipeline.search.faiss_index import EMBEDDINGS_FORMAT, EMBEDDINGS_VERSION, GROUP_FIELD
@@ -61,6 +61,7 @@ class Items:
     ids: list[str]
     shown: list[str]
     files: list[Path] | None = None
+    rejected: list[str] = field(default_factory=list)  # "name<TAB>reason": files whose name cannot be an id
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps([self.ids, self.shown]).encode()).hexdigest()
@@ -70,14 +71,20 @@ def image_items(source, layout: CsvLayout | None = None) -> Items:
     """The images of ``source``: a folder (every image file under it, sorted; id: the path
     relative to it), one image file, a CSV/TSV (``layout``'s image column, and its id column when named;
     an image of several rows counts once), or a list file (one path per line, relative to
-    the list's folder; id: the line)."""
+    the list's folder, never climbing out of it, or absolute; id: the line)."""
     source = Path(source)
     if source.is_dir():
         files = sorted(p for p in source.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
         if not files:
             raise VseError(f"no image files ({', '.join(IMAGE_SUFFIXES)}) in this folder", source)
         names = [p.relative_to(source).as_posix() for p in files]
-        return Items(names, names, files)
+        problems = [_name_problem(name) for name in names]
+        keep = [k for k, problem in enumerate(problems) if problem is None]
+        rejected = [f"{_printable(names[k])}\t{problems[k]}" for k, problem in enumerate(problems) if problem]
+        if not keep:
+            raise VseError(f"none of the {len(names)} image files has a name that can be stored "
+                           f"(first: {rejected[0].replace(chr(9), ': ')})", source)
+        return Items([names[k] for k in keep], [names[k] for k in keep], [files[k] for k in keep], rejected)
     if not source.is_file():
         raise VseError("not found (images: a folder, a CSV or a list file of paths)", source)
     if source.suffix.lower() in IMAGE_SUFFIXES:  # one image file
@@ -91,10 +98,32 @@ def image_items(source, layout: CsvLayout | None = None) -> Items:
         ids = list(path_of)
         return Items(ids, [path_of[i] for i in ids], [source.parent / path_of[i] for i in ids])
     lines = _text_lines(source)
+    folder = source.parent
+    bases = list(dict.fromkeys([folder, folder.resolve()]))
+    for n, line in lines:  # a relative path stays inside the list's folder (as in a CSV); absolute: as given
+        if not Path(line).is_absolute() and _csv_image_path(line, bases) is None:
+            raise VseError(f"line {n}: image path {line!r} leaves the list's folder {folder}", source)
     names = list(dict.fromkeys(line for _, line in lines))
     if not names:
         raise VseError("empty list file (no image paths)", source)
     return Items(names, names, [source.parent / name for name in names])
+
+
+def _name_problem(name: str) -> str | None:
+    """Why a file's name cannot be an id (stored as UTF-8, shown in a page, put in a URL)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "its name is not UTF-8 (rename the file)"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "its name holds a control character such as a line break (rename the file)"
+    return None
+
+
+def _printable(name: str) -> str:
+    """A name as storable text: undecodable bytes and control characters as \\xNN."""
+    text = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return "".join(c if 32 <= ord(c) != 127 else f"\\x{ord(c):02x}" for c in text)
 
 
 def caption_items(source, layout: CsvLayout | None = None) -> Items:
@@ -469,7 +498,7 @@ def _combine(out: Path, folder: Path, groups: dict, fingerprint: str, part_size:
         kept[group] = ok
         if group == "images":
             errors = np.concatenate([_read_part(folder, group, i, "errors") for i in parts])
-            result.failed = [f"{items.shown[k]}\t{errors[k]}" for k in np.flatnonzero(~ok)]
+            result.failed = items.rejected + [f"{items.shown[k]}\t{errors[k]}" for k in np.flatnonzero(~ok)]
             if not ok.any():
                 raise VseError(f"none of the {len(ok)} images could be read (first: {result.failed[0]})",
                                items.files[0].parent if items.files else None)

@@ -199,7 +199,9 @@ def create_app(searcher: Searcher, *, image_root=None, thumb_size: int = DEFAULT
         image = await run_in_threadpool(decode_image, body, limits)
         return shown(await run_in_threadpool(searcher.image, image, k))
 
-    @app.get("/image/{item_id:path}")
+    _register_any_text()
+
+    @app.get("/image/{item_id:anytext}")
     async def image(item_id: str):
         if images is None:
             raise QueryError("this index holds captions, not images", 404)
@@ -246,6 +248,18 @@ class _CatchAll:
             if started:  # too late for another answer
                 raise
             await self.response()(scope, receive, send)
+
+
+def _register_any_text() -> None:
+    """A path parameter that is any text, line breaks included (Starlette's ``path`` is ``.*``,
+    which stops at a newline: an id holding one could not be looked up)."""
+    from starlette.convertors import CONVERTOR_TYPES, PathConvertor, register_url_convertor
+
+    class AnyText(PathConvertor):
+        regex = "[\\s\\S]*"
+
+    if "anytext" not in CONVERTOR_TYPES:
+        register_url_convertor("anytext", AnyText())
 
 
 def _host_name(scope) -> str:
