@@ -59,5 +59,6 @@ def embed_command(checkpoint, images, captions, out, csv_img_key, csv_caption_ke
             click.echo(f"  … {len(result.failed) - 5} more in /images/failed")
     if captions is not None:
         click.echo(f"captions: {result.captions} embedded")
-    reused = f", {result.parts_reused} parts reused" if result.parts_reused else ""
+    parts = "part" if result.parts_reused == 1 else "parts"
+    reused = f", {result.parts_reused} {parts} reused" if result.parts_reused else ""
     click.echo(f"→ {result.path} ({result.dim}-d{reused})")

@@ -242,7 +242,11 @@ def test_index_and_search_with_the_real_model(made, tmp_path):
     made_file = vse("embed", made["gru"], "--images", made["root"] / "images", "--captions",
                     made["root"] / "Flickr8k.token.txt", "--out", out, "--workers", 0, "--no-progress")
     assert made_file.exit_code == 0, made_file.output
-    assert vse("index", out, "--out", index).exit_code == 0
+    built = vse("index", out, "--out", index)
+    assert built.exit_code == 0 and "note:" not in built.output, built.output
+    # the folder of the images goes from the embeddings file to the index, so serve can show them
+    recorded = json.loads((index / "meta.json").read_text())["image_root"]
+    assert recorded == str((made["root"] / "images").resolve())
     image = sorted((made["root"] / "images").iterdir())[3]
     hits = vse("search", index, "--image", image, "-k", 2, "--json")
     assert hits.exit_code == 0, hits.output

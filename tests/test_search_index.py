@@ -253,6 +253,15 @@ def test_search_prints_the_captions_of_a_caption_index(tmp_path, demo, standin):
     assert len(result.output.splitlines()) == 3
 
 
+def test_an_index_of_relative_paths_with_no_folder_known_says_so(tmp_path, demo):
+    embeddings, _ = demo  # made without `vse embed`: no image_root recorded, paths relative
+    result = run("index", embeddings, "--out", tmp_path / "idx")
+    assert result.exit_code == 0, result.output
+    assert "note: the image paths are relative and no folder is known" in result.output
+    quiet = run("index", embeddings, "--out", tmp_path / "idx2", "--image-root", tmp_path)
+    assert quiet.exit_code == 0 and "note:" not in quiet.output
+
+
 def test_a_query_of_undecodable_bytes_is_one_line(tmp_path, demo, standin):
     """`vse search --text $'dog \\xff beach'`: the shell's byte arrives as a lone surrogate."""
     embeddings, _ = demo

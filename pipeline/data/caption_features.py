@@ -231,8 +231,7 @@ def encode_text(features, model: str, out, *, tokens: bool = False, device="auto
     """Vectors of every caption of the feature cache ``features`` by caption encoder ``model``:
     one unit vector per caption, or with ``tokens`` every caption's token vectors
     (``relevance.encoders.TOKEN_DEFINITIONS``)."""
-    from tqdm import tqdm
-
+    from pipeline.core.progress import progress_bar
     from pipeline.text import encoders
 
     features, out = Path(features), Path(out)
@@ -265,8 +264,8 @@ def encode_text(features, model: str, out, *, tokens: bool = False, device="auto
     folder = parts_dir(out)
     todo = [i for i, b in enumerate(bounds) if not _part_is_complete(folder, i, b, config_digest, layout)]
     done = sum(b - a for i, (a, b) in enumerate(bounds) if i not in set(todo))
-    with tqdm(total=len(captions), initial=done, unit="caption", desc=f"encode-text {model}",
-              disable=not progress, dynamic_ncols=True) as bar:
+    with progress_bar(total=len(captions), initial=done, unit="caption", desc=f"encode-text {model}",
+                      disable=not progress) as bar:
         for i in todo:
             start, stop = bounds[i]
             if tokens:

@@ -31,10 +31,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from pipeline.core import distributed, runtime
 from pipeline.core.errors import VseError
+from pipeline.core.progress import progress_bar
 from pipeline.data.cache import (
     DEFAULT_SHARD_SIZE,
     RawSegment,
@@ -279,8 +279,8 @@ def _compute_shards(forward, plan: CropPlan, paths, image_ids, writer: ShardedWr
         return
     batches_out = encode_images(forward, plan, paths, batches, loader_workers(options, forward), device)
     shard_of = {row: i for i in todo for row in range(*writer.bounds[i])}
-    progress = tqdm(total=sum(len(b) for b in batches), unit="img", dynamic_ncols=True,
-                    desc=f"{options.backbone} {plan.crops}C {forward.name}",
+    progress = progress_bar(total=sum(len(b) for b in batches), unit="img",
+                            desc=f"{options.backbone} {plan.crops}C {forward.name}",
                     disable=not (options.progress and distributed.is_main()))
     shard, features, bad_rows = None, None, []
     started = time.perf_counter()

@@ -62,6 +62,7 @@ class Items:
     shown: list[str]
     files: list[Path] | None = None
     rejected: list[str] = field(default_factory=list)  # "name<TAB>reason": files whose name cannot be an id
+    root: Path | None = None  # the folder relative paths are under (recorded: `vse index` and serve use it)
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps([self.ids, self.shown]).encode()).hexdigest()
@@ -84,7 +85,8 @@ def image_items(source, layout: CsvLayout | None = None) -> Items:
         if not keep:
             raise VseError(f"none of the {len(names)} image files has a name that can be stored "
                            f"(first: {rejected[0].replace(chr(9), ': ')})", source)
-        return Items([names[k] for k in keep], [names[k] for k in keep], [files[k] for k in keep], rejected)
+        return Items([names[k] for k in keep], [names[k] for k in keep], [files[k] for k in keep], rejected,
+                     source.resolve())
     if not source.is_file():
         raise VseError("not found (images: a folder, a CSV or a list file of paths)", source)
     if source.suffix.lower() in IMAGE_SUFFIXES:  # one image file
@@ -96,7 +98,8 @@ def image_items(source, layout: CsvLayout | None = None) -> Items:
                 raise VseError(f"{item.where}: id {item.image_id!r} names {item.image} here and "
                                f"{path_of[item.image_id]} before", source)
         ids = list(path_of)
-        return Items(ids, [path_of[i] for i in ids], [source.parent / path_of[i] for i in ids])
+        return Items(ids, [path_of[i] for i in ids], [source.parent / path_of[i] for i in ids],
+                     root=source.parent.resolve())
     lines = _text_lines(source)
     folder = source.parent
     bases = list(dict.fromkeys([folder, folder.resolve()]))
@@ -106,7 +109,7 @@ def image_items(source, layout: CsvLayout | None = None) -> Items:
     names = list(dict.fromkeys(line for _, line in lines))
     if not names:
         raise VseError("empty list file (no image paths)", source)
-    return Items(names, names, [source.parent / name for name in names])
+    return Items(names, names, [source.parent / name for name in names], root=source.parent.resolve())
 
 
 def _name_problem(name: str) -> str | None:
@@ -379,8 +382,7 @@ def embed_files(checkpoint, out, images=None, captions=None, *, layout: CsvLayou
     ``checkpoint`` into the embeddings file ``out``."""
     import time
 
-    from tqdm import tqdm
-
+    from pipeline.core.progress import progress_bar
     from pipeline.data.extract import ExtractOptions, encode_images, loader_workers
 
     if images is None and captions is None:
@@ -414,8 +416,8 @@ def embed_files(checkpoint, out, images=None, captions=None, *, layout: CsvLayou
         todo = [i for i, b in enumerate(bounds) if not _part_done(folder, group, i, b, fingerprint)]
         result.parts_reused += len(bounds) - len(todo)
         done = sum(b - a for i, (a, b) in enumerate(bounds) if i not in todo)
-        bar = tqdm(total=len(items.ids), initial=done,
-                   unit=group[:-1], desc=f"embed {group}", disable=not progress, dynamic_ncols=True)
+        bar = progress_bar(total=len(items.ids), initial=done, unit=group[:-1], desc=f"embed {group}",
+                           disable=not progress)
         with bar:
             if group == "captions":
                 for i in todo:
@@ -522,6 +524,8 @@ def _combine(out: Path, folder: Path, groups: dict, fingerprint: str, part_size:
             if group == "images":
                 g.create_dataset("failed", data=np.array(result.failed, dtype=strings))
                 result.images = len(keep)
+                if items.root is not None:
+                    f.attrs["image_root"] = str(items.root)
             else:
                 result.captions = len(keep)
         description = embedder.describe()

@@ -416,6 +416,11 @@ def build_index(embeddings, out, options: IndexOptions = IndexOptions(), *, imag
     if count == 0:
         raise VseError(f"/{group} holds no vectors", source.path)
     ids, shown = source.items(group)
+    if group == "images" and image_root is None:
+        image_root = source.attrs.get("image_root")  # where `vse embed` found the images
+        if image_root is None and any(not Path(p).is_absolute() for p in shown[:1000]):
+            log("note: the image paths are relative and no folder is known (the embeddings file records "
+                "none): give --image-root here or to `vse serve`, or the page cannot show the images")
     kind = choose_kind(options, count)
     if kind != "flat" and count < 2:
         raise VseError(f"an approximate index of {count} item makes no sense: use --kind flat", source.path)

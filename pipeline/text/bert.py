@@ -55,7 +55,7 @@ def load_bert(device: torch.device):
 def bert_vectors(captions, device="auto", batch_size: int = 256, progress: bool = False) -> np.ndarray:
     """(M, 384) unit float32 rows; float16 autocast on GPU (more mantissa than bfloat16,
     and inference needs no range)."""
-    from tqdm import tqdm
+    from pipeline.core.progress import progress_bar
 
     device = runtime.resolve_device(device)
     model = load_bert(device)
@@ -63,7 +63,7 @@ def bert_vectors(captions, device="auto", batch_size: int = 256, progress: bool 
     dimension = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
     out = np.empty((len(captions), dimension()), dtype=np.float32)
     with torch.inference_mode(), runtime.autocast(device, dtype=torch.float16), \
-            tqdm(total=len(captions), unit="caption", disable=not progress) as bar:
+            progress_bar(total=len(captions), unit="caption", desc="MiniLM", disable=not progress) as bar:
         for start in range(0, len(captions), _CHUNK):  # bounds encode()'s per-batch lists
             chunk = captions[start:start + _CHUNK]
             emb = model.encode(chunk, batch_size=batch_size, convert_to_numpy=True,
