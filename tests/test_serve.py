@@ -393,13 +393,21 @@ def test_the_page_searches_and_shows_thumbnails_with_scores(browser, server, dem
     page.evaluate("document.getElementById('status').textContent = ''")
     page.set_input_files("#image", files=[{"name": "q.png", "mimeType": "image/png", "buffer": png_bytes()}])
     expect(status).to_have_text(re.compile(r"^10 results"))
+    expect(page.locator("#q")).to_have_value("")  # the text box no longer claims to be the query
+    expect(page.locator("#query")).to_be_visible()  # the query image is shown beside its results
+    expect(page.locator("#query-image")).to_have_js_property("complete", True)
+    assert page.locator("#query-image").evaluate("img => img.naturalWidth") == 64
+    page.fill("#q", query)
+    page.press("#q", "Enter")
+    expect(page.locator("#query")).to_be_hidden()
+    page.set_input_files("#image", files=[{"name": "q.png", "mimeType": "image/png", "buffer": png_bytes()}])
     page.set_input_files("#image", files=[{"name": "q.txt", "mimeType": "text/plain", "buffer": b"text"}])
     expect(status).to_have_class("error")
     expect(status).to_contain_text("not an image")
     expect(hits).to_have_count(0)
 
     assert all("415" in p for p in problems), problems  # only the refused upload's status, no script error
-    assert requests and all(url.startswith(server + "/") for url in requests), requests
+    assert requests and all(url.startswith((server + "/", f"blob:{server}/")) for url in requests), requests
     page.close()
 
 

@@ -178,6 +178,10 @@ class TrainConfig:
                          resume=True, identity=False)
     amp: bool = option(True, "Mixed precision on GPU (bf16 on compute capability 8.0+, else fp16 with "
                              "loss scaling).", flag="--amp/--no-amp")
+    cpu_amp: bool = option(False, "bf16 autocast of the heads on a CPU with native bf16 (AVX512-BF16 or AMX; "
+                                  "refused on one without). Opt-in until measured inside the fp32 seed "
+                                  "noise (bench/cpu_bf16.py); validation and evaluation stay fp32.",
+                           before=False)
     deterministic: bool = option(False, "GPU: reproducible kernels (cuDNN deterministic, no autotuning) "
                                         "so --resume is exact; slower. CPU runs are deterministic anyway.")
     init_from: str | None = option(None, "Start from another run's checkpoint (e.g. VSE++ best.pt for "

@@ -7,6 +7,7 @@ laptop, on one GPU and under ``torchrun`` behaves the same way apart from speed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 
@@ -63,11 +64,49 @@ def amp_dtype(device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if major >= 8 else torch.float16
 
 
+# /proc/cpuinfo flags of native bf16 arithmetic: x86's AVX512-BF16 and AMX, Arm's BF16 extension.
+NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU computes bf16 natively, read from the flags it reports (never guessed from
+    a model name); False where they cannot be read. Without it, bf16 is emulated and slower."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = open("/proc/cpuinfo", encoding="utf-8", errors="replace").read()
+        except OSError:
+            return False
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() in ("flags", "features") and NATIVE_BF16_FLAGS & set(value.split()):
+            return True
+    return False
+
+
+def train_dtype(device: torch.device, amp: bool, cpu_amp: bool = False) -> torch.dtype | None:
+    """The autocast dtype of a training step: ``amp_dtype`` on a GPU (``amp``); bf16 on a CPU
+    with native bf16 when asked (``cpu_amp``, refused on a CPU without it); else None (fp32)."""
+    if device.type == "cuda":
+        return amp_dtype(device) if amp else None
+    if cpu_amp:
+        if not cpu_native_bf16():
+            raise VseError("--cpu-amp: this CPU has no native bf16 (no avx512_bf16 or amx_bf16 flag): "
+                           "bf16 would be emulated, slower than fp32")
+        return torch.bfloat16
+    return None
+
+
 def autocast(device: torch.device, enabled: bool = True, dtype: torch.dtype | None = None):
-    """Mixed precision on GPU (``amp_dtype`` unless ``dtype`` is given); a no-op on CPU."""
-    if not enabled or device.type != "cuda":
+    """Mixed precision: on a GPU ``amp_dtype`` unless ``dtype`` is given; on a CPU only bf16 asked
+    for by ``dtype`` (``train_dtype``); otherwise a no-op."""
+    if not enabled:
         return contextlib.nullcontext()
-    return torch.autocast(device_type="cuda", dtype=dtype or amp_dtype(device))
+    if device.type == "cuda":
+        return torch.autocast(device_type="cuda", dtype=dtype or amp_dtype(device))
+    if device.type == "cpu" and dtype == torch.bfloat16:
+        return torch.autocast(device_type="cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def needs_grad_scaler(device: torch.device, enabled: bool = True) -> bool:
@@ -124,10 +163,13 @@ def configure_kernels(device: torch.device, deterministic: bool = False, fixed_s
     return "cudnn.benchmark" if fixed_shapes else ""
 
 
-def describe(device: torch.device, amp: bool) -> str:
+def describe(device: torch.device, amp: bool, cpu_amp: bool = False) -> str:
     """``cuda:0 (NVIDIA H100, compute 9.0), bf16 autocast`` / ``cpu, fp32``: the set-up line."""
     if device.type != "cuda":
-        return f"{device}, fp32"
+        if cpu_amp:
+            return f"{device}, bf16 autocast (native bf16)"
+        native = device.type == "cpu" and cpu_native_bf16()
+        return f"{device}, fp32" + (" (this CPU has native bf16: --cpu-amp uses it)" if native else "")
     major, minor = torch.cuda.get_device_capability(device)
     dtype = amp_dtype(device) if amp else None
     mode = {torch.bfloat16: "bf16 autocast", torch.float16: "fp16 autocast + loss scaling"}.get(dtype, "fp32")

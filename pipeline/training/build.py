@@ -24,6 +24,7 @@ from pipeline.core.runtime import (
     describe,
     resolve_device,
     seed_everything,
+    train_dtype,
 )
 from pipeline.data.batches import PairSource
 from pipeline.data.captions import CaptionEncoder
@@ -59,6 +60,7 @@ class RunParts:
     optimizer: torch.optim.Optimizer
     scheduler: object
     scaler: torch.amp.GradScaler
+    train_dtype: torch.dtype | None  # the step's autocast dtype (None: fp32)
     ddp_model: torch.nn.Module      # the model the step runs (DDP under torchrun)
     file_identity: dict
     curves: Curves
@@ -92,7 +94,9 @@ def build_run(config: TrainConfig, resume: bool = False, echo=print, given=None,
     if resume_state is not None:
         _check_world_size(resume_state, world, run.last)
     kernels = configure_kernels(device, config.deterministic, fixed_shapes=config.rc)
-    setup_line = (f"device {describe(device, config.amp)}" + (f", {kernels}" if kernels else "")
+    dtype = train_dtype(device, config.amp, config.cpu_amp)  # refuses --cpu-amp without native bf16
+    setup_line = (f"device {describe(device, config.amp, config.cpu_amp)}"
+                  + (f", {kernels}" if kernels else "")
                   + (f"; {world} processes ({dist.backend()})" if distributed else ""))
 
     source = factories.create_pair_source(config)
@@ -126,6 +130,7 @@ def build_run(config: TrainConfig, resume: bool = False, echo=print, given=None,
         model=model, relevance=relevance, trainable=trainable, loss_parameters=loss_parameters,
         optimizer=optimizer, scheduler=factories.create_scheduler(config, optimizer),
         scaler=factories.create_scaler(config, device),
+        train_dtype=dtype,
         ddp_model=factories.wrap_ddp(model, config, distributed),
         file_identity=_file_identity(config, resume_state),
         curves=Curves(run.curves_dir, purge_step=purge, enabled=dist.is_main()),

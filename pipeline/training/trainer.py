@@ -177,7 +177,7 @@ class Trainer:
         optimizer step, which also tells whether it was finite — a non-finite loss stops the
         run right there, before anything (validation, checkpoint) sees the weights it made."""
         batch = batch.to(self.device)  # the lengths stay on the CPU
-        with autocast(self.device, self.cfg.amp):
+        with autocast(self.device, self.parts.train_dtype is not None, self.parts.train_dtype):
             img, cap = self.ddp_model(batch.images, *batch.captions)
         img, cap = dist.gather_with_grad(img.float()), dist.gather_with_grad(cap.float())
         image_ids = _gather_ids(batch.image_ids)

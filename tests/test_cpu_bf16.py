@@ -1,0 +1,47 @@
+"""bf16 autocast on a CPU that has native bf16 (opt-in, --cpu-amp): detected from the CPU's own
+flags, refused where it would be emulated, used by the training step only (validation is fp32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import train
+
+from pipeline.core import runtime
+from pipeline.core.errors import VseError
+
+SAPPHIRE_RAPIDS = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+EPYC_ROME = "processor\t: 0\nflags\t\t: fpu sse avx2 sha_ni\n"
+GRAVITON3 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
+
+
+def test_native_bf16_is_read_from_the_cpu_flags():
+    assert runtime.cpu_native_bf16(SAPPHIRE_RAPIDS) and runtime.cpu_native_bf16(GRAVITON3)
+    assert not runtime.cpu_native_bf16(EPYC_ROME) and not runtime.cpu_native_bf16("")
+
+
+def test_cpu_amp_is_refused_without_native_bf16_and_bf16_with_it(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(runtime, "cpu_native_bf16", lambda: False)
+    with pytest.raises(VseError, match="--cpu-amp: this CPU has no native bf16"):
+        runtime.train_dtype(cpu, amp=True, cpu_amp=True)
+    assert runtime.train_dtype(cpu, amp=True, cpu_amp=False) is None  # --amp alone: a GPU's
+    monkeypatch.setattr(runtime, "cpu_native_bf16", lambda: True)
+    assert runtime.train_dtype(cpu, amp=True, cpu_amp=True) is torch.bfloat16
+    layer = torch.nn.Linear(4, 3)
+    with runtime.autocast(cpu, True, torch.bfloat16):
+        assert layer(torch.randn(2, 4)).dtype is torch.bfloat16
+    with runtime.autocast(cpu, True):  # no dtype asked for: fp32 on a CPU, as before
+        assert layer(torch.randn(2, 4)).dtype is torch.float32
+    assert runtime.describe(cpu, True, cpu_amp=True) == "cpu, bf16 autocast (native bf16)"
+    assert runtime.describe(cpu, True) == "cpu, fp32 (this CPU has native bf16: --cpu-amp uses it)"
+
+
+def test_a_run_with_cpu_amp_trains_and_its_set_up_line_says_bf16(tiny_cache, tmp_path, monkeypatch):
+    monkeypatch.setattr(runtime, "cpu_native_bf16", lambda: True)  # emulated here: correct, only slow
+    result = train(tiny_cache, tmp_path / "run", "--cpu-amp", "--epochs", 2)
+    assert result.exit_code == 0, result.output
+    assert "device cpu, bf16 autocast (native bf16)" in result.output
+    monkeypatch.setattr(runtime, "cpu_native_bf16", lambda: False)
+    refused = train(tiny_cache, tmp_path / "other", "--cpu-amp")
+    assert refused.exit_code == 1 and "no native bf16" in refused.output
