@@ -26,6 +26,10 @@ def test_cpu_amp_is_refused_without_native_bf16_and_bf16_with_it(monkeypatch):
     with pytest.raises(VseError, match="--cpu-amp: this CPU has no native bf16"):
         runtime.train_dtype(cpu, amp=True, cpu_amp=True)
     assert runtime.train_dtype(cpu, amp=True, cpu_amp=False) is None  # --amp alone: a GPU's
+    monkeypatch.setenv(runtime.EMULATED_BF16_ENV, "1")  # code paths can be tested anywhere, said aloud
+    assert runtime.train_dtype(cpu, amp=True, cpu_amp=True) is torch.bfloat16
+    assert runtime.describe(cpu, True, cpu_amp=True) == "cpu, bf16 autocast (EMULATED, slow bf16)"
+    monkeypatch.delenv(runtime.EMULATED_BF16_ENV)
     monkeypatch.setattr(runtime, "cpu_native_bf16", lambda: True)
     assert runtime.train_dtype(cpu, amp=True, cpu_amp=True) is torch.bfloat16
     layer = torch.nn.Linear(4, 3)

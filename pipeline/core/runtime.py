@@ -64,6 +64,8 @@ def amp_dtype(device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if major >= 8 else torch.float16
 
 
+# Set to 1, --cpu-amp runs on a CPU without native bf16 too (emulated, slow: to test code paths).
+EMULATED_BF16_ENV = "VSE_ALLOW_EMULATED_BF16"
 # /proc/cpuinfo flags of native bf16 arithmetic: x86's AVX512-BF16 and AMX, Arm's BF16 extension.
 NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
 
@@ -90,7 +92,7 @@ def train_dtype(device: torch.device, amp: bool, cpu_amp: bool = False) -> torch
     if device.type == "cuda":
         return amp_dtype(device) if amp else None
     if cpu_amp:
-        if not cpu_native_bf16():
+        if not cpu_native_bf16() and os.environ.get(EMULATED_BF16_ENV) != "1":
             raise VseError("--cpu-amp: this CPU has no native bf16 (no avx512_bf16 or amx_bf16 flag): "
                            "bf16 would be emulated, slower than fp32")
         return torch.bfloat16
@@ -167,7 +169,7 @@ def describe(device: torch.device, amp: bool, cpu_amp: bool = False) -> str:
     """``cuda:0 (NVIDIA H100, compute 9.0), bf16 autocast`` / ``cpu, fp32``: the set-up line."""
     if device.type != "cuda":
         if cpu_amp:
-            return f"{device}, bf16 autocast (native bf16)"
+            return f"{device}, bf16 autocast ({'native' if cpu_native_bf16() else 'EMULATED, slow'} bf16)"
         native = device.type == "cpu" and cpu_native_bf16()
         return f"{device}, fp32" + (" (this CPU has native bf16: --cpu-amp uses it)" if native else "")
     major, minor = torch.cuda.get_device_capability(device)
