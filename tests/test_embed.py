@@ -256,3 +256,24 @@ def test_index_and_search_with_the_real_model(made, tmp_path):
     assert text.exit_code == 0 and len(json.loads(text.stdout)["results"]) == 3
     other = vse("search", index, "--checkpoint", made["gpo"], "--text", "a dog")
     assert_one_error_line(other, made["gpo"], "is another model")
+
+
+def test_an_image_index_from_a_csv_labels_its_hits_with_their_captions(made, tmp_path):
+    """Images and captions embedded from one CSV: the image index keeps each image's first caption,
+    and a hit carries it (the page shows it instead of the file name)."""
+    import json
+
+    images = sorted((made["root"] / "images").iterdir())[:6]
+    table = made["root"] / "pairs.csv"
+    table.write_text("filepath,title\n" + "".join(f"images/{p.name},photo number {k} of a dog\n"
+                                                  f"images/{p.name},second caption {k}\n"
+                                                  for k, p in enumerate(images)))
+    out, index = tmp_path / "e.h5", tmp_path / "idx"
+    made_file = vse("embed", made["gru"], "--images", table, "--captions", table, "--out", out,
+                    "--workers", 0, "--no-progress")
+    assert made_file.exit_code == 0, made_file.output
+    assert vse("index", out, "--out", index).exit_code == 0
+    hits = vse("search", index, "--image", images[2], "-k", 2, "--json")
+    assert hits.exit_code == 0, hits.output
+    top = json.loads(hits.stdout)["results"][0]
+    assert top["id"] == f"images/{images[2].name}" and top["caption"] == "photo number 2 of a dog"

@@ -63,6 +63,7 @@ class Items:
     files: list[Path] | None = None
     rejected: list[str] = field(default_factory=list)  # "name<TAB>reason": files whose name cannot be an id
     root: Path | None = None  # the folder relative paths are under (recorded: `vse index` and serve use it)
+    image_ids: list[str] | None = None  # captions from a CSV: each caption's image id (the page shows it)
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps([self.ids, self.shown]).encode()).hexdigest()
@@ -135,13 +136,15 @@ def caption_items(source, layout: CsvLayout | None = None) -> Items:
     source = Path(source)
     if not source.is_file():
         raise VseError("not found (captions: a text file, one per line, or a CSV)", source)
+    owners = None
     if source.suffix.lower() in TABLE_SUFFIXES:
-        rows = [(item.where, item.caption) for item in read_csv_items(source, layout) if item.caption]
+        table = [item for item in read_csv_items(source, layout) if item.caption]
+        rows, owners = [(item.where, item.caption) for item in table], [item.image_id for item in table]
     else:
         rows = [(f"{source.name}:{n}", line) for n, line in _text_lines(source)]
     if not rows:
         raise VseError("empty caption file (no captions)", source)
-    return Items([where for where, _ in rows], [text for _, text in rows])
+    return Items([where for where, _ in rows], [text for _, text in rows], image_ids=owners)
 
 
 def _text_lines(path: Path) -> list[tuple[int, str]]:
@@ -528,6 +531,9 @@ def _combine(out: Path, folder: Path, groups: dict, fingerprint: str, part_size:
                     f.attrs["image_root"] = str(items.root)
             else:
                 result.captions = len(keep)
+                if items.image_ids is not None:  # which image each caption describes (a CSV's rows)
+                    g.create_dataset("image_ids", data=np.array([items.image_ids[k] for k in keep],
+                                                                dtype=strings))
         description = embedder.describe()
         f.attrs.update({
             "format": EMBEDDINGS_FORMAT, "format_version": EMBEDDINGS_VERSION,

@@ -260,6 +260,21 @@ class EmbeddingsFile:
     def count(self, group: str) -> int:
         return int(self.shapes[group][0])
 
+    def captions_of(self, image_ids) -> list[str] | None:
+        """Each image's first caption, where the captions name their images (a CSV embedded as
+        both); None when they do not."""
+        import h5py
+
+        with h5py.File(self.path, "r") as f:
+            if "captions" not in f or "image_ids" not in f["captions"]:
+                return None
+            owners = f["captions"]["image_ids"].asstr()[()]
+            texts = f["captions"][GROUP_FIELD["captions"]].asstr()[()]
+        first: dict[str, str] = {}
+        for owner, caption in zip(owners.tolist(), texts.tolist()):
+            first.setdefault(owner, caption)
+        return [first.get(i, "") for i in image_ids.tolist()]
+
     def items(self, group: str) -> tuple[np.ndarray, np.ndarray]:
         """(ids, paths or texts) of ``group``, checked: as many as vectors, ids unique."""
         import h5py
@@ -502,7 +517,8 @@ def build_index(embeddings, out, options: IndexOptions = IndexOptions(), *, imag
         except RuntimeError as exc:
             raise VseError(f"cannot write the FAISS index ({str(exc).strip().splitlines()[-1][:160]})",
                            out) from exc
-        _write_items(tmp / ITEMS_FILE, group, ids, shown)
+        _write_items(tmp / ITEMS_FILE, group, ids, shown,
+                     source.captions_of(ids) if group == "images" else None)
         meta["files"] = {FAISS_FILE: {"sha256": faiss_sha, "bytes": faiss_size},
                          ITEMS_FILE: {"sha256": file_sha256(tmp / ITEMS_FILE),
                                       "bytes": (tmp / ITEMS_FILE).stat().st_size}}
@@ -511,13 +527,15 @@ def build_index(embeddings, out, options: IndexOptions = IndexOptions(), *, imag
     return BuildResult(out, meta, time.perf_counter() - started, notes)
 
 
-def _write_items(path, group, ids, shown) -> None:
+def _write_items(path, group, ids, shown, captions=None) -> None:
     import h5py
 
     text = h5py.string_dtype("utf-8")
     with h5py.File(path, "w") as f:
         f.create_dataset("ids", data=ids.astype(object), dtype=text)
         f.create_dataset(GROUP_FIELD[group], data=shown.astype(object), dtype=text)
+        if captions is not None:  # an image's first caption, "" for none: what the page labels it with
+            f.create_dataset("captions", data=np.asarray(captions, dtype=object), dtype=text)
         f.attrs.update({"format": ITEMS_FORMAT, "of": group, "count": len(ids)})
 
 
@@ -611,6 +629,7 @@ class SearchIndex:
                                "the index was altered", meta_path)
             self.ids = f["ids"].asstr()[()]
             self.shown = f[GROUP_FIELD[self.of]].asstr()[()]
+            self.captions = f["captions"].asstr()[()] if "captions" in f else None
         if len(self.ids) != self.count or len(self.shown) != self.count:
             raise VseError(f"index metadata says {self.count} items, {ITEMS_FILE} holds {len(self.ids)}",
                            self.path)
@@ -644,8 +663,13 @@ class SearchIndex:
     def hits(self, scores: np.ndarray, rows: np.ndarray) -> list[dict]:
         """One query's results: rank, id, score and path (images) or text (captions)."""
         name = GROUP_FIELD[self.of][:-1]  # path | text
-        return [{"rank": rank, "id": str(self.ids[row]), "score": float(score), name: str(self.shown[row])}
+        hits = [{"rank": rank, "id": str(self.ids[row]), "score": float(score), name: str(self.shown[row])}
                 for rank, (score, row) in enumerate(((s, r) for s, r in zip(scores, rows) if r >= 0), 1)]
+        if self.captions is not None:  # an image index that knows its images' captions
+            for hit, row in zip(hits, (r for r in rows if r >= 0)):
+                if self.captions[row]:
+                    hit["caption"] = str(self.captions[row])
+        return hits
 
     def info(self) -> dict:
         recall = self.meta.get("recall") or {}
