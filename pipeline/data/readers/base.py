@@ -269,6 +269,16 @@ def _decode_utf8(path: Path) -> str:
                        "re-save the file as UTF-8", path) from None
 
 
+def _read_json(path: Path):
+    """A UTF-8 JSON file's value; invalid JSON is a VseError naming the file and the line."""
+    import json
+
+    try:
+        return json.loads(_decode_utf8(path))
+    except json.JSONDecodeError as exc:
+        raise VseError(f"line {exc.lineno}: invalid JSON ({exc.msg})", path) from None
+
+
 def _numbered_lines(path: Path):
     """(line number, line) pairs, 1-based, without line terminators (LF or CRLF)."""
     lines = _decode_utf8(path).split("\n")

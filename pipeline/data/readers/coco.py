@@ -11,7 +11,6 @@ more than ``captions_per_image`` keep their first ones (COCO has 5 to 7).
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -21,10 +20,10 @@ from pipeline.data.readers.base import (
     Dataset,
     LoadReport,
     _assemble,
-    _decode_utf8,
     _existing_dir,
     _FileLookup,
     _is_safe_relative,
+    _read_json,
 )
 
 COCO_SPLITS = {"train": "train", "val": "dev"}  # COCO's name → vse's
@@ -100,10 +99,7 @@ def _caption_files(root: Path, year: str | None) -> dict[str, Path]:
 
 
 def _read_annotations(path: Path) -> tuple[list, list]:
-    try:
-        data = json.loads(_decode_utf8(path))
-    except json.JSONDecodeError as exc:
-        raise VseError(f"line {exc.lineno}: invalid JSON ({exc.msg})", path) from None
+    data = _read_json(path)
     images = data.get("images") if isinstance(data, dict) else None
     annotations = data.get("annotations") if isinstance(data, dict) else None
     if not isinstance(images, list) or not isinstance(annotations, list):

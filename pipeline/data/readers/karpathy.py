@@ -3,7 +3,6 @@ Flickr30k result in the VSE papers uses."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pipeline.core.errors import VseError
@@ -11,11 +10,11 @@ from pipeline.data.readers.base import (
     Dataset,
     LoadReport,
     _assemble,
-    _decode_utf8,
     _existing_dir,
     _FileLookup,
     _guess_image_root,
     _is_safe_relative,
+    _read_json,
     _require_file,
 )
 
@@ -35,10 +34,7 @@ def load_karpathy(root, *, file: str | None = None, image_root=None, restval: bo
     images whose file is missing are skipped and counted.
     """
     json_path = _find_karpathy_json(Path(root), file)
-    try:
-        data = json.loads(_decode_utf8(json_path))
-    except json.JSONDecodeError as exc:
-        raise VseError(f"line {exc.lineno}: invalid JSON ({exc.msg})", json_path) from None
+    data = _read_json(json_path)
     entries = data.get("images") if isinstance(data, dict) else None
     if not isinstance(entries, list):
         raise VseError("not a Karpathy split file (no 'images' list)", json_path)
