@@ -4,6 +4,7 @@ imports included, and no module imports itself back through others."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pipeline
@@ -16,6 +17,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.lru_cache(maxsize=1)
 def imports() -> dict[str, set[str]]:
     """module → the pipeline modules it imports anywhere in its body (not under TYPE_CHECKING)."""
     modules = {module_name(p): p for p in ROOT.rglob("*.py")}
