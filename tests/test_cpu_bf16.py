@@ -49,3 +49,23 @@ def test_a_run_with_cpu_amp_trains_and_its_set_up_line_says_bf16(tiny_cache, tmp
     monkeypatch.setattr(runtime, "cpu_native_bf16", lambda: False)
     refused = train(tiny_cache, tmp_path / "other", "--cpu-amp")
     assert refused.exit_code == 1 and "no native bf16" in refused.output
+
+
+def test_the_training_step_computes_the_heads_in_bf16_and_validation_in_fp32(tiny_cache, tmp_path,
+                                                                             monkeypatch):
+    from pipeline.core.config import TrainConfig
+    from pipeline.training.build import build_trainer
+
+    monkeypatch.setattr(runtime, "cpu_native_bf16", lambda: True)
+    trainer = build_trainer(TrainConfig(features=str(tiny_cache), run_dir=str(tmp_path / "r"), loss="sh",
+                                        epochs=1, embed_dim=8, word_dim=8, batch_size=8, min_word_count=1,
+                                        val_every=0, workers=0, device="cpu", cpu_amp=True),
+                            echo=lambda *a, **k: None)
+    seen = []
+    linear = next(m for m in trainer.model.modules() if isinstance(m, torch.nn.Linear))
+    linear.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    trainer.step(next(iter(trainer.loader(trainer.epoch_batches(0), 0))))
+    assert seen == [torch.bfloat16]
+    seen.clear()
+    trainer.validate()
+    assert seen and set(seen) == {torch.float32}

@@ -306,12 +306,13 @@ def write_external_cache(path, segments: list[RawSegment], item_shape: tuple, dt
         except ValueError:  # another drive
             name = str(source)
         external.append((name, segment.offset, segment.rows * row_bytes))
-    identity = {}  # what each file was at import: changed files are refused when the cache is opened
-    for (name, _, _), segment in zip(external, segments):
-        start = min(s.offset for s in segments if Path(s.path).resolve() == Path(segment.path).resolve())
-        stop = max(s.offset + s.rows * row_bytes for s in segments
-                   if Path(s.path).resolve() == Path(segment.path).resolve())
-        identity[name] = _file_identity(Path(segment.path), start, stop - start)
+    spans: dict[str, tuple[Path, int, int]] = {}  # per file: the byte range the cache reads of it
+    for (name, offset, size), segment in zip(external, segments):
+        _, start, stop = spans.get(name, (None, offset, offset + size))
+        spans[name] = (Path(segment.path), min(start, offset), max(stop, offset + size))
+    # what each file was at import: a changed file is refused when the cache is opened
+    identity = {name: _file_identity(source, start, stop - start) for name, (source, start,
+                                                                             stop) in spans.items()}
     with atomic_h5(path) as f:
         f.create_dataset("features", shape=(num_rows, *item_shape), dtype=dtype, external=external)
         f.attrs["external_identity"] = json.dumps(identity, sort_keys=True)

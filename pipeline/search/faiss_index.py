@@ -611,8 +611,6 @@ class SearchIndex:
         self.kind, self.of, self.dim, self.count = meta["kind"], meta["of"], meta["dim"], meta["count"]
         self.params, self.checkpoint_sha256 = meta["params"], meta["checkpoint_sha256"]
         expected = {name: meta["files"][name]["sha256"] for name in (FAISS_FILE, ITEMS_FILE)}
-        if self.kind not in KINDS or self.of not in GROUPS:
-            raise VseError(f"index metadata is altered (kind {self.kind!r}, of {self.of!r})", meta_path)
         self.meta = meta
 
         items_path = self.path / ITEMS_FILE

@@ -85,7 +85,7 @@ def check_k(k, limits: QueryLimits) -> int:
         k = int(k)
     if not isinstance(k, int) or isinstance(k, bool):
         shown = repr(k) if not isinstance(k, str) else repr(k[:40])
-        raise QueryError(f"k must be an integer from 1 to {limits.max_k}, not {shown}") from None
+        raise QueryError(f"k must be an integer from 1 to {limits.max_k}, not {shown}")
     if k < 1:
         raise QueryError(f"k must be at least 1, not {k}")
     if k > limits.max_k:

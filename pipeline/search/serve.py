@@ -96,7 +96,7 @@ def allowed_hosts(host: str) -> tuple[str, ...] | None:
 
 
 def create_app(searcher: Searcher, *, image_root=None, thumb_size: int = DEFAULT_THUMB,
-               hosts: tuple[str, ...] | None = ("127.0.0.1", "localhost", "::1", "[::1]")):
+               hosts: tuple[str, ...] | None = allowed_hosts(DEFAULT_HOST)):
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse, Response

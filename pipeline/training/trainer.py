@@ -63,6 +63,7 @@ class Trainer:
         self.model, self.ddp_model, self.model_config = parts.model, parts.ddp_model, parts.model.config
         self.trainable, self.loss_parameters = parts.trainable, parts.loss_parameters
         self.optimizer, self.scheduler, self.scaler = parts.optimizer, parts.scheduler, parts.scaler
+        self.train_dtype = parts.train_dtype  # the step's autocast dtype (None: fp32)
         self.file_identity, self.curves = parts.file_identity, parts.curves
         self.progress = Progress()
         self.monitor = CollapseMonitor(self.loss_traits, self.cfg.batch_size * self.world, self.echo)
@@ -177,7 +178,7 @@ class Trainer:
         optimizer step, which also tells whether it was finite — a non-finite loss stops the
         run right there, before anything (validation, checkpoint) sees the weights it made."""
         batch = batch.to(self.device)  # the lengths stay on the CPU
-        with autocast(self.device, self.parts.train_dtype is not None, self.parts.train_dtype):
+        with autocast(self.device, self.train_dtype is not None, self.train_dtype):
             img, cap = self.ddp_model(batch.images, *batch.captions)
         img, cap = dist.gather_with_grad(img.float()), dist.gather_with_grad(cap.float())
         image_ids = _gather_ids(batch.image_ids)
