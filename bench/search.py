@@ -175,6 +175,15 @@ def child_serve(args) -> None:
 
         index = SearchIndex(args.index)
         searcher = Searcher(index, StandInEmbedder(index.checkpoint_sha256, index.dim), QueryLimits())
+    if args.http == "httptools":  # uvicorn's default before vse capped the request head (for comparison)
+        import uvicorn
+
+        from pipeline.search.serve import bind, create_app
+
+        config = uvicorn.Config(create_app(searcher), http="httptools", log_level="warning",
+                                server_header=False)
+        uvicorn.Server(config).run(sockets=[bind("127.0.0.1", args.port)])
+        return
     serve(searcher, host="127.0.0.1", port=args.port, log_level="warning")
 
 
@@ -229,12 +238,13 @@ async def load_test(url: str, clients: int, seconds: float, queries: list[str]) 
             "errors": errors, "statuses": {str(k): v for k, v in sorted(statuses.items())}}
 
 
-def bench_service(index: Path, checkpoint, clients: int, seconds: float) -> dict:
+def bench_service(index: Path, checkpoint, clients: int, seconds: float, http: str = "vse") -> dict:
     import httpx
     from search_fakes import demo_items
 
     port = free_port()
-    command = [sys.executable, __file__, "--child", "serve", "--index", str(index), "--port", str(port)]
+    command = [sys.executable, __file__, "--child", "serve", "--index", str(index), "--port", str(port),
+               "--http", http]
     if checkpoint:
         command += ["--checkpoint", str(checkpoint)]
     server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -263,7 +273,7 @@ def bench_service(index: Path, checkpoint, clients: int, seconds: float) -> dict
     return {"index": {k: info[k] for k in ("kind", "count", "dim", "recall")},
             "embedder": "checkpoint" if checkpoint else "stand-in (tests/search_fakes.py: no model)",
             "endpoint": "GET /api/search?q=<a demo caption>&k=10", "startup_seconds": round(ready, 1),
-            "server_rss_mb": rss, **result}
+            "server_rss_mb": rss, "http": http, **result}
 
 
 def _rss_mb(pid: int) -> float | None:
@@ -313,6 +323,9 @@ def main() -> None:
     parser.add_argument("--truth", default="")
     parser.add_argument("--save-truth", type=Path)
     parser.add_argument("--port", type=int)
+    parser.add_argument("--http", choices=("vse", "httptools"), default="vse")
+    parser.add_argument("--compare-http", action="store_true",
+                        help="also serve with uvicorn's httptools (no head cap), interleaved with vse's h11")
     args = parser.parse_args()
 
     if args.child == "build":
@@ -379,6 +392,14 @@ def main() -> None:
                 service = bench_service(chosen, args.checkpoint if args.service_index else None,
                                         args.clients, args.service_seconds)
                 print(f"service: {service}", file=sys.stderr)
+                if args.compare_http:  # vse's h11 (head cap + deadline) against httptools, interleaved
+                    rounds = []
+                    for _ in range(2):
+                        for http in ("httptools", "vse"):
+                            rounds.append(bench_service(chosen,
+                                                        args.checkpoint if args.service_index else None,
+                                                        args.clients, args.service_seconds, http))
+                    service = {"vse": service, "rounds": rounds}
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
