@@ -242,7 +242,12 @@ def test_a_huge_request_line_is_refused_and_stalls_nobody(server, client, demo):
                 sock.sendall(b"GET /api/search?q=" + b"a" * (100 * 2 ** 20))
             except OSError:  # the server closed the connection once the cap was passed
                 pass
-            answer["flood"] = sock.recv(200)
+            try:
+                answer["flood"] = sock.recv(200)
+            except TimeoutError:  # no answer in 10 s: the server was still reading the line
+                answer["flood"] = b"no answer"
+            except OSError:  # reset before its 400 could be read: refused all the same
+                answer["flood"] = b""
 
     thread = threading.Thread(target=flood)
     thread.start()
@@ -250,7 +255,7 @@ def test_a_huge_request_line_is_refused_and_stalls_nobody(server, client, demo):
     assert client.get("/api/search", params={"q": demo["captions"][0][0]}).status_code == 200
     answer["took"] = time.perf_counter() - started
     thread.join(30)
-    assert answer["flood"].startswith(b"HTTP/1.1 400"), answer
+    assert answer["flood"] == b"" or answer["flood"].startswith(b"HTTP/1.1 400"), answer  # refused
     assert answer["took"] < 2.0, answer  # normally ~20 ms; 8-11 s before the cap
     assert MAX_HEAD_BYTES <= 64 * 1024
 
