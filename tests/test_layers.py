@@ -102,3 +102,10 @@ def test_the_config_followed_from_the_trainer_stays_in_a_few_files():
     assert walk["start"] == "pipeline/training/trainer.py:Trainer"
     assert walk["files"] <= 12 and walk["climbs"] <= 10, walk
     assert "pipeline.training.factories" not in walk["entered"]  # building is build_run's, not the Trainer's
+    # the walker itself must see something: the config's own file and the pair source's
+    assert {"pipeline.core.config", "pipeline.data.batches"} <= set(walk["entered"]), walk
+    built = json.loads(subprocess.run([sys.executable, str(ROOT.parent / "scripts" / "walk_config.py"),
+                                       "--root", str(ROOT.parent), "--start",
+                                       "pipeline/training/build.py:build_run"],
+                                      capture_output=True, text=True, check=True).stdout)
+    assert "pipeline.training.factories" in built["entered"] and built["files"] > walk["files"], built

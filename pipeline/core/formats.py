@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.core.errors import VseError
+from pipeline.core.fsutil import guard_output
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,10 @@ class FileFormat:
     def stamp(self) -> dict:
         """The two items a writer puts first."""
         return {"format": self.tag, "format_version": self.version}
+
+    def guard(self, path, overwrite: bool = False) -> None:
+        """Refuse to replace an existing ``path`` that is not of this format (``fsutil.guard_output``)."""
+        guard_output(path, self.tag, self.noun, overwrite)
 
     def check(self, attrs, path: Path | str | None) -> None:
         """VseError, naming ``path``, unless ``attrs`` (a mapping) holds this tag and version."""

@@ -32,7 +32,7 @@ from pipeline.core.formats import FEATURES
 from pipeline.core.fsutil import atomic_h5, guard_output, sampled_sha256
 from pipeline.data.caption_index import CaptionIndex, IndexedRows, caption_fingerprint
 
-FORMAT, FORMAT_VERSION = FEATURES.tag, FEATURES.version
+FORMAT = FEATURES.tag
 SHARD_FORMAT = "vse-features-shard"
 # The attributes of a cache `vse extract` made that say how an image became its features:
 # checkpoints keep them ("image_pipeline"), and `vse embed` rebuilds that pipeline from them.
@@ -77,7 +77,7 @@ def shards_dir(out) -> Path:
 def guard_cache_outputs(out, overwrite: bool = False) -> None:
     """Refuse an existing ``out`` or shard file that is not part of a vse feature cache
     (resuming reuses those), unless ``overwrite``; see ``fsutil.guard_output``."""
-    guard_output(out, FORMAT, "a vse feature cache", overwrite)
+    FEATURES.guard(out, overwrite)
     shards = shards_dir(out)
     if shards.exists() and not shards.is_dir():
         raise VseError("exists and is not a folder (the cache's shards go there): move it away", shards)
@@ -209,7 +209,7 @@ class ShardedWriter:
             _write_index(f, index)
             f.create_dataset("bad_images", data=np.sort(np.concatenate(bad_rows)).astype(np.int64))
             f.attrs.update({k: v for k, v in attrs.items() if v is not None})
-            f.attrs.update(format=FORMAT, format_version=FORMAT_VERSION,
+            f.attrs.update(**FEATURES.stamp(),
                            feature_dim=self.feature_dim, num_images=self.num_rows,
                            num_captions=len(index.captions),
                            caption_fingerprint=caption_fingerprint(index.captions),
@@ -291,7 +291,7 @@ def write_external_cache(path, segments: list[RawSegment], item_shape: tuple, dt
     copied nor loaded whole; reads are preads of the rows asked for. The files are named
     relative to the cache's folder where they can be (the two can move together)."""
     path = Path(path)
-    guard_output(path, FORMAT, "a vse feature cache", overwrite)
+    FEATURES.guard(path, overwrite)
     dtype = np.dtype(dtype)
     row_bytes = int(np.prod(item_shape)) * dtype.itemsize
     num_rows = sum(s.rows for s in segments)
@@ -319,7 +319,7 @@ def write_external_cache(path, segments: list[RawSegment], item_shape: tuple, dt
         _write_index(f, index)
         f.create_dataset("bad_images", data=np.zeros(0, dtype=np.int64))
         f.attrs.update({k: v for k, v in attrs.items() if v is not None})
-        f.attrs.update(format=FORMAT, format_version=FORMAT_VERSION, feature_dim=int(item_shape[-1]),
+        f.attrs.update(**FEATURES.stamp(), feature_dim=int(item_shape[-1]),
                        num_images=num_rows, num_captions=len(index.captions),
                        caption_fingerprint=caption_fingerprint(index.captions),
                        config_fingerprint=config_fingerprint({"external": external, "shape": list(item_shape),

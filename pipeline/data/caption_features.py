@@ -40,7 +40,7 @@ from pipeline.core.fsutil import atomic_h5
 from pipeline.data.cache import FeatureCache, check_caption_fingerprint
 from pipeline.data.caption_index import caption_fingerprint
 
-FORMAT, FORMAT_VERSION = CAPTION_FEATURES.tag, CAPTION_FEATURES.version
+FORMAT = CAPTION_FEATURES.tag
 DEFAULT_PART_SIZE = 4096  # captions per part: the work a killed run can lose
 LAYOUTS = ("vectors", "tokens")
 TOKEN_DTYPE = np.float16  # token vectors on disk and in memory (half the bytes; float32 batches)
@@ -287,7 +287,7 @@ def encode_text(features, model: str, out, *, tokens: bool = False, device="auto
         with h5py.File(_part_path(folder, i), "r") as f:
             for key, value in json.loads(f.attrs["counts"]).items():
                 counts[key] = counts.get(key, 0) + int(value)
-    attrs = {"format": FORMAT, "format_version": FORMAT_VERSION, "layout": layout, "model": model,
+    attrs = {**CAPTION_FEATURES.stamp(), "layout": layout, "model": model,
              "model_identity": json.dumps(identity, sort_keys=True), "caption_fingerprint": fingerprint,
              "features_file": str(features), "num_captions": len(captions),
              "counts": json.dumps(counts), "device_type": device_type, "config_fingerprint": config_digest,

@@ -37,7 +37,7 @@ from pipeline.data.caption_index import IndexedRows
 from pipeline.data.readers import load_dataset, open_image
 from pipeline.models.backbones import Preprocessing, load_backbone
 from pipeline.models.crops import CropPlan
-from pipeline.models.vse_model import ModelConfig, PixelBackbone, VSEModel, join_state
+from pipeline.models.vse_model import PixelBackbone, VSEModel, model_of_checkpoint
 
 RESIZED_CROP_AREA = (0.08, 1.0)
 RESIZED_CROP_ASPECT = (3 / 4, 4 / 3)
@@ -182,11 +182,6 @@ def rc_model(state: dict, checkpoint) -> tuple[VSEModel, Preprocessing]:
     loaded = load_backbone(entry["name"], state["train_config"].get("backbone_weights"),
                            grid=bool(entry.get("grid")))
     p = loaded.preprocessing
-    model = VSEModel(ModelConfig.from_dict(state["model_config"]),
-                     PixelBackbone(loaded.module, p.mean, p.std, trainable=False))
-    try:
-        model.load_state_dict(join_state(state["model"], entry["state"]))
-    except RuntimeError as exc:
-        raise VseError(f"checkpoint does not match the model it describes ({str(exc).splitlines()[0][:160]})",
-                       checkpoint) from exc
+    backbone = PixelBackbone(loaded.module, p.mean, p.std, trainable=False)
+    model = model_of_checkpoint(state, checkpoint, backbone)
     return model.eval(), p

@@ -12,7 +12,7 @@ from pipeline.core.errors import VseError
 from pipeline.core.runtime import precision
 from pipeline.data.cache import FeatureCache
 from pipeline.data.captions import CaptionEncoder, checkpoint_captions
-from pipeline.models.vse_model import ModelConfig, VSEModel, join_state
+from pipeline.models.vse_model import ModelConfig, VSEModel, model_of_checkpoint
 from pipeline.text.vocabulary import Vocabulary
 
 
@@ -80,13 +80,7 @@ def load_model(checkpoint_path, device: torch.device) -> LoadedModel:
 def model_from_state(state: dict, checkpoint_path, device: torch.device) -> LoadedModel:
     """The model of a checkpoint already read (``load_checkpoint``): a caller that needs the
     state for more than the model reads the file once."""
-    try:
-        cfg = ModelConfig.from_dict(state["model_config"])
-        model = VSEModel(cfg)
-        model.load_state_dict(state["model"])
-    except (TypeError, ValueError, RuntimeError, KeyError) as exc:
-        raise VseError(f"checkpoint does not match the model it describes ({str(exc).splitlines()[0][:160]})",
-                       checkpoint_path) from exc
+    model = model_of_checkpoint(state, checkpoint_path)
     return LoadedModel(model.to(device).eval(), Vocabulary(state["vocab"]) if state["vocab"] else None, state)
 
 
@@ -127,13 +121,7 @@ def embed_rc_checkpoint(checkpoint, dataset_kind: str, root, split: str, device:
     source = ImageSource(dataset_kind, root, state["backbone"]["name"],
                          weights=config.get("backbone_weights"), finetune=False, batch_size=batch_size,
                          dataset_options=dataset_options, grid=bool(state["backbone"].get("grid")))
-    model = VSEModel(ModelConfig.from_dict(state["model_config"]), source.backbone)
-    try:
-        model.load_state_dict(join_state(state["model"], state["backbone"]["state"]))
-    except RuntimeError as exc:
-        raise VseError(f"checkpoint does not match the model it describes ({str(exc).splitlines()[0][:160]})",
-                       checkpoint) from exc
-    model.to(device)
+    model = model_of_checkpoint(state, checkpoint, source.backbone).to(device)
     captions = checkpoint_captions(state, source.index.captions, root, checkpoint=checkpoint)
     return encode_split(model, source.index, captions, split, device, max_images=max_images,
                         batch_size=batch_size, amp=amp)

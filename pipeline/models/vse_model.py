@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pipeline.core.errors import VseError
 from pipeline.core.registry import LAST, PROJECTIONS
 from pipeline.models.heads import GPO, BiGRUTextEncoder, SetImageHead, TokenSetTextEncoder
 from pipeline.models.layers import l2_normalize, load_word_vectors, pack_by_length
@@ -262,3 +263,17 @@ class VSEModel(nn.Module):
     def head_state_dict(self) -> dict:
         """Weights of the projection + text encoder (what RC mode and ConVSE init from)."""
         return {k: v for k, v in self.state_dict().items() if not k.startswith("image_encoder.backbone.")}
+
+
+def model_of_checkpoint(state: dict, checkpoint, backbone: PixelBackbone | None = None) -> VSEModel:
+    """The model a checkpoint's state describes (``model_config``) with its weights: the head, and
+    with ``backbone`` the CNN weights the checkpoint carries (an RC run). The one way a model is
+    rebuilt from a checkpoint; one that does not fit its own description is a VseError naming it."""
+    try:
+        model = VSEModel(ModelConfig.from_dict(state["model_config"]), backbone)
+        cnn = state["backbone"]["state"] if backbone is not None else None
+        model.load_state_dict(join_state(state["model"], cnn))
+    except (TypeError, ValueError, RuntimeError, KeyError) as exc:
+        raise VseError(f"checkpoint does not match the model it describes ({str(exc).splitlines()[0][:160]})",
+                       checkpoint) from exc
+    return model

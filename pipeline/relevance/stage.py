@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.core.errors import VseError
-from pipeline.core.fsutil import atomic_path, flush_to_disk, guard_output, output_format
+from pipeline.core.formats import RELEVANCE, SVD_MODEL
+from pipeline.core.fsutil import atomic_path, flush_to_disk, output_format
 from pipeline.core.registry import RELEVANCE_METHODS
 from pipeline.relevance.neighbours import top_neighbours
-from pipeline.relevance.store import DTYPES, FORMAT, write_relevance
+from pipeline.relevance.store import DTYPES, write_relevance
 from pipeline.relevance.svd import DEFAULT_SVD_ITERATIONS, MODEL_FORMAT, SvdModel, model_path_for
 from pipeline.text.encoders import encode_captions, encoder_identity
 from pipeline.text.vectors import RelevanceVectors
@@ -86,9 +87,9 @@ def build_relevance(features, method: str, out, *, k: int = 400, neighbours: int
         raise VseError(f"--neighbours must be 0 (none) or more, not {neighbours}")
     if out.resolve() == features.resolve():
         raise VseError("--out would overwrite the feature cache", out)
-    guard_output(out, FORMAT, "a vse relevance file", overwrite)
+    RELEVANCE.guard(out, overwrite)
     if method == "svd":
-        guard_output(model_path_for(out), MODEL_FORMAT, "a vse SVD relevance model", overwrite)
+        SVD_MODEL.guard(model_path_for(out), overwrite)
     with FeatureCache(features) as cache:
         captions, fingerprint = cache.captions, cache.caption_fingerprint
         if not captions:

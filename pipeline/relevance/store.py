@@ -27,7 +27,7 @@ from pipeline.core.formats import RELEVANCE
 from pipeline.core.fsutil import atomic_h5
 from pipeline.text.vectors import RelevanceVectors
 
-FORMAT, FORMAT_VERSION = RELEVANCE.tag, RELEVANCE.version
+FORMAT = RELEVANCE.tag
 DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
@@ -37,7 +37,7 @@ def write_relevance(out, rv: RelevanceVectors, *, features_file, caption_fingerp
     """Write ``rv`` (and optional ``(indices, scores)`` neighbours) to ``out`` atomically."""
     if dtype not in DTYPES:
         raise VseError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-    attrs = {"format": FORMAT, "format_version": FORMAT_VERSION, "method": rv.method,
+    attrs = {**RELEVANCE.stamp(), "method": rv.method,
              "params": json.dumps(rv.params, sort_keys=True),
              "identity": json.dumps(rv.identity, sort_keys=True),
              "features_file": str(Path(features_file).resolve()),

@@ -26,7 +26,6 @@ from pipeline.core.fsutil import atomic_path
 from pipeline.text.vectors import normalise_rows
 
 MODEL_FORMAT = SVD_MODEL.tag
-MODEL_FORMAT_VERSION = SVD_MODEL.version
 STOP_WORDS_SOURCE = "sklearn.feature_extraction.text.ENGLISH_STOP_WORDS"
 _LETTERS = re.compile(r"[a-z]+")
 # Power iterations of the randomized SVD. scikit-learn's default; the LSEH code used 100.
@@ -130,7 +129,7 @@ class SvdModel:
     def dump(self, path) -> None:
         """Write the model to ``path`` as it is (``save`` writes atomically)."""
         import joblib
-        payload = {"format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION,
+        payload = {**SVD_MODEL.stamp(),
                    "tfidf": self.tfidf, "svd": self.svd, "params": self.params(),
                    "identity": self.identity()}
         joblib.dump(payload, path)

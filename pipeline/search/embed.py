@@ -38,13 +38,14 @@ from pipeline import __version__
 from pipeline.core import runtime
 from pipeline.core.checkpoint import load_checkpoint
 from pipeline.core.errors import VseError
-from pipeline.core.fsutil import atomic_h5, atomic_path, file_sha256, guard_output
+from pipeline.core.formats import EMBEDDINGS
+from pipeline.core.fsutil import atomic_h5, atomic_path, file_sha256
 from pipeline.data.cache import SET_DTYPE, FeatureCache
 from pipeline.data.readers import open_image
 from pipeline.data.readers.csv_file import _csv_image_path, read_csv_items
 from pipeline.data.readers.csv_layout import CsvLayout
 from pipeline.models.layers import l2_normalize
-from pipeline.search.faiss_index import EMBEDDINGS_FORMAT, EMBEDDINGS_VERSION, GROUP_FIELD
+from pipeline.search.faiss_index import GROUP_FIELD
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 TABLE_SUFFIXES = (".csv", ".tsv")
@@ -394,7 +395,7 @@ def embed_files(checkpoint, out, images=None, captions=None, *, layout: CsvLayou
     if batch_size < 1 or part_size < 1:
         raise VseError(f"--batch-size must be at least 1, not {batch_size}")
     out = Path(out)
-    guard_output(out, EMBEDDINGS_FORMAT, "an embeddings file", overwrite)
+    EMBEDDINGS.guard(out, overwrite)
     groups = {}
     if images is not None:
         groups["images"] = image_items(images, layout)
@@ -536,7 +537,7 @@ def _combine(out: Path, folder: Path, groups: dict, fingerprint: str, part_size:
                                                                 dtype=strings))
         description = embedder.describe()
         f.attrs.update({
-            "format": EMBEDDINGS_FORMAT, "format_version": EMBEDDINGS_VERSION,
+            **EMBEDDINGS.stamp(),
             "checkpoint_sha256": embedder.checkpoint_sha256, "checkpoint": str(embedder.checkpoint),
             "similarity": embedder.similarity, "dim": embedder.dim,
             "image_pipeline": json.dumps(description["image_pipeline"], default=str),

@@ -45,13 +45,12 @@ import numpy as np
 from pipeline import __version__
 from pipeline.core.errors import VseError
 from pipeline.core.formats import EMBEDDINGS, SEARCH_INDEX
-from pipeline.core.fsutil import FOLDER_META, atomic_dir, file_sha256, guard_output
+from pipeline.core.fsutil import FOLDER_META, atomic_dir, file_sha256
 from pipeline.core.registry import INDEX_KINDS
 
-FORMAT, FORMAT_VERSION = SEARCH_INDEX.tag, SEARCH_INDEX.version
+FORMAT = SEARCH_INDEX.tag
 ITEMS_FORMAT = "vse-index-items"
 FAISS_FILE, ITEMS_FILE = "index.faiss", "items.h5"
-EMBEDDINGS_FORMAT, EMBEDDINGS_VERSION = EMBEDDINGS.tag, EMBEDDINGS.version
 GROUPS = ("images", "captions")
 GROUP_FIELD = {"images": "paths", "captions": "texts"}  # what a result shows besides its id
 KINDS = INDEX_KINDS
@@ -417,7 +416,7 @@ def build_index(embeddings, out, options: IndexOptions = IndexOptions(), *, imag
     started = time.perf_counter()
     options.check()
     out = Path(out)
-    guard_output(out, FORMAT, "a vse search index", overwrite)
+    SEARCH_INDEX.guard(out, overwrite)
     source = EmbeddingsFile(embeddings)
     if source.similarity != "cosine":
         raise VseError(f"the model's similarity is {source.similarity!r}: only a cosine model can be "
@@ -496,7 +495,7 @@ def build_index(embeddings, out, options: IndexOptions = IndexOptions(), *, imag
     tuning_seconds = time.perf_counter() - tuning_started
 
     meta = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "of": group, "kind": kind,
+        **SEARCH_INDEX.stamp(), "of": group, "kind": kind,
         "kind_requested": options.kind, "params": params, "metric": "inner_product", "dim": dim,
         "count": count, "checkpoint_sha256": source.checkpoint_sha256,
         "checkpoint": _located(source.attrs.get("checkpoint"), source.path), "similarity": source.similarity,
