@@ -157,6 +157,19 @@ LOSSES = Registry("loss", {
     "mvn": "pipeline.models.losses:MultiViewNTXentLoss",      # multi-view NT-Xent
 })
 
+# ---------------------------------------------------------------------------- networks
+# `vse train --network`: a network declares its kind (``models.network``): "dual" encodes each side
+# to one vector and scores their similarity; "pairwise" encodes local features and scores every
+# pair jointly. vse++ and vse-infty are one dual model (VSE∞ = set pools, GPO by default).
+NETWORK_KINDS = ("dual", "pairwise")
+NETWORKS = Registry("network", {
+    "vse++": "pipeline.models.vse_model:VSEModel",    # VSE++: one vector per side, a GRU over words
+    "vse-infty": "pipeline.models.vse_model:VSEModel",  # VSE∞: sets pooled (GPO unless --image-pool)
+    "sgr": "pipeline.models.sgraf:SGR",               # SGRAF's similarity graph reasoning (pairwise)
+    "saf": "pipeline.models.sgraf:SAF",               # SGRAF's similarity attention filtration (pairwise)
+})
+DUAL_NETWORKS = ("vse++", "vse-infty")
+
 # ---------------------------------------------------------------------------- image backbones
 BACKBONES = Registry("backbone", {
     "efficientnet-lite0": "pipeline.models.backbones:efficientnet_lite0",

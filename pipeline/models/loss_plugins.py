@@ -4,7 +4,10 @@ import path, ``path/to/my_loss.py:MyLoss`` or ``package.module:MyLoss``.
 A user's loss is any ``torch.nn.Module`` called as ``loss(img, cap, image_ids=None,
 relevance=None)`` → scalar; subclassing ``losses.VseLoss`` is optional (it adds the input
 checks and the same-image mask).  It may declare what a built-in loss declares on its class
-(``loss_traits``): ``similarity``, ``uses_relevance``, ``collapse_value(global_batch)``.
+(``loss_traits``): ``similarity``, ``uses_relevance``, ``collapse_value(global_batch)``. A
+pairwise network (``models.network``) gives the loss only the batch's score matrix: it trains
+with a loss that has ``scored(scores, image_ids=None, relevance=None)`` (every subclass of
+``VseLoss`` that does not declare ``needs_embeddings``).
 Its parameters, if any, are trained with the model.  Only training imports the file: a
 checkpoint holds the model, so evaluation never needs the loss.
 """
@@ -26,6 +29,7 @@ class LossTraits(NamedTuple):
     similarity: str          # a name of similarity.SIMILARITIES
     uses_relevance: bool
     collapse_value: float | None
+    takes_scores: bool = True  # has ``scored(scores, image_ids, relevance)``: trains a pairwise network
 
 
 # VseError unless ``spec`` is a built-in name or has the form of an import path
@@ -64,5 +68,6 @@ def loss_traits(loss: nn.Module, spec: str = "") -> LossTraits:
         raise VseError(f"loss {spec or type(loss).__name__} declares similarity {similarity!r}; "
                        f"expected one of {', '.join(SIMILARITIES)}")
     collapse = getattr(loss, "collapse_value", None)
+    takes_scores = callable(getattr(loss, "scored", None)) and not getattr(loss, "needs_embeddings", False)
     return LossTraits(similarity, bool(getattr(loss, "uses_relevance", False)),
-                      collapse if callable(collapse) else None)
+                      collapse if callable(collapse) else None, takes_scores)

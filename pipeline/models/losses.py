@@ -62,8 +62,8 @@ def build_loss(name: str, **options) -> nn.Module:
 class Batch(NamedTuple):
     """What every loss needs, prepared once by ``VseLoss.forward``."""
 
-    img: torch.Tensor          # (B, D)
-    cap: torch.Tensor          # (B, D)
+    img: torch.Tensor | None   # (B, D); None for a batch given as its scores (``VseLoss.scored``)
+    cap: torch.Tensor | None   # (B, D)
     scores: torch.Tensor       # (B, B) S[i, j] = s(image_i, caption_j)
     same_image: torch.Tensor   # (B, B) bool, pairs of the same image (diagonal included)
     negatives: torch.Tensor    # (B, B) bool, pairs that count as negatives
@@ -76,6 +76,7 @@ class VseLoss(nn.Module):
     name = ""                  # the registry name of a built-in loss
     similarity = "cosine"      # the score S of the embeddings (similarity.SIMILARITIES)
     uses_relevance = False
+    needs_embeddings = False   # reads the embeddings, not only S: no loss of a pairwise network
 
     def __init__(self, mask_same_image: bool = True):
         super().__init__()
@@ -101,8 +102,27 @@ class VseLoss(nn.Module):
         if img_emb.ndim != 2 or img_emb.shape != cap_emb.shape or len(img_emb) == 0:
             raise ValueError("img_emb and cap_emb must both be (B, D) with B >= 1, got "
                              f"{tuple(img_emb.shape)} and {tuple(cap_emb.shape)}")
-        size, device = len(img_emb), img_emb.device
         dtype = torch.float64 if img_emb.dtype == torch.float64 else torch.float32
+        with torch.autocast(device_type=img_emb.device.type, enabled=False):
+            img, cap = img_emb.to(dtype), cap_emb.to(dtype)
+            return self._value(self.score_matrix(img, cap), image_ids, relevance, img, cap)
+
+    def scored(self, scores, image_ids=None, relevance=None) -> torch.Tensor:
+        """The loss of a batch given as its (B, B) score matrix ``S[i, j] = s(image_i, caption_j)``
+        (a network that scores pairs jointly, ``models.network``). A loss that reads the
+        embeddings themselves (``needs_embeddings``) cannot take one."""
+        if self.needs_embeddings:
+            raise ValueError(f"loss {self.name or type(self).__name__} compares the embeddings themselves; "
+                             "it cannot train on a score matrix")
+        if scores.ndim != 2 or scores.shape[0] != scores.shape[1] or len(scores) == 0:
+            raise ValueError(f"scores must be (B, B) with B >= 1, got {tuple(scores.shape)}")
+        dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
+        with torch.autocast(device_type=scores.device.type, enabled=False):
+            return self._value(scores.to(dtype), image_ids, relevance)
+
+    def _value(self, scores, image_ids, relevance, img=None, cap=None) -> torch.Tensor:
+        """The checks and the masks every loss shares, then the subclass's ``value``."""
+        size, device, dtype = len(scores), scores.device, scores.dtype
         if self.uses_relevance:
             if relevance is None:
                 raise ValueError(f"loss {type(self).__name__} needs the batch relevance "
@@ -122,10 +142,7 @@ class VseLoss(nn.Module):
                                  f"got {tuple(image_ids.shape)}")
             same_image = (image_ids[:, None] == image_ids[None, :]) | positives
         negatives = ~same_image if self.mask_same_image else ~positives
-        with torch.autocast(device_type=device.type, enabled=False):
-            img, cap = img_emb.to(dtype), cap_emb.to(dtype)
-            return self.value(Batch(img, cap, self.score_matrix(img, cap), same_image,
-                                    negatives, relevance))
+        return self.value(Batch(img, cap, scores, same_image, negatives, relevance))
 
 
 # ---------------------------------------------------------------------------- hinge family
@@ -360,6 +377,8 @@ class MultiViewNTXentLoss(VseLoss):
     """
 
     name = "mvn"
+
+    needs_embeddings = True  # image–image and caption–caption terms: no score matrix holds them
 
     def __init__(self, tau: float = 0.1, mask_same_image: bool = True):
         super().__init__(mask_same_image)

@@ -1,0 +1,290 @@
+"""SGRAF (Diao et al., "Similarity Reasoning and Filtration for Image-Text Matching", AAAI 2021):
+two pairwise networks, ``SGR`` (similarity graph reasoning) and ``SAF`` (similarity attention
+filtration). The definitions are docs/PROTOCOL.md ("SGRAF"), after the authors' ``model.py``.
+
+Per pair (image i: members v (K, E); caption c: words w (L, E), both L2-normalised per row):
+
+1. global vectors: the image's by visual self-attention (``VisualSA``: the plain mean of the
+   members as the query; the local branch's BatchNorm1d over the K member slots), the caption's
+   by textual self-attention over its valid words (``TextSA``);
+2. cross-attention of each word over the members: ``a = LeakyReLU_0.1(v wᵀ)``, L2-normalised over
+   the caption's words, ``softmax_K(smooth · a)``; the attended context is L2-normalised;
+3. similarity vectors: the node of the pair's globals ``l2n(W_g (g_v - g_w)²)`` and one node per
+   word ``l2n(W_l (ctx - w)²)``, all of size ``sim_dim``;
+4. SGR: ``sgr_steps`` × ``x ← ReLU(W (softmax(W_q x (W_k x)ᵀ) x))`` over the L + 1 nodes, then node
+   0; SAF: node weights ``l1n(σ(BN(w·x)))`` and the L2-normalised weighted sum of the nodes;
+5. the score ``σ(w_e · vector)``, in (0, 1).
+
+Batched over blocks of images × captions: every pair of two blocks at once, in chunks of captions
+that bound the memory, padding never read (the authors slice each caption to its length and loop
+over captions one by one). SAF's BatchNorm in training takes its statistics per caption over the
+image batch and updates its running statistics once per caption, in caption order, as the
+authors' loop does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pipeline.models.layers import pack_by_length
+from pipeline.models.network import NetworkConfig, PairwiseNetwork
+
+EPS = 1e-8
+WORD_INIT = 0.1
+
+
+def l2norm(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """The authors' ``x / (‖x‖ + 1e-8)`` (not ``F.normalize``'s max(‖x‖, eps))."""
+    return x / (x.square().sum(dim=dim, keepdim=True).sqrt() + EPS)
+
+
+def xavier_(module: nn.Module) -> None:
+    """The authors' init of every Linear (uniform ±√6/√(in+out), bias 0) and BatchNorm (1, 0)."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            bound = math.sqrt(6.0) / math.sqrt(m.in_features + m.out_features)
+            nn.init.uniform_(m.weight, -bound, bound)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.BatchNorm1d):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
+@dataclass(frozen=True)
+class SGRAFOptions:
+    """SGRAF's own options (`--network-option NAME=VALUE`); the defaults are the authors'."""
+
+    sim_dim: int = 256         # size of a similarity vector (--sim_dim)
+    sgr_steps: int = 3         # SGR's reasoning steps (--sgr_step)
+    smooth: float = 9.0        # λ of the cross-attention's softmax (hard-coded in model.py)
+    dropout: float = 0.4       # of the word embeddings and the self-attentions
+    caption_chunk: int = 0     # captions scored at once (0: by the memory budget)
+
+    def __post_init__(self):
+        if self.sim_dim < 1 or self.sgr_steps < 1 or self.caption_chunk < 0:
+            raise ValueError("sim_dim and sgr_steps must be >= 1, caption_chunk >= 0")
+        if not 0 <= self.dropout < 1 or not math.isfinite(self.smooth):
+            raise ValueError("dropout must be in [0, 1) and smooth finite")
+
+
+class ImageBlock(NamedTuple):
+    local: torch.Tensor        # (B, K, E) members, L2-normalised
+    glo: torch.Tensor          # (B, E) the global vector (VisualSA)
+
+
+class CaptionBlock(NamedTuple):
+    words: torch.Tensor        # (B, L, E) words, L2-normalised (0 past the length)
+    mask: torch.Tensor         # (B, L) bool: the valid words
+    glo: torch.Tensor          # (B, E) the global vector (TextSA)
+
+
+class VisualSA(nn.Module):
+    """The image's global vector by self-attention (the authors' ``VisualSA``)."""
+
+    def __init__(self, embed_dim: int, dropout: float, set_size: int):
+        super().__init__()
+        self.embedding_local = nn.Sequential(nn.Linear(embed_dim, embed_dim), nn.BatchNorm1d(set_size),
+                                             nn.Tanh(), nn.Dropout(dropout))
+        self.embedding_global = nn.Sequential(nn.Linear(embed_dim, embed_dim), nn.BatchNorm1d(embed_dim),
+                                              nn.Tanh(), nn.Dropout(dropout))
+        self.embedding_common = nn.Sequential(nn.Linear(embed_dim, 1))
+        xavier_(self)
+
+    def forward(self, local: torch.Tensor) -> torch.Tensor:
+        l_emb = self.embedding_local(local)
+        g_emb = self.embedding_global(local.mean(dim=1))
+        weights = torch.softmax(self.embedding_common(l_emb * g_emb[:, None]).squeeze(-1), dim=1)
+        return l2norm((weights[..., None] * local).sum(dim=1))
+
+
+class TextSA(nn.Module):
+    """The caption's global vector by self-attention over its valid words (``TextSA``)."""
+
+    def __init__(self, embed_dim: int, dropout: float):
+        super().__init__()
+        self.embedding_local = nn.Sequential(nn.Linear(embed_dim, embed_dim), nn.Tanh(), nn.Dropout(dropout))
+        self.embedding_global = nn.Sequential(nn.Linear(embed_dim, embed_dim), nn.Tanh(), nn.Dropout(dropout))
+        self.embedding_common = nn.Sequential(nn.Linear(embed_dim, 1))
+        xavier_(self)
+
+    def forward(self, words: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        counts = mask.sum(dim=1, keepdim=True).to(words.dtype)
+        mean = (words * mask[..., None]).sum(dim=1) / counts
+        l_emb = self.embedding_local(words)
+        g_emb = self.embedding_global(mean)
+        logits = self.embedding_common(l_emb * g_emb[:, None]).squeeze(-1).masked_fill(~mask, -math.inf)
+        weights = torch.softmax(logits, dim=1)
+        return l2norm((weights[..., None] * words.masked_fill(~mask[..., None], 0)).sum(dim=1))
+
+
+class GraphReasoning(nn.Module):
+    """One SGR step over the nodes: ReLU(W_g · softmax(W_q x (W_k x)ᵀ) · x), padding as no key."""
+
+    def __init__(self, sim_dim: int):
+        super().__init__()
+        self.graph_query_w = nn.Linear(sim_dim, sim_dim)
+        self.graph_key_w = nn.Linear(sim_dim, sim_dim)
+        self.sim_graph_w = nn.Linear(sim_dim, sim_dim)
+        xavier_(self)
+
+    def forward(self, nodes: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        edges = self.graph_query_w(nodes) @ self.graph_key_w(nodes).transpose(-1, -2)
+        edges = torch.softmax(edges.masked_fill(~key_mask, -math.inf), dim=-1)
+        return torch.relu(self.sim_graph_w(edges @ nodes))
+
+
+class AttentionFiltration(nn.Module):
+    """SAF: node weights l1n(σ(BN(w · x))) over the valid nodes; the weighted sum, L2-normalised.
+
+    The BatchNorm1d(1) in training takes its statistics per caption (over the images and that
+    caption's valid nodes) and updates its running statistics once per caption in order."""
+
+    def __init__(self, sim_dim: int):
+        super().__init__()
+        self.attn_sim_w = nn.Linear(sim_dim, 1)
+        self.bn = nn.BatchNorm1d(1)
+        xavier_(self)
+
+    def forward(self, nodes: torch.Tensor, node_mask: torch.Tensor) -> torch.Tensor:
+        """``nodes`` (Bi, Bc, N, S), ``node_mask`` (Bc, N)."""
+        logits = self.attn_sim_w(nodes).squeeze(-1)  # (Bi, Bc, N)
+        logits = self._batch_norm(logits, node_mask)
+        weights = torch.sigmoid(logits).masked_fill(~node_mask[None], 0.0)
+        weights = weights / (weights.abs().sum(dim=-1, keepdim=True) + EPS)
+        return l2norm((weights[..., None] * nodes).sum(dim=-2))
+
+    def _batch_norm(self, logits: torch.Tensor, node_mask: torch.Tensor) -> torch.Tensor:
+        bn = self.bn
+        if not bn.training:
+            mean, var = bn.running_mean, bn.running_var
+            return (logits - mean) / torch.sqrt(var + bn.eps) * bn.weight + bn.bias
+        valid = node_mask[None].expand_as(logits).to(logits.dtype)
+        count = valid.sum(dim=(0, 2))  # per caption: images × its nodes
+        mean = (logits * valid).sum(dim=(0, 2)) / count
+        var = ((logits - mean[None, :, None]).square() * valid).sum(dim=(0, 2)) / count
+        out = (logits - mean[None, :, None]) / torch.sqrt(var[None, :, None] + bn.eps)
+        with torch.no_grad():  # the running statistics, one update per caption, in order
+            unbiased = var * count / (count - 1).clamp(min=1)
+            momentum = bn.momentum
+            for c in range(len(count)):
+                bn.running_mean.mul_(1 - momentum).add_(momentum * mean[c].detach())
+                bn.running_var.mul_(1 - momentum).add_(momentum * unbiased[c].detach())
+            bn.num_batches_tracked.add_(len(count))
+        return out * bn.weight + bn.bias
+
+
+class SGRAF(PairwiseNetwork):
+    """The SGRAF network without its reasoning module (``SGR`` and ``SAF`` add theirs)."""
+
+    Options = SGRAFOptions
+    module_name = ""
+
+    def __init__(self, config: NetworkConfig):
+        super().__init__(config)
+        o, embed = self.options, config.embed_dim
+        self.img_fc = nn.Linear(config.feature_dim, embed)   # EncoderImagePrecomp
+        xavier_(self.img_fc)
+        self.word_dropout = nn.Dropout(o.dropout)
+        if config.vocab_size:  # EncoderText: embedding → dropout → BiGRU, directions averaged
+            self.embed = nn.Embedding(config.vocab_size, config.word_dim, padding_idx=0)
+            nn.init.uniform_(self.embed.weight, -WORD_INIT, WORD_INIT)
+            self.rnn = nn.GRU(config.word_dim, embed, 1, batch_first=True, bidirectional=True)
+        else:  # cached token vectors: a per-token linear (this toolkit's fast loop)
+            self.text_fc = nn.Linear(config.text_dim, embed)
+            xavier_(self.text_fc)
+        self.v_global_w = VisualSA(embed, o.dropout, config.set_size)
+        self.t_global_w = TextSA(embed, o.dropout)
+        self.sim_tranloc_w = nn.Linear(embed, o.sim_dim)
+        self.sim_tranglo_w = nn.Linear(embed, o.sim_dim)
+        self.sim_eval_w = nn.Linear(o.sim_dim, 1)
+        xavier_(self.sim_tranloc_w)
+        xavier_(self.sim_tranglo_w)
+        xavier_(self.sim_eval_w)
+
+    # ---- encoders
+    def encode_images(self, images: torch.Tensor) -> ImageBlock:
+        local = l2norm(self.img_fc(images.to(self.img_fc.weight.dtype)))
+        return ImageBlock(local, self.v_global_w(local))
+
+    def encode_captions(self, captions: torch.Tensor, lengths: torch.Tensor) -> CaptionBlock:
+        lengths = lengths.to(torch.int64)
+        width = int(lengths.max())
+        if self.config.vocab_size:
+            tokens = captions[:, :width]
+            x = self.word_dropout(self.embed(tokens))
+            dtype = self.rnn.weight_ih_l0.dtype
+            with torch.autocast(device_type=tokens.device.type, enabled=False):
+                out, _ = self.rnn(pack_by_length(x.to(dtype), lengths.cpu()))
+                out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=width)
+            half = out.shape[-1] // 2
+            words = (out[..., :half] + out[..., half:]) / 2
+        else:
+            x = captions[:, :width].to(self.text_fc.weight.dtype)
+            words = self.text_fc(self.word_dropout(x))
+        mask = torch.arange(width, device=words.device)[None, :] < lengths.to(words.device)[:, None]
+        words = l2norm(words).masked_fill(~mask[..., None], 0.0)
+        return CaptionBlock(words, mask, self.t_global_w(words, mask))
+
+    # ---- scoring
+    def score(self, image_block: ImageBlock, caption_block: CaptionBlock) -> torch.Tensor:
+        n_words = caption_block.words.shape[1]
+        chunk = self.options.caption_chunk or max(
+            1, self.eval_pair_budget // max(1, len(image_block.local) * n_words * self.config.embed_dim))
+        parts = [self._score_chunk(image_block, CaptionBlock(*(t[a:a + chunk] for t in caption_block)))
+                 for a in range(0, len(caption_block.words), chunk)]
+        return torch.cat(parts, dim=1)
+
+    def _score_chunk(self, img: ImageBlock, cap: CaptionBlock) -> torch.Tensor:
+        v, w, mask = img.local, cap.words, cap.mask
+        # cross-attention of every word of every caption over every member of every image
+        attn = F.leaky_relu(torch.einsum("ike,cle->iclk", v, w), 0.1)          # (Bi, Bc, L, K)
+        attn = attn.masked_fill(~mask[None, :, :, None], 0.0)
+        attn = attn / (attn.square().sum(dim=2, keepdim=True).sqrt() + EPS)   # over the words
+        attn = torch.softmax(attn * self.options.smooth, dim=-1)               # over the members
+        context = l2norm(torch.einsum("iclk,ike->icle", attn, v))             # (Bi, Bc, L, E)
+        sim_loc = l2norm(self.sim_tranloc_w((context - w[None]).square()))    # (Bi, Bc, L, S)
+        sim_glo = l2norm(self.sim_tranglo_w((img.glo[:, None] - cap.glo[None]).square()))  # (Bi, Bc, S)
+        nodes = torch.cat([sim_glo[:, :, None], sim_loc], dim=2)              # (Bi, Bc, L + 1, S)
+        node_mask = torch.cat([torch.ones_like(mask[:, :1]), mask], dim=1)    # (Bc, L + 1)
+        vector = self.reason(nodes, node_mask)
+        return torch.sigmoid(self.sim_eval_w(vector)).squeeze(-1)
+
+    def reason(self, nodes: torch.Tensor, node_mask: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def load_word_vectors(self, vectors: torch.Tensor, mask: torch.Tensor) -> int:
+        from pipeline.models.layers import load_word_vectors
+
+        return load_word_vectors(self.embed, vectors, mask)
+
+
+class SGR(SGRAF):
+    """SGRAF's similarity graph reasoning: ``sgr_steps`` graph steps, then the global node."""
+
+    def __init__(self, config: NetworkConfig):
+        super().__init__(config)
+        self.SGR_module = nn.ModuleList(GraphReasoning(self.options.sim_dim)
+                                        for _ in range(self.options.sgr_steps))
+
+    def reason(self, nodes: torch.Tensor, node_mask: torch.Tensor) -> torch.Tensor:
+        key_mask = node_mask[None, :, None, :]
+        for step in self.SGR_module:
+            nodes = step(nodes, key_mask)
+        return nodes[:, :, 0]
+
+
+class SAF(SGRAF):
+    """SGRAF's similarity attention filtration."""
+
+    def __init__(self, config: NetworkConfig):
+        super().__init__(config)
+        self.SAF_module = AttentionFiltration(self.options.sim_dim)
+
+    def reason(self, nodes: torch.Tensor, node_mask: torch.Tensor) -> torch.Tensor:
+        return self.SAF_module(nodes, node_mask)

@@ -1,0 +1,128 @@
+"""SGR and SAF (pipeline.models.sgraf), batched over blocks, against the one-caption-at-a-time
+reference (tests/reference/sgraf_loop.py) with the same weights, in float64 (1e-9): scores,
+gradients and SAF's running statistics, in eval and train mode (dropout 0), on 36 regions and 49
+grid cells, with padded captions of mixed lengths. The weights are randomised away from the
+authors' initialisation (biases, BatchNorm affine and running statistics, sharper attentions):
+there several attentions are uniform and would hide a slip; ``test_a_slip_is_caught`` shows one."""
+
+import copy
+
+import pytest
+import torch
+
+from pipeline.models.network import NetworkConfig
+from pipeline.models.sgraf import SAF, SGR
+from reference import sgraf_loop
+
+TOL = 1e-9
+LENGTHS = torch.tensor([9, 3, 5, 1, 7, 2])
+
+
+def randomised(cls, set_size=7, vocab=False, seed=0, **options):
+    torch.manual_seed(seed)
+    config = NetworkConfig("sgr" if cls is SGR else "saf", feature_dim=20, set_size=set_size, embed_dim=16,
+                           vocab_size=30 if vocab else 0, word_dim=10, text_dim=0 if vocab else 12,
+                           options={"sim_dim": 8, "dropout": 0.0, **options})
+    model = cls(config).double()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.uniform_(-0.5, 0.5)
+            elif "bn" in name or ".1.weight" in name and p.ndim == 1:
+                p.uniform_(0.5, 1.5)
+        for name, p in model.named_parameters():  # sharper attentions than at init
+            if "graph_query_w.weight" in name or "attn_sim_w.weight" in name or "embedding_common" in name:
+                p.mul_(4.0)
+        # scores spread over (0, 1), not all near σ(bias): a score head of random signs
+        model.sim_eval_w.weight.copy_(torch.randn(model.sim_eval_w.weight.shape, dtype=torch.float64) * 3)
+        model.sim_eval_w.bias.zero_()
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm1d):
+                m.running_mean.uniform_(-0.3, 0.3)
+                m.running_var.uniform_(0.5, 2.0)
+    return model
+
+
+def inputs(set_size=7, vocab=False, n_images=5, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randn(n_images, set_size, 20, generator=g, dtype=torch.float64)
+    if vocab:
+        captions = torch.randint(1, 30, (len(LENGTHS), 9), generator=g)
+        captions[torch.arange(9)[None] >= LENGTHS[:, None]] = 0
+    else:
+        captions = torch.randn(len(LENGTHS), 9, 12, generator=g, dtype=torch.float64)
+    return images, captions, LENGTHS
+
+
+@pytest.mark.parametrize("cls", [SGR, SAF])
+@pytest.mark.parametrize("set_size", [7, 36, 49])
+@pytest.mark.parametrize("vocab", [False, True])
+def test_eval_scores_match_the_caption_loop(cls, set_size, vocab):
+    model = randomised(cls, set_size, vocab).eval()
+    images, captions, lengths = inputs(set_size, vocab)
+    ours = model(images, captions, lengths)
+    theirs = sgraf_loop.scores(model, images, captions, lengths)
+    assert ours.shape == (5, 6)
+    assert (ours - theirs).abs().max() < TOL
+    assert ours.std() > 1e-3  # not a constant: the comparison sees the inputs
+
+
+@pytest.mark.parametrize("cls", [SGR, SAF])
+def test_train_mode_scores_gradients_and_running_statistics_match(cls):
+    model = randomised(cls, 36).train()
+    reference = copy.deepcopy(model)
+    images, captions, lengths = inputs(36)
+    ours = model(images, captions, lengths)
+    theirs = sgraf_loop.scores(reference, images, captions, lengths)
+    assert (ours - theirs).abs().max() < TOL
+    weights = torch.randn(ours.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    (ours * weights).sum().backward()
+    (theirs * weights).sum().backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert p.grad is not None and (p.grad - q.grad).abs().max() < TOL, name
+    for (name, b), c in zip(model.named_buffers(), reference.buffers()):
+        assert torch.equal(b, c) or (b.double() - c.double()).abs().max() < TOL, name
+    if cls is SAF:  # updated once per caption, as the authors' loop does
+        assert int(model.SAF_module.bn.num_batches_tracked) == len(lengths)
+
+
+def test_a_slip_is_caught():
+    """λ 9 → 8 (one constant of the cross-attention) moves the scores far past the tolerance."""
+    model = randomised(SGR, 36).eval()
+    images, captions, lengths = inputs(36)
+    slipped = copy.deepcopy(model)
+    object.__setattr__(slipped, "options", type(model.options)(sim_dim=8, dropout=0.0, smooth=8.0))
+    gap = (slipped(images, captions, lengths) - sgraf_loop.scores(model, images, captions, lengths)).abs().max()
+    assert gap > 1e3 * TOL
+
+
+@pytest.mark.parametrize("cls", [SGR, SAF])
+def test_padding_is_never_read(cls):
+    model = randomised(cls).eval()
+    images, captions, lengths = inputs()
+    noisy = captions.clone()
+    noisy[torch.arange(9)[None] >= lengths[:, None]] = 1e6
+    assert torch.equal(model(images, captions, lengths), model(images, noisy, lengths))
+
+
+@pytest.mark.parametrize("cls", [SGR, SAF])
+def test_batch_order_does_not_matter_and_blocks_agree(cls):
+    model = randomised(cls, caption_chunk=2).eval()
+    images, captions, lengths = inputs()
+    full = model(images, captions, lengths)
+    order = torch.tensor([4, 0, 5, 2, 1, 3])
+    permuted = model(images[[3, 1, 0, 4, 2]], captions[order], lengths[order])
+    assert (permuted - full[[3, 1, 0, 4, 2]][:, order]).abs().max() < TOL
+    one_pair = model.score(model.encode_images(images[2:3]), model.encode_captions(captions[4:5], lengths[4:5]))
+    assert abs(float(one_pair.detach()) - float(full[2, 4].detach())) < TOL
+
+
+def test_options_are_checked_in_one_line():
+    from pipeline.core.errors import VseError
+
+    config = NetworkConfig("sgr", feature_dim=4, set_size=3, embed_dim=8, text_dim=4, options={"sim_dims": 3})
+    with pytest.raises(VseError, match="no option sim_dims .*its options: sim_dim"):
+        SGR(config)
+    with pytest.raises(VseError, match="sgr_steps must be like 3"):
+        SGR(NetworkConfig("sgr", feature_dim=4, set_size=3, embed_dim=8, text_dim=4,
+                          options={"sgr_steps": "3"}))
