@@ -106,6 +106,11 @@ def train_options(exclude=(), config_class=TrainConfig):
             decorators.append(click.option("--loss-option", "loss_option", multiple=True,
                                            callback=parse_key_values,
                                            help="Any other loss option, KEY=VALUE (JSON value), repeatable."))
+        if f.name == "network":
+            decorators.append(click.option("--network-option", "network_option", multiple=True,
+                                           callback=parse_key_values,
+                                           help="An option of the network, NAME=VALUE (JSON value), "
+                                                "repeatable."))
 
     def decorate(command):
         for decorator in reversed(decorators):
@@ -117,10 +122,14 @@ def train_options(exclude=(), config_class=TrainConfig):
 
 def given_values(ctx, values: dict, loss_option: dict, base: dict | None = None) -> tuple[dict, set]:
     """The options the user set: ``base`` (a config file's) updated by the flags given on the
-    command line (flags win), with the loss flags and --loss-option merged into loss_options.
-    Returns (TrainConfig values, the names of the options set)."""
+    command line (flags win), with the loss flags and --loss-option merged into loss_options,
+    and --network-option into network_options. Returns (TrainConfig values, the names of the
+    options set)."""
+    network_option = values.pop("network_option", None) or {}
     values = {name: value for name, value in values.items()
               if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)}
+    if network_option:
+        values["network_options"] = {**((base or {}).get("network_options") or {}), **network_option}
     merged = {**(base or {}), **values}
     given = {"loss_options" if name in LOSS_FLAGS else name for name in merged}
     loss_options = dict(merged.pop("loss_options", None) or {})
@@ -167,6 +176,8 @@ def options_markdown(config_class=TrainConfig) -> str:
     lines += [f"| `{options.flag_name(flag)}` | `{spec.key}` | {spec.type.__name__} | {spec.help} |"
               for flag, spec in LOSS_FLAGS.items()]
     lines += ["| `--loss-option KEY=VALUE` | any | JSON | any other option of the loss, repeatable |", ""]
+    lines += ["`--network-option NAME=VALUE` (JSON value, repeatable) sets one entry of `network_options`.",
+              ""]
     return "\n".join(lines)
 
 

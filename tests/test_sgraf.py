@@ -128,3 +128,15 @@ def test_options_are_checked_in_one_line():
     with pytest.raises(VseError, match="sgr_steps must be like 3"):
         SGR(NetworkConfig("sgr", feature_dim=4, set_size=3, embed_dim=8, text_dim=4,
                           options={"sgr_steps": "3"}))
+
+
+def test_zero_padding_keeps_gradients_finite():
+    """Cached token vectors are zero past a caption's end, and the text head's bias starts at 0:
+    the padded words are 0 before their L2 norm, whose √0 once made every gradient NaN."""
+    model = randomised(SGR).train()
+    with torch.no_grad():
+        model.text_fc.bias.zero_()
+    images, captions, lengths = inputs()
+    captions[torch.arange(9)[None] >= lengths[:, None]] = 0.0
+    model(images, captions, lengths).sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

@@ -29,10 +29,12 @@ from pipeline.core.registry import (
     ADAM_KERNELS,
     BACKBONES,
     CROP_MODES,
+    DUAL_NETWORKS,
     IMAGE_DATASET_KINDS,
     IMAGE_POOLS,
     LAST,
     LOSSES,
+    NETWORKS,
     PROJECTIONS,
     READERS,
     SET_POOLS,
@@ -132,6 +134,12 @@ class TrainConfig:
                                        "same update, rounded differently.",
                               choices=ADAM_KERNELS, before="default")
     # ---- the model
+    network: str = option("vse++", f"{', '.join(NETWORKS.names)}, or your own pairwise network FILE.py:Class "
+                                   "(pipeline/models/network.py). vse-infty pools sets with GPO unless "
+                                   "--image-pool / --text-pool say otherwise; sgr and saf score each pair "
+                                   "jointly over a cache of sets.", before="vse++")
+    network_options: dict = option(dict, "The network's own options (--network-option NAME=VALUE; sgr, saf: "
+                                          "docs/PROTOCOL.md).", cli=False, before={})
     embed_dim: int = option(1024, "Joint space dimension.", minimum=1)
     word_dim: int = option(300, "Word embedding size of the GRU caption encoder.", minimum=1)
     glove: bool = option(False, "Initialise word embeddings from GloVe 6B-50d (word dim 50).")
@@ -192,6 +200,15 @@ class TrainConfig:
     def __post_init__(self):
         for name, value in self.checked(vars(self)).items():
             setattr(self, name, value)
+        if self.network == "vse-infty":  # VSE∞: GPO on both sides unless a pool is given
+            self.image_pool = self.image_pool or "gpo"
+            self.text_pool = "gpo" if self.text_pool == LAST else self.text_pool
+
+    @property
+    def pairwise(self) -> bool:
+        """The network scores pairs jointly: any network but the dual built-ins (a user's
+        network is a pairwise one, models/network.py)."""
+        return self.network not in DUAL_NETWORKS
 
     @classmethod
     def from_dict(cls, values: dict) -> TrainConfig:
@@ -234,6 +251,18 @@ class TrainConfig:
     def check(self) -> None:
         """Options that only make sense together (VseError otherwise)."""
         LOSSES.check(self.loss)
+        NETWORKS.check(self.network)
+        if self.pairwise:
+            given = [flag for flag, used in (("--image-pool", self.image_pool is not None),
+                                             ("--text-pool", self.text_pool != LAST), ("--rc", self.rc))
+                     if used]
+            if given:
+                raise VseError(f"{', '.join(given)}: not for --network {self.network}, which scores each "
+                               "pair from the members of an image's set and the words of a caption (a cache "
+                               "of sets: `vse extract --grid` or imported regions)")
+        elif self.network_options:
+            raise VseError(f"--network {self.network} has no network options (its options are flags); "
+                           f"got {', '.join(sorted(self.network_options))}")
         csv = {name: value for name in READERS.option_names() if (value := getattr(self, name)) is not None}
         if self.rc:
             if not self.root:

@@ -73,9 +73,10 @@ def embed_checkpoint(checkpoint, features, split: str, device: torch.device,
     loaded = load_model(checkpoint, device)
     cache = features if isinstance(features, FeatureCache) else FeatureCache(features)
     try:
-        check_features_match(cache, loaded.model.config, loaded.state.get("feature_source", {}), checkpoint)
+        check_features_match(cache, loaded.model, loaded.state.get("feature_source", {}), checkpoint)
         captions = loaded.captions(cache, text_features, checkpoint)
-        return encode_split(loaded.model, cache, captions, split, device, max_images=max_images, amp=amp)
+        return encode_split(loaded.model, cache, captions, split, device, max_images=max_images, amp=amp,
+                            progress=True)
     finally:
         if cache is not features:
             cache.close()

@@ -12,39 +12,53 @@ from pipeline.core.errors import VseError
 from pipeline.core.runtime import precision
 from pipeline.data.cache import FeatureCache
 from pipeline.data.captions import CaptionEncoder, checkpoint_captions
-from pipeline.models.vse_model import ModelConfig, VSEModel, model_of_checkpoint
+from pipeline.models.network import network_kind
+from pipeline.models.vse_model import model_of_checkpoint
 from pipeline.text.vocabulary import Vocabulary
 
 
 @dataclass
 class SplitEmbeddings:
+    """What a split's metrics read: embeddings of its images and captions, scored by
+    ``similarity``. A pairwise network has no embeddings: its split is given as its (N, M)
+    score matrix S, factored exactly as ``images = I_N`` and ``captions = Sᵀ`` (every
+    ``images @ captions.T`` of the metrics then reads S itself, bit for bit), with
+    ``pairwise`` set; nothing that indexes or searches embeddings takes such a split."""
+
     images: np.ndarray         # (N, D) float32
     captions: np.ndarray       # (M, D) float32
     caption_image: np.ndarray  # (M,) local image index 0..N-1
     image_rows: np.ndarray     # (N,) rows of the cache
     caption_rows: np.ndarray   # (M,) caption indices of the cache
     similarity: str
+    pairwise: bool = False     # images = I_N, captions = Sᵀ (a pairwise network's scores)
+
+
+def _image_features(cache: FeatureCache, rows: np.ndarray, split: str) -> np.ndarray:
+    feats = cache.read(rows)
+    finite = np.isfinite(feats).reshape(len(feats), -1).all(axis=1)
+    if not finite.all():
+        raise VseError(f"the features of row {rows[~finite][0]} (split {split!r}) hold NaN or Inf; "
+                       "`vse info` lists every such row", cache.path)
+    return feats
 
 
 @torch.no_grad()
-def encode_split(model: VSEModel, cache: FeatureCache, captions: CaptionEncoder, split: str,
+def encode_split(model, cache: FeatureCache, captions: CaptionEncoder, split: str,
                  device: torch.device, max_images: int | None = None, batch_size: int = 512,
-                 amp: bool = False) -> SplitEmbeddings:
+                 amp: bool = False, progress: bool = False) -> SplitEmbeddings:
     """Embeddings of ``split``'s images (the first ``max_images``) and their captions; in full
     fp32 unless ``amp`` (mixed precision on a GPU), so a checkpoint scores the same on any device
-    up to float rounding."""
+    up to float rounding. A pairwise network's split is its score matrix (``score_split``)."""
+    if network_kind(model) == "pairwise":
+        return score_split(model, cache, captions, split, device, max_images, amp=amp, progress=progress)
     was_training = model.training
     model.eval()
     try:
         image_rows, caption_rows, caption_image = cache.split_rows(split, max_images)
         image_chunks, caption_chunks = [], []
         for a in range(0, len(image_rows), batch_size):
-            feats = cache.read(image_rows[a:a + batch_size])
-            finite = np.isfinite(feats).reshape(len(feats), -1).all(axis=1)
-            if not finite.all():
-                raise VseError(f"the features of row {image_rows[a:a + batch_size][~finite][0]} "
-                               f"(split {split!r}) hold NaN or Inf; `vse info` lists every such row",
-                               cache.path)
+            feats = _image_features(cache, image_rows[a:a + batch_size], split)
             with precision(device, amp):
                 image_chunks.append(model.image_encoder(torch.from_numpy(feats).to(device)).float().cpu())
         for a in range(0, len(caption_rows), batch_size):
@@ -57,9 +71,50 @@ def encode_split(model: VSEModel, cache: FeatureCache, captions: CaptionEncoder,
                            caption_image, image_rows, caption_rows, model.config.similarity)
 
 
+IMAGE_BLOCK = 128     # images encoded and scored at once by a pairwise network
+CAPTION_BLOCK = 256   # captions (the network bounds its own intermediates within a block)
+
+
+@torch.no_grad()
+def score_split(model, cache: FeatureCache, captions: CaptionEncoder, split: str, device: torch.device,
+                max_images: int | None = None, amp: bool = False, progress: bool = False,
+                image_block: int = IMAGE_BLOCK, caption_block: int = CAPTION_BLOCK) -> SplitEmbeddings:
+    """A pairwise network's scores of every image × caption pair of ``split``, in blocks of
+    ``image_block`` × ``caption_block`` (each side encoded once; the network chunks a block so
+    its intermediates stay within its memory budget), as ``SplitEmbeddings`` (I_N, Sᵀ)."""
+    from pipeline.core.progress import progress_bar
+
+    was_training = model.training
+    model.eval()
+    try:
+        image_rows, caption_rows, caption_image = cache.split_rows(split, max_images)
+        n, m = len(image_rows), len(caption_rows)
+        blocks = []
+        for a in range(0, n, image_block):
+            feats = _image_features(cache, image_rows[a:a + image_block], split)
+            with precision(device, amp):
+                blocks.append(model.encode_images(torch.from_numpy(feats).to(device)))
+        scores = torch.empty(n, m, dtype=torch.float32)
+        with progress_bar(n * m, desc=f"scoring {split}", unit="pair", disable=not progress) as bar:
+            for b in range(0, m, caption_block):
+                text = captions.batch(caption_rows[b:b + caption_block])
+                with precision(device, amp):
+                    encoded = model.encode_captions(text[0].to(device), *text[1:])
+                    for i, block in enumerate(blocks):
+                        part = model.score(block, encoded).float().cpu()
+                        scores[i * image_block:i * image_block + len(part), b:b + part.shape[1]] = part
+                        bar.update(part.numel())
+    finally:
+        model.train(was_training)
+    if not torch.isfinite(scores).all():
+        raise VseError(f"the network's scores of split {split!r} hold NaN or Inf", cache.path)
+    return SplitEmbeddings(np.eye(n, dtype=np.float32), scores.T.contiguous().numpy(), caption_image,
+                           image_rows, caption_rows, "cosine", pairwise=True)
+
+
 @dataclass
 class LoadedModel:
-    model: VSEModel
+    model: torch.nn.Module      # a VSEModel (dual) or a pairwise network
     vocab: Vocabulary | None  # None when the model embeds cached caption features
     state: dict
 
@@ -84,18 +139,22 @@ def model_from_state(state: dict, checkpoint_path, device: torch.device) -> Load
     return LoadedModel(model.to(device).eval(), Vocabulary(state["vocab"]) if state["vocab"] else None, state)
 
 
-def check_features_match(cache: FeatureCache, model_cfg: ModelConfig, feature_source: dict,
-                         checkpoint_path) -> None:
+def check_features_match(cache: FeatureCache, model, feature_source: dict, checkpoint_path) -> None:
     """A cache from another backbone than the one a model was trained on is refused clearly."""
-    if cache.is_set != (model_cfg.image_pool is not None):
+    cfg = model.config
+    takes_sets = network_kind(model) == "pairwise" or cfg.image_pool is not None
+    if cache.is_set != takes_sets:
         held = f"sets ({cache.layout})" if cache.is_set else "one vector per image"
-        wants = (f"sets pooled by {model_cfg.image_pool}" if model_cfg.image_pool is not None
-                 else "one vector per image")
+        wants = ("one vector per image" if not takes_sets else f"sets pooled by {cfg.image_pool}"
+                 if network_kind(model) == "dual" else f"sets (network {cfg.network})")
         raise VseError(f"the cache holds {held}, but the checkpoint {checkpoint_path} takes {wants}",
                        cache.path)
-    if cache.feature_dim != model_cfg.feature_dim:
+    if cache.feature_dim != cfg.feature_dim:
         raise VseError(f"features are {cache.feature_dim}-d but the checkpoint {checkpoint_path} expects "
-                       f"{model_cfg.feature_dim}-d (different backbone?)", cache.path)
+                       f"{cfg.feature_dim}-d (different backbone?)", cache.path)
+    if network_kind(model) == "pairwise" and cache.set_size != cfg.set_size:
+        raise VseError(f"sets of {cache.set_size} members, but network {cfg.network} of {checkpoint_path} "
+                       f"was trained on sets of {cfg.set_size} (its layers are per member slot)", cache.path)
     expected = feature_source.get("backbone")
     actual = cache.attrs.get("backbone")
     if feature_source.get("finetuned"):

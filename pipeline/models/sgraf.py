@@ -228,7 +228,8 @@ class SGRAF(PairwiseNetwork):
             x = captions[:, :width].to(self.text_fc.weight.dtype)
             words = self.text_fc(self.word_dropout(x))
         mask = torch.arange(width, device=words.device)[None, :] < lengths.to(words.device)[:, None]
-        words = l2norm(words).masked_fill(~mask[..., None], 0.0)
+        padding = ~mask[..., None]  # normalised as ones, then zeroed: no √0 for autograd to differentiate
+        words = l2norm(words.masked_fill(padding, 1.0)).masked_fill(padding, 0.0)
         return CaptionBlock(words, mask, self.t_global_w(words, mask))
 
     # ---- scoring

@@ -231,6 +231,10 @@ def join_state(head: dict, cnn: dict | None = None) -> dict:
 
 
 class VSEModel(nn.Module):
+    """The dual network (``models.network``): ``forward`` gives the embeddings of both sides."""
+
+    kind = "dual"
+
     def __init__(self, cfg: ModelConfig, backbone: PixelBackbone | None = None):
         super().__init__()
         self.config = cfg
@@ -270,6 +274,12 @@ def model_of_checkpoint(state: dict, checkpoint, backbone: PixelBackbone | None 
     with ``backbone`` the CNN weights the checkpoint carries (an RC run). The one way a model is
     rebuilt from a checkpoint; one that does not fit its own description is a VseError naming it."""
     try:
+        if "network" in state["model_config"]:  # a pairwise network (models.network)
+            from pipeline.models.network import NetworkConfig, build_network
+
+            model = build_network(NetworkConfig.from_dict(state["model_config"]))
+            model.load_state_dict(state["model"])
+            return model
         model = VSEModel(ModelConfig.from_dict(state["model_config"]), backbone)
         cnn = state["backbone"]["state"] if backbone is not None else None
         model.load_state_dict(join_state(state["model"], cnn))

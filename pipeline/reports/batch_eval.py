@@ -118,7 +118,7 @@ class RunEvaluator:
         if not features:
             raise VseError("checkpoint names no feature cache: give --features", checkpoint_path)
         cache = self.cache(features)
-        check_features_match(cache, loaded.model.config, loaded.state.get("feature_source", {}),
+        check_features_match(cache, loaded.model, loaded.state.get("feature_source", {}),
                              checkpoint_path)
         captions = self.captions(cache, loaded, checkpoint_path)
         embeddings = encode_split(loaded.model, cache, captions, self.split, self.device)

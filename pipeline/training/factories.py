@@ -24,8 +24,9 @@ from pipeline.core.config import TrainConfig
 from pipeline.core.errors import VseError
 from pipeline.core.runtime import needs_grad_scaler
 from pipeline.data.batches import CachedFeatures, PairSource
-from pipeline.data.captions import CaptionEncoder, GRUCaptions, open_caption_features
+from pipeline.data.captions import CachedCaptionTokens, CaptionEncoder, GRUCaptions, open_caption_features
 from pipeline.models.loss_plugins import loss_traits, make_loss
+from pipeline.models.network import NetworkConfig, build_network
 from pipeline.models.vse_model import ModelConfig, VSEModel
 from pipeline.text.vocabulary import Vocabulary
 
@@ -68,7 +69,10 @@ def create_loss(cfg: TrainConfig, device: torch.device):
 
 
 def create_model(cfg: TrainConfig, source: PairSource, captions: CaptionEncoder, traits, device,
-                 distributed: bool) -> VSEModel:
+                 distributed: bool) -> torch.nn.Module:
+    """The network of ``cfg.network``: the dual VSE model, or a pairwise network."""
+    if cfg.pairwise:
+        return create_pairwise_network(cfg, source, captions, traits).to(device)
     model_config = ModelConfig(  # the loss declares the similarity its scores use
         feature_dim=source.feature_dim, embed_dim=cfg.embed_dim, img_norm=cfg.img_norm,
         similarity=traits.similarity, projection=cfg.projection, **image_fields(cfg, source),
@@ -81,6 +85,30 @@ def create_model(cfg: TrainConfig, source: PairSource, captions: CaptionEncoder,
         # BatchNorm statistics of the global batch, as one process with N×B would compute
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return model
+
+
+def create_pairwise_network(cfg: TrainConfig, source: PairSource, captions: CaptionEncoder, traits):
+    """A network that scores pairs jointly (``models.network``), over a cache of sets and word
+    ids or cached token vectors; refused in one line where it cannot train."""
+    if not traits.takes_scores:
+        raise VseError(f"loss {cfg.loss} reads the embeddings themselves, but --network {cfg.network} "
+                       "gives only the batch's score matrix: pick a loss on scores (mh, sh, lseh, ladder, "
+                       "csn, cmn)")
+    if source.set_kind is None:
+        raise VseError(f"--network {cfg.network} attends over the members of each image's set, but this "
+                       "cache holds one vector per image: extract one with --grid (or import regions)",
+                       source.location)
+    if isinstance(captions, GRUCaptions):
+        text = {"vocab_size": len(captions.vocab), "word_dim": 50 if cfg.glove else cfg.word_dim}
+    elif isinstance(captions, CachedCaptionTokens):
+        text = {"text_dim": captions.file.dim}
+    else:
+        raise VseError(f"--network {cfg.network} attends over the words of each caption, but this file "
+                       "holds one vector per caption: make token vectors with `vse encode-text --tokens`",
+                       cfg.text_features)
+    return build_network(NetworkConfig(network=cfg.network, feature_dim=source.feature_dim,
+                                       set_size=int(source.index.set_size), embed_dim=cfg.embed_dim,
+                                       options=dict(cfg.network_options), **text))
 
 
 def image_fields(cfg: TrainConfig, source: PairSource) -> dict:

@@ -31,6 +31,7 @@ from pipeline.core.runtime import (
 from pipeline.data.batches import Batch, LoadFailure, PairBatches, batch_slices, epoch_order
 from pipeline.evaluation.inference import encode_split
 from pipeline.evaluation.metrics import evaluate_embeddings
+from pipeline.models.network import network_kind
 from pipeline.models.vse_model import join_state
 
 if TYPE_CHECKING:  # the Trainer is handed its parts; it does not know how they are built
@@ -61,6 +62,7 @@ class Trainer:
         self.train_captions, self.captions = parts.train_captions, parts.captions
         self.loss, self.loss_traits, self.relevance = parts.loss, parts.loss_traits, parts.relevance
         self.model, self.ddp_model, self.model_config = parts.model, parts.ddp_model, parts.model.config
+        self.pairwise = network_kind(self.model) == "pairwise"
         self.trainable, self.loss_parameters = parts.trainable, parts.loss_parameters
         self.optimizer, self.scheduler, self.scaler = parts.optimizer, parts.scheduler, parts.scaler
         self.train_dtype = parts.train_dtype  # the step's autocast dtype (None: fp32)
@@ -179,16 +181,20 @@ class Trainer:
         run right there, before anything (validation, checkpoint) sees the weights it made."""
         batch = batch.to(self.device)  # the lengths stay on the CPU
         with autocast(self.device, self.train_dtype is not None, self.train_dtype):
-            img, cap = self.ddp_model(batch.images, *batch.captions)
-        img, cap = dist.gather_with_grad(img.float()), dist.gather_with_grad(cap.float())
-        image_ids = _gather_ids(batch.image_ids)
-        caption_ids = _gather_ids(batch.caption_ids)
-        relevance = self.relevance(caption_ids) if self.relevance is not None else None
-        loss = self.loss(img, cap, image_ids=image_ids, relevance=relevance)
+            out = self.ddp_model(batch.images, *batch.captions)
+        if self.pairwise:
+            loss, world = self._pairwise_loss(out, batch), 1
+        else:
+            img, cap = dist.gather_with_grad(out[0].float()), dist.gather_with_grad(out[1].float())
+            image_ids = _gather_ids(batch.image_ids)
+            caption_ids = _gather_ids(batch.caption_ids)
+            relevance = self.relevance(caption_ids) if self.relevance is not None else None
+            loss, world = self.loss(img, cap, image_ids=image_ids, relevance=relevance), self.world
         self.optimizer.zero_grad(set_to_none=True)
         # DDP averages gradients over ranks; every rank computed the loss of the whole global
-        # batch, so scaling by the world size gives the gradient of that one loss.
-        self.scaler.scale(loss * self.world).backward()
+        # batch, so scaling by the world size gives the gradient of that one loss. A pairwise
+        # network's loss is its rank's own batch (``_pairwise_loss``): the mean over the ranks.
+        self.scaler.scale(loss * world).backward()
         if self.world > 1:  # the loss's own parameters: every rank holds world × the full gradient
             for q in self.loss_parameters:
                 if q.grad is not None:
@@ -205,13 +211,21 @@ class Trainer:
                            f"(`vse info` checks a cache)", self.source.location)
         return value
 
+    def _pairwise_loss(self, scores: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """The loss of a pairwise network's (B, B) scores: each rank's local batch is its own
+        negatives (its local features are not gathered), plus the network's own terms."""
+        relevance = self.relevance(batch.caption_ids) if self.relevance is not None else None
+        loss = self.loss.scored(scores.float(), image_ids=batch.image_ids, relevance=relevance)
+        for term in self.model.auxiliary_losses().values():
+            loss = loss + term
+        return loss
+
     # ----------------------------------------------------------------- validation, checkpoints
     def validate(self) -> dict:
         # in fp32 as `vse evaluate`: metrics.jsonl and an evaluation of best.pt agree
         emb = encode_split(self.model, self.index, self.captions, self.cfg.val_split, self.device,
                            max_images=self.cfg.val_images, batch_size=self.source.encode_batch_size)
-        return evaluate_embeddings(emb.images, emb.captions, emb.caption_image,
-                                   similarity=self.model_config.similarity)
+        return evaluate_embeddings(emb.images, emb.captions, emb.caption_image, similarity=emb.similarity)
 
     def _log_step(self, loss: float, steps_per_s: float) -> None:
         """The training curves (TensorBoard), every ``log_every`` steps."""
