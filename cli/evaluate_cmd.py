@@ -25,6 +25,9 @@ def _parse_ks(ctx, param, value):
 @click.option("--embeddings", type=click.Path(dir_okay=False),
               help="npz with images (N×D) and captions (5N×D).")
 @click.option("--checkpoint", type=click.Path(dir_okay=False), help="A run's best.pt / last.pt.")
+@click.option("--average-with", "average_with", multiple=True, type=click.Path(dir_okay=False),
+              help="--checkpoint: average its split scores with these checkpoints' (repeatable), e.g. "
+                   "SGRAF = the mean of an SGR and an SAF checkpoint's scores.")
 @click.option("--runs", "run_patterns", multiple=True,
               help="Run folders (glob, quoted: 'runs/*'), repeatable: one results row per run.")
 @click.option("--features", type=click.Path(dir_okay=False),
@@ -52,9 +55,9 @@ def _parse_ks(ctx, param, value):
               help="--runs: which checkpoint of each run.")
 @judgment_options
 @click.option("--overwrite", is_flag=True, help="--out: replace a file that is not a vse results table.")
-def evaluate_command(embeddings, checkpoint, run_patterns, features, root, dataset_kind, dataset_options,
-                     text_features, split, protocol, order, relevance, cs_ks, device, amp, as_json, out,
-                     checkpoint_name, judgments, overwrite):
+def evaluate_command(embeddings, checkpoint, average_with, run_patterns, features, root, dataset_kind,
+                     dataset_options, text_features, split, protocol, order, relevance, cs_ks, device, amp,
+                     as_json, out, checkpoint_name, judgments, overwrite):
     """Recall@K, median/mean rank and rsum (docs/PROTOCOL.md), both directions."""
     from pipeline.core.runtime import resolve_device
     from pipeline.data.cache import FeatureCache
@@ -74,6 +77,8 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
                                "or --runs 'runs/*'")
     if amp and not checkpoint:
         raise click.UsageError("--amp goes with --checkpoint (how the model embeds)")
+    if average_with and not (checkpoint and features):
+        raise click.UsageError("--average-with goes with --checkpoint and --features")
     if run_patterns:
         _evaluate_runs(run_patterns, features, split, protocol, relevance, cs_ks, dev, out, checkpoint_name,
                        judgments, overwrite, text_features)
@@ -110,11 +115,17 @@ def evaluate_command(embeddings, checkpoint, run_patterns, features, root, datas
             with FeatureCache(features) as cache:  # a relevance file of other captions: refused first
                 relevance = relevance_for_cache(relevance, cache) if relevance else None
                 emb = embed_checkpoint(checkpoint, cache, split, dev, amp=amp, text_features=text_features)
+                if average_with:
+                    from pipeline.evaluation.evaluate import average_scores
+
+                    emb = average_scores([emb] + [embed_checkpoint(other, cache, split, dev, amp=amp)
+                                                  for other in average_with], [checkpoint, *average_with])
         metrics = evaluate_split_embeddings(emb, protocol, dev, relevance, cs_ks if relevance else ())
         note = cs_note(cs_ks, len(emb.images), split) if relevance else None
         if note:
             click.echo(note, err=True)
-        title = f"{checkpoint} on {root or features} [{split}, {len(emb.images)} images, {protocol}]"
+        named = " + ".join([checkpoint, *average_with]) + (" (scores averaged)" if average_with else "")
+        title = f"{named} on {root or features} [{split}, {len(emb.images)} images, {protocol}]"
         if judgments:
             metrics.update(_judge_split(emb, judgments, features, root, dataset_kind, dev, dataset_options))
     if as_json:

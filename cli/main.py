@@ -52,6 +52,7 @@ COMMANDS = {
     "gallery": "cli.report_cmd:gallery_command",
     "check-loss": "cli.check_loss_cmd:check_loss_command",
     "check-pool": "cli.check_pool_cmd:check_pool_command",
+    "check-network": "cli.check_network_cmd:check_network_command",
     "embed": "cli.embed_cmd:embed_command",
     "index": "cli.search_cmd:index",
     "search": "cli.search_cmd:search",

@@ -30,6 +30,7 @@ from pipeline.evaluation.metrics import (
     is_metric,
     metric_of,
 )
+from pipeline.models.similarity import image_caption_scores
 
 
 def load_embeddings_npz(path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -80,6 +81,25 @@ def embed_checkpoint(checkpoint, features, split: str, device: torch.device,
     finally:
         if cache is not features:
             cache.close()
+
+
+def average_scores(splits: list[SplitEmbeddings], checkpoints) -> SplitEmbeddings:
+    """The mean of several models' split scores (e.g. SGRAF: an SGR and an SAF checkpoint), as a
+    pairwise split (images = I_N, captions = Sᵀ). Each model's scores are its own: a pairwise
+    network's S, or a dual model's similarity of its embeddings. The splits must be the same rows."""
+    first = splits[0]
+    total = None
+    for emb, checkpoint in zip(splits, checkpoints):
+        if not (np.array_equal(emb.image_rows, first.image_rows)
+                and np.array_equal(emb.caption_rows, first.caption_rows)):
+            raise VseError("scores of another split's rows: average checkpoints on the same cache and split",
+                           checkpoint)
+        images, captions = torch.from_numpy(emb.images), torch.from_numpy(emb.captions)
+        scores = image_caption_scores(images, captions, emb.similarity).double()
+        total = scores if total is None else total + scores
+    mean = (total / len(splits)).float()
+    return SplitEmbeddings(np.eye(len(first.images), dtype=np.float32), mean.T.contiguous().numpy(),
+                           first.caption_image, first.image_rows, first.caption_rows, "cosine", pairwise=True)
 
 
 def relevance_for_cache(path, cache: FeatureCache):

@@ -41,7 +41,12 @@ WORD_INIT = 0.1
 
 def l2norm(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """The authors' ``x / (‖x‖ + 1e-8)`` (not ``F.normalize``'s max(‖x‖, eps))."""
-    return x / (x.square().sum(dim=dim, keepdim=True).sqrt() + EPS)
+    return x / (torch.linalg.vector_norm(x, dim=dim, keepdim=True) + EPS)
+
+
+def _squared(x: torch.Tensor) -> torch.Tensor:
+    """x², as a product (on a CPU ``pow`` was a fifth of SGR's scoring time)."""
+    return x * x
 
 
 def xavier_(module: nn.Module) -> None:
@@ -246,11 +251,11 @@ class SGRAF(PairwiseNetwork):
         # cross-attention of every word of every caption over every member of every image
         attn = F.leaky_relu(torch.einsum("ike,cle->iclk", v, w), 0.1)          # (Bi, Bc, L, K)
         attn = attn.masked_fill(~mask[None, :, :, None], 0.0)
-        attn = attn / (attn.square().sum(dim=2, keepdim=True).sqrt() + EPS)   # over the words
+        attn = l2norm(attn, dim=2)                                             # over the words
         attn = torch.softmax(attn * self.options.smooth, dim=-1)               # over the members
         context = l2norm(torch.einsum("iclk,ike->icle", attn, v))             # (Bi, Bc, L, E)
-        sim_loc = l2norm(self.sim_tranloc_w((context - w[None]).square()))    # (Bi, Bc, L, S)
-        sim_glo = l2norm(self.sim_tranglo_w((img.glo[:, None] - cap.glo[None]).square()))  # (Bi, Bc, S)
+        sim_loc = l2norm(self.sim_tranloc_w(_squared(context - w[None])))     # (Bi, Bc, L, S)
+        sim_glo = l2norm(self.sim_tranglo_w(_squared(img.glo[:, None] - cap.glo[None])))  # (Bi, Bc, S)
         nodes = torch.cat([sim_glo[:, :, None], sim_loc], dim=2)              # (Bi, Bc, L + 1, S)
         node_mask = torch.cat([torch.ones_like(mask[:, :1]), mask], dim=1)    # (Bc, L + 1)
         vector = self.reason(nodes, node_mask)

@@ -214,6 +214,16 @@ def onnx_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vse" / "onnx"
 
 
+def refuse_pairwise(state: dict, checkpoint) -> None:
+    """A pairwise network (models.network) has no embeddings: embed, index, search and serve
+    refuse its checkpoint in one line, naming what to use instead."""
+    network = state["model_config"].get("network") if isinstance(state.get("model_config"), dict) else None
+    if network is not None:
+        raise VseError(f"network {network} scores each image–caption pair jointly: it has no embeddings "
+                       "to index or search. Embed with a dual checkpoint (--network vse++ or vse-infty) for "
+                       "the shortlist", checkpoint)
+
+
 @dataclass
 class Embedder:
     """A checkpoint's model with its own image and caption inputs, loaded once and reused for
@@ -246,6 +256,7 @@ class Embedder:
         checkpoint = Path(checkpoint)
         device = runtime.resolve_device(device) if isinstance(device, str) else device
         state = load_checkpoint(checkpoint)
+        refuse_pairwise(state, checkpoint)
         digest = digest or file_sha256(checkpoint)
         why = ""
         if "backbone" in state:

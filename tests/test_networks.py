@@ -1,0 +1,188 @@
+"""Networks as plug-ins (pipeline.models.network): `vse train --network sgr|saf|FILE.py:Class`
+trains, resumes exactly, evaluates and is refused in one line where it cannot run; a pairwise
+network's split scores are read by every metric exactly (the (I_N, Sᵀ) factorisation)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import demo_captions, learnable_features, vse, write_feature_cache
+
+PAIRWISE_TRAIN = ("--epochs", 1, "--embed-dim", 16, "--word-dim", 8, "--batch-size", 16, "--lr", 5e-3,
+                  "--min-word-count", 1, "--val-every", 0, "--workers", 0, "--device", "cpu",
+                  "--network-option", "sim_dim=8")
+
+
+@pytest.fixture(scope="module")
+def sets(tmp_path_factory) -> Path:
+    """40 real demo images' captions; each image a set of K = 6 learnable members (a 2 × 3 grid)."""
+    ids, captions = demo_captions(40)
+    caption_image = np.repeat(np.arange(40), 5)
+    base = learnable_features(captions, caption_image, 40, dim=24)
+    rng = np.random.default_rng(1)
+    members = base[:, None, :] + 0.3 * rng.standard_normal((40, 6, 24)).astype(np.float32)
+    splits = {"train": np.arange(24), "dev": np.arange(24, 32), "test": np.arange(32, 40)}
+    path = tmp_path_factory.mktemp("sets") / "sets.h5"
+    return write_feature_cache(path, members, captions, caption_image, splits, image_ids=ids, grid=[2, 3])
+
+
+@pytest.fixture(scope="module")
+def sgr_run(sets, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("sgr") / "run"
+    result = vse("train", "--features", sets, "--run-dir", run, "--network", "sgr", *PAIRWISE_TRAIN)
+    assert result.exit_code == 0, result.output
+    return run
+
+
+def _records(run: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if k != "time"}
+            for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_sgr_trains_and_evaluates(sgr_run, sets):
+    (record,) = _records(sgr_run)
+    assert record["epoch"] == 1 and np.isfinite(record["rsum"])
+    state = torch.load(sgr_run / "best.pt", weights_only=True)
+    assert state["model_config"]["network"] == "sgr" and state["model_config"]["set_size"] == 6
+    assert state["model_config"]["options"] == {"sim_dim": 8}
+    evaluated = vse("evaluate", "--checkpoint", sgr_run / "best.pt", "--features", sets, "--split", "test",
+                    "--json")
+    assert evaluated.exit_code == 0, evaluated.output
+    metrics = json.loads(evaluated.stdout)
+    assert 0 <= metrics["rsum"] <= 600 and metrics["i2t_medr"] >= 1
+
+
+@pytest.mark.parametrize("network", ["sgr", "saf"])
+def test_a_resumed_pairwise_run_equals_an_uninterrupted_one(sets, tmp_path, network):
+    """SAF's running statistics (updated once per caption) are part of the checkpoint."""
+    common = ("--network", network, *PAIRWISE_TRAIN[2:], "--seed", 3, "--loss", "mh")
+    straight = vse("train", "--features", sets, "--run-dir", tmp_path / "a", "--epochs", 3, *common)
+    assert straight.exit_code == 0, straight.output
+    first = vse("train", "--features", sets, "--run-dir", tmp_path / "b", "--epochs", 1, *common)
+    assert first.exit_code == 0, first.output
+    resumed = vse("train", "--run-dir", tmp_path / "b", "--resume", "--epochs", 3)
+    assert resumed.exit_code == 0, resumed.output
+    assert _records(tmp_path / "a") == _records(tmp_path / "b") and len(_records(tmp_path / "a")) == 3
+    a, b = (torch.load(tmp_path / r / "last.pt", weights_only=True)["model"] for r in "ab")
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    if network == "saf":
+        assert int(a["SAF_module.bn.num_batches_tracked"]) > 0
+
+
+def test_split_scores_are_the_networks_own_bit_for_bit(sgr_run, sets):
+    """evaluate's metrics of a pairwise network read S through images = I_N, captions = Sᵀ:
+    ``images @ captions.T`` is S exactly, and the ranks are those of S itself."""
+    from pipeline.data.cache import FeatureCache
+    from pipeline.evaluation.inference import load_model, score_split
+    from pipeline.evaluation.metrics import evaluate_embeddings, retrieval_metrics
+
+    loaded = load_model(sgr_run / "best.pt", torch.device("cpu"))
+    with FeatureCache(sets) as cache:
+        captions = loaded.captions(cache)
+        split = score_split(loaded.model, cache, captions, "test", torch.device("cpu"), image_block=3,
+                            caption_block=7)
+        image_rows, caption_rows, caption_image = cache.split_rows("test")
+        with torch.no_grad():
+            images = torch.from_numpy(cache.read(image_rows)).float()
+            tokens, lengths = captions.batch(caption_rows)
+            direct = loaded.model(images, tokens, lengths).numpy()
+    assert split.pairwise and np.abs(split.captions.T - direct).max() < 1e-6
+    assert np.array_equal(split.images @ split.captions.T, split.captions.T)
+    s = split.captions.T.astype(np.float64)
+    truth = s[caption_image, np.arange(len(caption_image))]
+    t2i = (s >= truth[None]).sum(0) - 1
+    best = np.array([s[i, caption_image == i].max() for i in range(len(s))])
+    i2t = np.array([((s[i] >= best[i]) & (caption_image != i)).sum() for i in range(len(s))])
+    assert evaluate_embeddings(split.images, split.captions, caption_image) == retrieval_metrics(i2t, t2i)
+
+
+def test_pairwise_runs_are_evaluated_as_runs(sgr_run, tmp_path):
+    out = tmp_path / "results.csv"
+    result = vse("evaluate", "--runs", sgr_run, "--split", "test", "--out", out)
+    assert result.exit_code == 0, result.output
+    import csv
+
+    (row,) = list(csv.DictReader(out.open()))
+    assert float(row["rsum"]) >= 0
+
+
+def _one_line_refusal(result, *words):
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and all(w in lines[0] for w in words), result.stderr
+
+
+def test_what_a_pairwise_network_cannot_do_is_refused_in_one_line(sets, sgr_run, tiny_cache, tmp_path):
+    train = ("train", "--features", sets, "--run-dir", tmp_path / "r", *PAIRWISE_TRAIN)
+    _one_line_refusal(vse(*train, "--network", "sgr", "--loss", "mvn"), "mvn", "score matrix")
+    _one_line_refusal(vse(*train, "--network", "saf", "--image-pool", "gpo"), "--image-pool", "saf")
+    _one_line_refusal(vse(*train, "--network", "sgr", "--network-option", "sim_dims=4"),
+                      "no option sim_dims", "sim_dim")
+    _one_line_refusal(vse(*train[:-2], "--network", "vse++", "--network-option", "sim_dim=4"),
+                      "vse++ has no network options")
+    _one_line_refusal(vse("train", "--features", tiny_cache, "--run-dir", tmp_path / "v", "--network", "sgr",
+                          *PAIRWISE_TRAIN), "one vector per image", "--grid")
+    assert not (tmp_path / "r").exists() or not (tmp_path / "r" / "last.pt").exists()
+    captions = tmp_path / "captions.txt"
+    captions.write_text("a dog runs\n")
+    _one_line_refusal(vse("embed", sgr_run / "best.pt", "--captions", captions, "--out", tmp_path / "e.h5"),
+                      "scores each image–caption pair jointly", "dual checkpoint")
+    assert not (tmp_path / "e.h5").exists()
+    _one_line_refusal(vse("evaluate", "--checkpoint", sgr_run / "best.pt", "--features", tiny_cache,
+                          "--split", "test"), "one vector per image", "sets (network sgr)")
+
+
+def test_vse_infty_is_the_dual_model_with_gpo_pools(sets, tmp_path):
+    result = vse("train", "--features", sets, "--run-dir", tmp_path / "r", "--network", "vse-infty",
+                 *PAIRWISE_TRAIN[:-2])
+    assert result.exit_code == 0, result.output
+    state = torch.load(tmp_path / "r" / "best.pt", weights_only=True)
+    assert "network" not in state["model_config"]  # a dual checkpoint, loaded as VSE++'s were
+    assert (state["model_config"]["image_pool"], state["model_config"]["text_pool"]) == ("gpo", "gpo")
+
+
+def test_a_sweep_over_networks_and_a_users_network(sets, tmp_path):
+    """network is one more grid axis; a user's FILE.py:Class trains, evaluates and resumes by path."""
+    from pipeline.training.sweep import load_sweep, run_sweep
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(f"runs_dir: {tmp_path / 'runs'}\nbase:\n  features: {sets}\n  epochs: 1\n  val_every: 0\n"
+                    "  embed_dim: 16\n  word_dim: 8\n  batch_size: 16\n  min_word_count: 1\n  device: cpu\n"
+                    "grid:\n  network: [saf, examples/scan_network.py:SCANt2i]\n")
+    sweep = run_sweep(load_sweep(path), echo=lambda *a: None, quiet_runs=True)
+    assert [r.status for r in sweep.runs] == ["trained", "trained"]
+    for run in sweep.runs:
+        state = torch.load(run.run_dir / "best.pt", weights_only=True)
+        config = json.loads((run.run_dir / "config.json").read_text())
+        assert state["model_config"]["network"] == config["network"]
+        evaluated = vse("evaluate", "--checkpoint", run.run_dir / "best.pt", "--features", sets, "--split",
+                        "test", "--json")
+        assert evaluated.exit_code == 0, evaluated.output
+
+
+def test_average_with_is_the_mean_of_the_scores(sgr_run, sets, tmp_path):
+    """SGRAF's rule: the mean of two checkpoints' split scores. A checkpoint averaged with itself is
+    itself; with another run its scores are the mean of the two (checked through the metrics)."""
+    from pipeline.evaluation.evaluate import average_scores, embed_checkpoint
+    from pipeline.evaluation.metrics import evaluate_embeddings
+
+    cpu = torch.device("cpu")
+    own = vse("evaluate", "--checkpoint", sgr_run / "best.pt", "--features", sets, "--json")
+    doubled = vse("evaluate", "--checkpoint", sgr_run / "best.pt", "--average-with", sgr_run / "best.pt",
+                  "--features", sets, "--json")
+    assert own.exit_code == doubled.exit_code == 0 and json.loads(own.stdout) == json.loads(doubled.stdout)
+    other = tmp_path / "saf"
+    assert vse("train", "--features", sets, "--run-dir", other, "--network", "saf", *PAIRWISE_TRAIN).exit_code == 0
+    a, b = (embed_checkpoint(run / "best.pt", sets, "test", cpu) for run in (sgr_run, other))
+    mean = average_scores([a, b], ["a", "b"])
+    expected = ((a.captions.T.astype(np.float64) + b.captions.T) / 2).astype(np.float32)
+    assert np.array_equal(mean.captions.T, expected)
+    assert evaluate_embeddings(mean.images, mean.captions, mean.caption_image) == \
+        evaluate_embeddings(np.eye(len(expected), dtype=np.float32), expected.T.copy(), a.caption_image)
+    refused = vse("evaluate", "--checkpoint", sgr_run / "best.pt", "--average-with", sgr_run / "best.pt",
+                  "--features", sets, "--split", "dev", "--embeddings", "x.npz")
+    assert refused.exit_code == 2
