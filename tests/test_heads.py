@@ -52,8 +52,12 @@ def padded_batch(seed=0, batch=6, size=7, dim=5, lengths=(7, 3, 1, 5, 7, 2)):
 
 
 def test_the_names_resolve_to_the_pools_and_the_name_module_is_torch_free():
-    assert IMAGE_POOLS == ("mean", "max", "gpo") and TEXT_POOLS == ("last", "mean", "max", "gpo")
-    assert {n: pool_class(n) for n in SET_POOLS} == {"mean": MeanPool, "max": MaxPool, "gpo": GPO}
+    from pipeline.models.vsrn import VSRNReasoning
+
+    assert IMAGE_POOLS == ("mean", "max", "gpo", "vsrn")
+    assert TEXT_POOLS == ("last", "mean", "max", "gpo", "vsrn")
+    assert {n: pool_class(n) for n in SET_POOLS} == {"mean": MeanPool, "max": MaxPool, "gpo": GPO,
+                                                    "vsrn": VSRNReasoning}
     code = "import sys, pipeline.core.registry, pipeline.models.set_augment; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
@@ -61,7 +65,7 @@ def test_the_names_resolve_to_the_pools_and_the_name_module_is_torch_free():
 
 def test_pool_names_are_checked_in_one_line():
     check_image_pool("gpo"), check_text_pool("last"), check_image_pool("my_pool.py:Pool")
-    with pytest.raises(VseError, match=r"unknown pool 'last' \(built-in: mean, max, gpo; or your own"):
+    with pytest.raises(VseError, match=r"unknown pool 'last' \(built-in: mean, max, gpo, vsrn; or your own"):
         check_image_pool("last")
     with pytest.raises(VseError, match="unknown pool 'avg'"):
         check_text_pool("avg")

@@ -176,7 +176,8 @@ def test_average_with_is_the_mean_of_the_scores(sgr_run, sets, tmp_path):
                   "--features", sets, "--json")
     assert own.exit_code == doubled.exit_code == 0 and json.loads(own.stdout) == json.loads(doubled.stdout)
     other = tmp_path / "saf"
-    assert vse("train", "--features", sets, "--run-dir", other, "--network", "saf", *PAIRWISE_TRAIN).exit_code == 0
+    trained = vse("train", "--features", sets, "--run-dir", other, "--network", "saf", *PAIRWISE_TRAIN)
+    assert trained.exit_code == 0, trained.output
     a, b = (embed_checkpoint(run / "best.pt", sets, "test", cpu) for run in (sgr_run, other))
     mean = average_scores([a, b], ["a", "b"])
     expected = ((a.captions.T.astype(np.float64) + b.captions.T) / 2).astype(np.float32)
@@ -186,3 +187,18 @@ def test_average_with_is_the_mean_of_the_scores(sgr_run, sets, tmp_path):
     refused = vse("evaluate", "--checkpoint", sgr_run / "best.pt", "--average-with", sgr_run / "best.pt",
                   "--features", sets, "--split", "dev", "--embeddings", "x.npz")
     assert refused.exit_code == 2
+
+
+def test_vsrn_is_a_dual_network_that_embed_serves(sets, tmp_path):
+    run = tmp_path / "vsrn"
+    result = vse("train", "--features", sets, "--run-dir", run, "--network", "vsrn", *PAIRWISE_TRAIN[:-2])
+    assert result.exit_code == 0, result.output
+    state = torch.load(run / "best.pt", weights_only=True)
+    assert state["model_config"]["image_pool"] == "vsrn" and state["model_config"]["size_augment"] is None
+    assert any(k.startswith("image_encoder.head.pool.gcn.3.") for k in state["model"])
+    captions = tmp_path / "captions.txt"
+    captions.write_text("a dog runs on the grass\ntwo people sit\n")
+    embedded = vse("embed", run / "best.pt", "--captions", captions, "--out", tmp_path / "e.h5")
+    assert embedded.exit_code == 0, embedded.output
+    _one_line_refusal(vse("train", "--features", sets, "--run-dir", tmp_path / "x", "--network", "vsrn",
+                          "--image-pool", "gpo", *PAIRWISE_TRAIN[:-2]), "vsrn", "drop --image-pool")

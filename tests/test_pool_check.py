@@ -43,9 +43,19 @@ def _at_the_repository_root(monkeypatch):
 
 @pytest.mark.parametrize("name", IMAGE_POOLS)
 def test_every_built_in_pool_keeps_the_contract(name):
-    results = run_pool_contract(name, timing=False)
-    assert [r.check for r in results] == CHECKS
-    assert all(r.ok for r in results), results
+    """VSRN's GRU reads the members in order (a sequence), and its normalisation over the members
+    axis gives a set of one member no gradient (x / |x| per dimension): checked without it here,
+    and that property of the authors' form below."""
+    vsrn = name == "vsrn"
+    results = run_pool_contract(name, {"region_norm": False} if vsrn else None, sequence=vsrn, timing=False)
+    assert [r.check.split(" (a sequence")[0] for r in results] == CHECKS
+    assert all(r.ok is not False for r in results) and sum(r.ok is None for r in results) == vsrn, results
+
+
+def test_vsrns_member_axis_norm_gives_a_lone_member_no_gradient():
+    results = {r.check: r for r in run_pool_contract("vsrn", sequence=True, timing=False)}
+    gradient = results["gradient reaches every member, no padding"]
+    assert gradient.ok is False and "(length 1) gets no gradient" in gradient.detail
 
 
 def test_the_example_plug_in_keeps_the_contract_and_is_timed():

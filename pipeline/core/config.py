@@ -34,6 +34,7 @@ from pipeline.core.registry import (
     IMAGE_POOLS,
     LAST,
     LOSSES,
+    NETWORK_DEFAULTS,
     NETWORKS,
     PROJECTIONS,
     READERS,
@@ -200,9 +201,9 @@ class TrainConfig:
     def __post_init__(self):
         for name, value in self.checked(vars(self)).items():
             setattr(self, name, value)
-        if self.network == "vse-infty":  # VSE∞: GPO on both sides unless a pool is given
-            self.image_pool = self.image_pool or "gpo"
-            self.text_pool = "gpo" if self.text_pool == LAST else self.text_pool
+        for name, value in NETWORK_DEFAULTS.get(self.network, {}).items():  # e.g. VSE∞: GPO on both sides
+            if getattr(self, name) == self.default(name):
+                setattr(self, name, value)
 
     @property
     def pairwise(self) -> bool:
@@ -260,6 +261,9 @@ class TrainConfig:
                 raise VseError(f"{', '.join(given)}: not for --network {self.network}, which scores each "
                                "pair from the members of an image's set and the words of a caption (a cache "
                                "of sets: `vse extract --grid` or imported regions)")
+        elif self.network == "vsrn" and (self.image_pool != "vsrn" or self.text_pool != LAST):
+            raise VseError("--network vsrn reasons over the members with its own pool and reads captions "
+                           "with VSE++'s GRU: drop --image-pool and --text-pool")
         elif self.network_options:
             raise VseError(f"--network {self.network} has no network options (its options are flags); "
                            f"got {', '.join(sorted(self.network_options))}")

@@ -160,15 +160,21 @@ LOSSES = Registry("loss", {
 # ---------------------------------------------------------------------------- networks
 # `vse train --network`: a network declares its kind (``models.network``): "dual" encodes each side
 # to one vector and scores their similarity; "pairwise" encodes local features and scores every
-# pair jointly. vse++ and vse-infty are one dual model (VSE∞ = set pools, GPO by default).
+# pair jointly. vse++, vse-infty and vsrn are one dual model whose image side differs by its pool.
 NETWORK_KINDS = ("dual", "pairwise")
 NETWORKS = Registry("network", {
     "vse++": "pipeline.models.vse_model:VSEModel",    # VSE++: one vector per side, a GRU over words
     "vse-infty": "pipeline.models.vse_model:VSEModel",  # VSE∞: sets pooled (GPO unless --image-pool)
+    "vsrn": "pipeline.models.vse_model:VSEModel",     # VSRN: GCN reasoning + GRU over the members
     "sgr": "pipeline.models.sgraf:SGR",               # SGRAF's similarity graph reasoning (pairwise)
     "saf": "pipeline.models.sgraf:SAF",               # SGRAF's similarity attention filtration (pairwise)
 })
-DUAL_NETWORKS = ("vse++", "vse-infty")
+DUAL_NETWORKS = ("vse++", "vse-infty", "vsrn")
+# What a dual network sets when the option is left at its default (TrainConfig applies it).
+NETWORK_DEFAULTS = {
+    "vse-infty": {"image_pool": "gpo", "text_pool": "gpo"},
+    "vsrn": {"image_pool": "vsrn", "size_augment": "none"},  # VSRN does not drop regions
+}
 
 # ---------------------------------------------------------------------------- image backbones
 BACKBONES = Registry("backbone", {
@@ -192,6 +198,7 @@ SET_POOLS = Registry("pool", {
     "mean": "pipeline.models.heads:MeanPool",  # masked mean
     "max": "pipeline.models.heads:MaxPool",    # masked max per dimension
     "gpo": "pipeline.models.heads:GPO",        # VSE∞'s Generalized Pooling Operator
+    "vsrn": "pipeline.models.vsrn:VSRNReasoning",  # VSRN: 4 GCN layers, then a GRU's last state
 })
 IMAGE_POOLS = SET_POOLS.names
 # "last": VSE++'s caption encoder (one-way GRU, its state after the last token; models.TextEncoder).

@@ -87,6 +87,7 @@ class CaptionBlock(NamedTuple):
     words: torch.Tensor        # (B, L, E) words, L2-normalised (0 past the length)
     mask: torch.Tensor         # (B, L) bool: the valid words
     glo: torch.Tensor          # (B, E) the global vector (TextSA)
+    lengths: torch.Tensor      # (B,) int64 on the host: how chunks are cut
 
 
 class VisualSA(nn.Module):
@@ -154,6 +155,7 @@ class AttentionFiltration(nn.Module):
         super().__init__()
         self.attn_sim_w = nn.Linear(sim_dim, 1)
         self.bn = nn.BatchNorm1d(1)
+        self.pending = []  # per-caption statistics of the chunks of one score() in training
         xavier_(self)
 
     def forward(self, nodes: torch.Tensor, node_mask: torch.Tensor) -> torch.Tensor:
@@ -174,14 +176,25 @@ class AttentionFiltration(nn.Module):
         mean = (logits * valid).sum(dim=(0, 2)) / count
         var = ((logits - mean[None, :, None]).square() * valid).sum(dim=(0, 2)) / count
         out = (logits - mean[None, :, None]) / torch.sqrt(var[None, :, None] + bn.eps)
-        with torch.no_grad():  # the running statistics, one update per caption, in order
-            unbiased = var * count / (count - 1).clamp(min=1)
-            momentum = bn.momentum
-            for c in range(len(count)):
-                bn.running_mean.mul_(1 - momentum).add_(momentum * mean[c].detach())
-                bn.running_var.mul_(1 - momentum).add_(momentum * unbiased[c].detach())
-            bn.num_batches_tracked.add_(len(count))
+        unbiased = var * count / (count - 1).clamp(min=1)
+        self.pending.append((mean.detach(), unbiased.detach()))  # ``update_running`` applies them
         return out * bn.weight + bn.bias
+
+    def update_running(self, order: torch.Tensor) -> None:
+        """The running statistics of the chunks just scored (captions in ``order``), one update per
+        caption in the captions' own order, as the authors' loop over captions makes them."""
+        if not self.pending:
+            return
+        bn, momentum = self.bn, self.bn.momentum
+        own_order = torch.argsort(order).to(bn.running_mean.device)
+        means = torch.cat([m for m, _ in self.pending])[own_order]
+        variances = torch.cat([v for _, v in self.pending])[own_order]
+        self.pending = []
+        with torch.no_grad():
+            for mean, var in zip(means, variances):
+                bn.running_mean.mul_(1 - momentum).add_(momentum * mean)
+                bn.running_var.mul_(1 - momentum).add_(momentum * var)
+            bn.num_batches_tracked.add_(len(means))
 
 
 class SGRAF(PairwiseNetwork):
@@ -235,16 +248,30 @@ class SGRAF(PairwiseNetwork):
         mask = torch.arange(width, device=words.device)[None, :] < lengths.to(words.device)[:, None]
         padding = ~mask[..., None]  # normalised as ones, then zeroed: no √0 for autograd to differentiate
         words = l2norm(words.masked_fill(padding, 1.0)).masked_fill(padding, 0.0)
-        return CaptionBlock(words, mask, self.t_global_w(words, mask))
+        return CaptionBlock(words, mask, self.t_global_w(words, mask), lengths.cpu())
 
     # ---- scoring
     def score(self, image_block: ImageBlock, caption_block: CaptionBlock) -> torch.Tensor:
-        n_words = caption_block.words.shape[1]
-        chunk = self.options.caption_chunk or max(
-            1, self.eval_pair_budget // max(1, len(image_block.local) * n_words * self.config.embed_dim))
-        parts = [self._score_chunk(image_block, CaptionBlock(*(t[a:a + chunk] for t in caption_block)))
-                 for a in range(0, len(caption_block.words), chunk)]
-        return torch.cat(parts, dim=1)
+        """Captions longest first, in chunks each cut to its own longest caption (no work on the
+        block's padding) and sized so a chunk's largest intermediate stays within the budget."""
+        lengths = caption_block.lengths
+        order = torch.argsort(lengths, descending=True, stable=True)
+        per_word = max(1, len(image_block.local) * self.config.embed_dim)
+        parts, start = [], 0
+        while start < len(order):
+            width = int(lengths[order[start]])
+            size = self.options.caption_chunk or max(1, self.eval_pair_budget // (per_word * width))
+            rows = order[start:start + size].to(caption_block.words.device)
+            parts.append(self._score_chunk(image_block, CaptionBlock(
+                caption_block.words[rows, :width], caption_block.mask[rows, :width], caption_block.glo[rows],
+                lengths[order[start:start + size]])))
+            start += size
+        self.after_chunks(order)
+        inverse = torch.argsort(order).to(caption_block.words.device)
+        return torch.cat(parts, dim=1)[:, inverse]
+
+    def after_chunks(self, order: torch.Tensor) -> None:
+        """Called once the chunks of one ``score`` are done; ``order``: the captions as scored."""
 
     def _score_chunk(self, img: ImageBlock, cap: CaptionBlock) -> torch.Tensor:
         v, w, mask = img.local, cap.words, cap.mask
@@ -294,3 +321,6 @@ class SAF(SGRAF):
 
     def reason(self, nodes: torch.Tensor, node_mask: torch.Tensor) -> torch.Tensor:
         return self.SAF_module(nodes, node_mask)
+
+    def after_chunks(self, order: torch.Tensor) -> None:
+        self.SAF_module.update_running(order)

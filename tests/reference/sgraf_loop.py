@@ -3,8 +3,8 @@
 shared/notes/golden-tests.md in the structure of the authors' ``EncoderSimilarity.forward``
 (each caption sliced to its length, repeated over the images, ``SCAN_attention``, one node
 vector per word, then SGR's steps or SAF's filtration). It is NOT the authors' file: it has not
-been run against Paranioar/SGRAF (scripts/golden_sgraf.py makes that golden file where the
-repository can be had). It reads the weights of a batched model by name.
+been run against Paranioar/SGRAF (docs/PROTOCOL.md, "Differences from the authors' code
+(SGRAF)"). It reads the weights of a batched model by name.
 
 It is also the "bare loop of the same modules" of bench/sgraf.py.
 """

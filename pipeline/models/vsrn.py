@@ -1,0 +1,98 @@
+"""VSRN's image reasoning (Li et al., "Visual Semantic Reasoning for Image-Text Matching", ICCV
+2019) as a set pool: `--network vsrn` is the dual model whose image side is this pool over the
+projected members, with VSE++'s GRU caption encoder. Definitions: docs/PROTOCOL.md ("VSRN").
+
+``VSRNReasoning(x (B, K, E), lengths)`` → (B, E):
+
+1. ``x ← x / ‖x‖`` over the members axis (the authors' ``l2norm`` runs over dim 1 of a (B, K, E)
+   tensor: the region axis, with no eps), for every dataset but f30k_precomp;
+2. four region-relationship GCN layers (their ``Rs_GCN``): ``R = θ(v)ᵀ φ(v) / K`` (no softmax),
+   ``v ← BN(W (R g(v))) + v``; θ, φ, g, W are 1 × 1 convolutions (linear maps of each member),
+   the BatchNorm1d over the E channels, initialised at γ = β = 0 (so each layer starts as the
+   identity);
+3. the GCN output normalised over the members axis again, then a GRU over the members in their
+   stored order; the pool's output is the GRU's last hidden state (``SetImageHead`` then
+   L2-normalises it over E).
+
+Padding (members past a set's length) is never read: the affinity, its 1/K (K = the set's own
+length), both member-axis norms, the BatchNorm statistics (train mode: over the members only)
+and the GRU (packed) all leave it out.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pipeline.models.layers import pack_by_length
+
+
+def member_norm(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The authors' ``l2norm(x)`` of a (B, K, E) tensor: over dim 1, the members, no eps; padding
+    left out (set to 0)."""
+    x = x.masked_fill(~mask[..., None], 0.0)
+    norm = x.square().sum(dim=1, keepdim=True).sqrt()
+    return x / norm.masked_fill(norm == 0, 1.0)
+
+
+class RegionGCN(nn.Module):
+    """One ``Rs_GCN`` layer over the members of each set (channels = E, inter = E)."""
+
+    def __init__(self, dim: int, inter: int | None = None):
+        super().__init__()
+        inter = inter or dim
+        self.g = nn.Linear(dim, inter)
+        self.theta = nn.Linear(dim, inter)
+        self.phi = nn.Linear(dim, inter)
+        self.W = nn.Linear(inter, dim)
+        self.bn = nn.BatchNorm1d(dim)
+        nn.init.zeros_(self.bn.weight)  # Rs_GCN.py: W's BatchNorm starts at γ = β = 0
+        nn.init.zeros_(self.bn.bias)
+
+    def forward(self, v: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        keep = mask[..., None].to(v.dtype)
+        relation = self.theta(v) @ self.phi(v).transpose(1, 2)            # (B, K, K)
+        relation = relation * keep * keep.transpose(1, 2) / lengths.to(v)[:, None, None]
+        y = self.W(relation @ self.g(v))                                   # (B, K, E)
+        return self._batch_norm(y, mask) + v
+
+    def _batch_norm(self, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """BatchNorm1d over E of the (B·K) members; in training its statistics are the valid
+        members' (with sets of one length K: the authors' (B, E, K) BatchNorm exactly)."""
+        bn = self.bn
+        flat = y[mask]                                                     # (members, E)
+        if bn.training:
+            out = torch.nn.functional.batch_norm(flat, bn.running_mean, bn.running_var, bn.weight, bn.bias,
+                                                 True, bn.momentum, bn.eps)
+            if bn.num_batches_tracked is not None:
+                bn.num_batches_tracked.add_(1)
+        else:
+            out = torch.nn.functional.batch_norm(flat, bn.running_mean, bn.running_var, bn.weight, bn.bias,
+                                                 False, 0.0, bn.eps)
+        full = torch.zeros_like(y)
+        full[mask] = out
+        return full
+
+
+class VSRNReasoning(nn.Module):
+    """VSRN's GCN reasoning then GRU over the members: a set pool (``registry.SET_POOLS``)."""
+
+    def __init__(self, dim: int, layers: int = 4, region_norm: bool = True):
+        super().__init__()
+        self.region_norm = bool(region_norm)
+        self.gcn = nn.ModuleList(RegionGCN(dim) for _ in range(int(layers)))
+        self.rnn = nn.GRU(dim, dim, 1, batch_first=True)
+        self.last_regions = None  # the GCN's output of the last call (VSRN's caption branch reads it)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        lengths = lengths.to(torch.int64)
+        mask = torch.arange(x.shape[1], device=x.device)[None] < lengths.to(x.device)[:, None]
+        v = member_norm(x, mask) if self.region_norm else x.masked_fill(~mask[..., None], 0.0)
+        for layer in self.gcn:
+            v = layer(v, mask, lengths.to(x.device))
+        v = member_norm(v, mask)
+        self.last_regions = v
+        dtype = self.rnn.weight_ih_l0.dtype  # the GRU in its own precision, autocast off (as the text GRU)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            _, hidden = self.rnn(pack_by_length(v.to(dtype), lengths.cpu()))
+        return hidden[-1].to(x.dtype)
