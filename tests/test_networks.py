@@ -202,3 +202,50 @@ def test_vsrn_is_a_dual_network_that_embed_serves(sets, tmp_path):
     assert embedded.exit_code == 0, embedded.output
     _one_line_refusal(vse("train", "--features", sets, "--run-dir", tmp_path / "x", "--network", "vsrn",
                           "--image-pool", "gpo", *PAIRWISE_TRAIN[:-2]), "vsrn", "drop --image-pool")
+
+
+AUXILIARY = '''
+import torch
+from pipeline.models.network import PairwiseNetwork
+
+
+class MeanDot(PairwiseNetwork):
+    """Mean member · mean word, with its own loss term: the squared norm of the image projection."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.img = torch.nn.Linear(config.feature_dim, config.embed_dim)
+        self.txt = torch.nn.Embedding(config.vocab_size, config.embed_dim, padding_idx=0)
+        self.terms = {}
+
+    def encode_images(self, images):
+        return self.img(images).mean(1)
+
+    def encode_captions(self, captions, lengths):
+        words = self.txt(captions[:, :int(lengths.max())])
+        return words.sum(1) / lengths[:, None]
+
+    def score(self, image_block, caption_block):
+        self.terms = {"weight_norm": 0.5 * self.img.weight.square().sum()}
+        return image_block @ caption_block.T
+
+    def auxiliary_losses(self):
+        return self.terms
+'''
+
+
+def test_a_networks_own_loss_terms_are_trained_and_logged(sets, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    plugin = tmp_path / "meandot.py"
+    plugin.write_text(AUXILIARY)
+    run = tmp_path / "run"
+    result = vse("train", "--features", sets, "--run-dir", run, "--network", f"{plugin}:MeanDot",
+                 "--loss", "sh", "--log-every", 1, *PAIRWISE_TRAIN[:-2])
+    assert result.exit_code == 0, result.output
+    events = EventAccumulator(str(run / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    term = [e.value for e in events.Scalars("train/aux/weight_norm")]
+    loss = [e.value for e in events.Scalars("train/loss")]
+    assert len(term) == len(loss) > 1 and all(t > 0 for t in term)
+    assert all(total > t for total, t in zip(loss, term))  # the term is part of the logged loss

@@ -12,7 +12,7 @@ from pipeline.core.errors import VseError
 from pipeline.core.runtime import precision
 from pipeline.data.cache import FeatureCache
 from pipeline.data.captions import CaptionEncoder, checkpoint_captions
-from pipeline.models.network import network_kind
+from pipeline.models.network import at_least_float32, network_kind
 from pipeline.models.vse_model import model_of_checkpoint
 from pipeline.text.vocabulary import Vocabulary
 
@@ -93,7 +93,7 @@ def score_split(model, cache: FeatureCache, captions: CaptionEncoder, split: str
         for a in range(0, n, image_block):
             feats = _image_features(cache, image_rows[a:a + image_block], split)
             with precision(device, amp):
-                blocks.append(model.encode_images(torch.from_numpy(feats).to(device)))
+                blocks.append(model.encode_images(at_least_float32(torch.from_numpy(feats).to(device))))
         scores = torch.empty(n, m, dtype=torch.float32)
         with progress_bar(n * m, desc=f"scoring {split}", unit="pair", disable=not progress) as bar:
             for b in range(0, m, caption_block):

@@ -96,8 +96,10 @@ class PairwiseNetwork(nn.Module):
 
     # ---- what the base class gives
     def forward(self, images: torch.Tensor, captions: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """The (B, B) score matrix of a training batch: S[i, j] = score(image i, caption j)."""
-        return self.score(self.encode_images(images), self.encode_captions(captions, lengths))
+        """The (B, B) score matrix of a training batch: S[i, j] = score(image i, caption j).
+        Members cached as float16 arrive as float32 (``at_least_float32``)."""
+        image_block = self.encode_images(at_least_float32(images))
+        return self.score(image_block, self.encode_captions(captions, lengths))
 
     def auxiliary_losses(self) -> dict:
         """Extra loss terms of the last forward pass (name → scalar), added to the loss and logged."""
@@ -108,6 +110,11 @@ class PairwiseNetwork(nn.Module):
 
     def pool_weights(self, sizes: dict | None = None) -> dict:
         return {}
+
+
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """float16 / bfloat16 features (a set cache's members) as float32; float32 and float64 as given."""
+    return x.to(torch.promote_types(x.dtype, torch.float32)) if x.is_floating_point() else x
 
 
 def network_kind(model: nn.Module) -> str:

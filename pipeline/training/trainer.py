@@ -63,6 +63,7 @@ class Trainer:
         self.loss, self.loss_traits, self.relevance = parts.loss, parts.loss_traits, parts.relevance
         self.model, self.ddp_model, self.model_config = parts.model, parts.ddp_model, parts.model.config
         self.pairwise = network_kind(self.model) == "pairwise"
+        self.auxiliary: dict = {}  # the network's own loss terms of the last step
         self.trainable, self.loss_parameters = parts.trainable, parts.loss_parameters
         self.optimizer, self.scheduler, self.scaler = parts.optimizer, parts.scheduler, parts.scaler
         self.train_dtype = parts.train_dtype  # the step's autocast dtype (None: fp32)
@@ -216,7 +217,8 @@ class Trainer:
         negatives (its local features are not gathered), plus the network's own terms."""
         relevance = self.relevance(batch.caption_ids) if self.relevance is not None else None
         loss = self.loss.scored(scores.float(), image_ids=batch.image_ids, relevance=relevance)
-        for term in self.model.auxiliary_losses().values():
+        self.auxiliary = self.model.auxiliary_losses()  # logged as train/aux/NAME (``_log_step``)
+        for term in self.auxiliary.values():
             loss = loss + term
         return loss
 
@@ -232,6 +234,8 @@ class Trainer:
         step, hold = self.progress.iteration, self.run.replacing
         self.curves.scalar("train/loss", loss, step, hold=True)
         self.curves.scalar("train/lr", self.optimizer.param_groups[0]["lr"], step, hold=True)
+        for name, term in self.auxiliary.items():  # a network's own loss terms (read here only: a sync)
+            self.curves.scalar(f"train/aux/{name}", float(term.detach()), step, hold=True)
         self.curves.scalar("train/steps_per_s", steps_per_s, step, hold=hold)
 
     def validate_and_save(self) -> None:
