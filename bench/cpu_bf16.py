@@ -11,9 +11,10 @@ the mean gap is below two fp32 standard deviations).
         --grid cache/f8k_effnet_grid7.h5 --tokens cache/f8k_minilm_tokens.h5 --seeds 3
 
 Workloads: ``fast`` (30 epochs of 1C + MiniLM vectors, the fast loop), ``grid-gpo`` (6 epochs of
-the 7 × 7 grid pooled by GPO with MiniLM token sets pooled by GPO). SGR/SAF scoring joins once
-the networks exist. A CPU without native bf16 is refused: emulated bf16 measures nothing about
-this question (``--allow-emulated`` runs the script anyway, to test it, and says so in the JSON).
+the 7 × 7 grid pooled by GPO with MiniLM token sets pooled by GPO), ``sgr`` and ``saf`` (SGRAF's
+two networks over the same grid and tokens, embed 256, sim_dim 64, ``--sgraf-epochs``). A CPU
+without native bf16 is refused: emulated bf16 measures nothing about this question
+(``--allow-emulated`` runs the script anyway, to test it, and says so in the JSON).
 Writes bench/results/cpu_bf16.json (``--out``).
 """
 
@@ -48,6 +49,10 @@ def workloads(args) -> dict:
         loads["grid-gpo"] = ["--features", args.grid, "--text-features", args.tokens, "--image-pool", "gpo",
                              "--text-pool", "gpo", "--loss", "mh", "--epochs", str(args.grid_epochs),
                              "--val-every", "0"]
+        for network in ("sgr", "saf"):  # SGRAF at the 2-core table's sizes (experiments/f8k_sgraf.yaml)
+            loads[network] = ["--features", args.grid, "--text-features", args.tokens, "--network", network,
+                              "--embed-dim", "256", "--network-option", "sim_dim=64", "--loss", "mh",
+                              "--epochs", str(args.sgraf_epochs), "--val-every", "0"]
     if not loads:
         raise SystemExit("give --features with --text-features, and/or --grid with --tokens")
     return loads
@@ -76,6 +81,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--fast-epochs", type=int, default=30)
     parser.add_argument("--grid-epochs", type=int, default=6)
+    parser.add_argument("--sgraf-epochs", type=int, default=1)
     parser.add_argument("--runs-dir", default="runs/bench_cpu_bf16")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "cpu_bf16.json"))
     parser.add_argument("--allow-emulated", action="store_true")
