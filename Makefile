@@ -12,6 +12,10 @@
 #                      (experiments/f8k_sets.yaml; bench/results/f8k_sets/)
 #   make f8k-vse-infty — MH vs LSEH (svd, bert) on the VSE∞-style model, 3 seeds, human judgments
 #                      (experiments/f8k_vse_infty.yaml; bench/results/f8k_vse_infty/)
+#   make f8k-sgraf   — MH vs LSEH (svd) on SGR, SAF and their average, 3 seeds, human judgments
+#                      (experiments/f8k_sgraf.yaml; bench/results/f8k_sgraf/; about 10 h on 2 cores)
+#   make f8k-saf-short — its one-epoch SAF part (experiments/f8k_saf_short.yaml;
+#                      bench/results/f8k_saf_short/, about 1.5 h)
 #   make f8k-text-pool — VSE++'s GRU vs VSE∞'s BiGRU + GPO caption encoder, one seed
 #                      (experiments/f8k_text_pool.yaml; bench/results/f8k_text_pool/)
 
@@ -26,7 +30,8 @@ FLICKR8K ?= ../shared/data/flickr8k
 export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
-.PHONY: install demo test bench f8k-vsepp f8k-losses f8k-fast f8k-sets f8k-vse-infty f8k-text-pool clean
+.PHONY: install demo test bench f8k-vsepp f8k-losses f8k-fast f8k-sets f8k-vse-infty f8k-text-pool f8k-sgraf \
+	f8k-saf-short clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -149,6 +154,22 @@ f8k-vse-infty: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5 $(CACHE)/f8k_bert.h
 	$(VSE) report $(INFTY_OUT)/results.csv --columns human | tee $(INFTY_OUT)/table_human.md
 	$(PY) bench/f8k_claims.py $(INFTY_OUT)/results.csv --claims vse_infty | tee $(INFTY_OUT)/claims.json
 	$(VSE) plot --runs '$(F8K_RUNS)/vse_infty/*' --out $(INFTY_OUT)/figures
+
+SGRAF_OUT = bench/results/f8k_sgraf
+SAF_SHORT_OUT = bench/results/f8k_saf_short
+
+f8k-sgraf: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
+	$(VSE) sweep experiments/f8k_sgraf.yaml --runs-dir $(F8K_RUNS)
+	$(VSE) evaluate --runs '$(F8K_RUNS)/sgraf/*' --split test --judgments $(JUDGMENTS) --out $(SGRAF_OUT)/results.csv
+	$(VSE) report $(SGRAF_OUT)/results.csv --columns recall --epochs-to-best | tee $(SGRAF_OUT)/table_recall.md
+	$(VSE) report $(SGRAF_OUT)/results.csv --columns human | tee $(SGRAF_OUT)/table_human.md
+
+f8k-saf-short: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
+	$(VSE) sweep experiments/f8k_saf_short.yaml --runs-dir $(F8K_RUNS)
+	$(VSE) evaluate --runs '$(F8K_RUNS)/saf_short/*' --split test --judgments $(JUDGMENTS) \
+	  --out $(SAF_SHORT_OUT)/results.csv
+	$(VSE) report $(SAF_SHORT_OUT)/results.csv --columns recall --epochs-to-best | tee $(SAF_SHORT_OUT)/table_recall.md
+	$(VSE) report $(SAF_SHORT_OUT)/results.csv --columns human | tee $(SAF_SHORT_OUT)/table_human.md
 
 f8k-text-pool: $(F8K_FEATURES)
 	$(VSE) sweep experiments/f8k_text_pool.yaml --runs-dir $(F8K_RUNS)

@@ -249,3 +249,10 @@ def test_a_networks_own_loss_terms_are_trained_and_logged(sets, tmp_path):
     loss = [e.value for e in events.Scalars("train/loss")]
     assert len(term) == len(loss) > 1 and all(t > 0 for t in term)
     assert all(total > t for total, t in zip(loss, term))  # the term is part of the logged loss
+
+
+def test_compare_reads_a_pairwise_runs_ranks(sgr_run):
+    result = vse("compare", sgr_run, sgr_run, "--split", "test")
+    assert result.exit_code == 0, result.output
+    rsum = [line.split() for line in result.output.splitlines() if line.startswith("rsum")][0]
+    assert rsum[1] == rsum[2] and float(rsum[3]) == 0.0 and float(rsum[4]) == 1.0

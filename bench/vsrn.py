@@ -1,0 +1,138 @@
+"""VSRN's image side on the 7 × 7 grid: encoding throughput against a bare loop of the same
+modules, a full test-split evaluation, training steps, and peak memory.
+
+    python bench/vsrn.py --grid cache/f8k_effnet_grid7.h5
+
+1. Encoding, images/s: ``SetImageHead(pool="vsrn")`` (linear maps over the members, masked)
+   against the encoder written the authors' way (tests/reference/vsrn_loop.py: 1 × 1 Conv1d on
+   (B, E, K) tensors), the same weights, eval mode without autograd, interleaved over
+   ``--rounds``, the best round of each; the ratio is ours ÷ bare (target ≥ 0.8).
+2. Evaluation: ``vse evaluate`` of a one-step checkpoint on the test split (wall time, peak RSS).
+3. Training: ``--train-steps`` steps of the Trainer at batch 128 and the epoch at that pace.
+
+Captions: VSE++'s GRU over word ids, as VSRN's. Writes bench/results/vsrn.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import torch  # noqa: E402
+from benchkit import write_report  # noqa: E402
+
+
+def encoding(args) -> dict:
+    from reference import vsrn_loop
+
+    from pipeline.data.cache import FeatureCache
+    from pipeline.models.heads import SetImageHead
+
+    with FeatureCache(args.grid) as cache:
+        rows, _, _ = cache.split_rows("test")
+        images = torch.from_numpy(cache.read(rows[:args.block])).float()
+        dim = cache.feature_dim
+    torch.manual_seed(0)
+    ours = SetImageHead(dim, args.embed_dim, projection="linear", pool="vsrn").eval()
+    theirs = copy.deepcopy(ours)
+    lengths = torch.full((len(images),), images.shape[1], dtype=torch.int64)
+
+    def run(fn) -> float:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+
+    with torch.no_grad():
+        difference = float((ours(images, lengths) - vsrn_loop.image_embeddings(theirs, images)).abs().max())
+        times = {"ours": [], "bare": []}
+        for _ in range(args.rounds):
+            times["ours"].append(run(lambda: ours(images, lengths)))
+            times["bare"].append(run(lambda: vsrn_loop.image_embeddings(theirs, images)))
+    best = {k: len(images) / min(v) for k, v in times.items()}
+    return {"images": len(images), "images_per_s": {k: round(v, 1) for k, v in best.items()},
+            "ratio_ours_over_bare": round(best["ours"] / best["bare"], 3), "target_ratio": 0.8,
+            "max_abs_difference_float32": difference,
+            "rounds_s": {k: [round(t, 3) for t in v] for k, v in times.items()}}
+
+
+def evaluation(args, work: Path) -> dict:
+    run = work / "eval"
+    vse = [sys.executable, "-m", "cli.main"]
+    subprocess.run(vse + ["train", "--features", args.grid, "--network", "vsrn",
+                          "--embed-dim", str(args.embed_dim),
+                          "--epochs", "1", "--val-every", "0", "--val-images", "2", "--train-split", "test",
+                          "--val-split", "test", "--batch-size", "8", "--run-dir", str(run), "--overwrite"],
+                   check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    code = ("import resource, subprocess, sys, time\n"
+            "t = time.perf_counter()\n"
+            "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+            "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)\n")
+    out = subprocess.run([sys.executable, "-c", code, *vse, "evaluate", "--checkpoint", str(run / "best.pt"),
+                          "--features", args.grid, "--split", "test", "--json"],
+                         check=True, cwd=ROOT, capture_output=True, text=True).stdout.split()
+    return {"wall_s": round(float(out[0]), 1), "peak_rss_mb": round(float(out[1]))}
+
+
+def training(args, work: Path) -> dict:
+    code = f"""
+import json, resource, sys, time
+sys.path.insert(0, {str(ROOT)!r})
+from pipeline.core.config import TrainConfig
+from pipeline.training.build import build_trainer
+cfg = TrainConfig(features={args.grid!r}, network="vsrn", embed_dim={args.embed_dim}, batch_size=128,
+                  val_every=0, run_dir={str(work / 'train')!r})
+trainer = build_trainer(cfg, echo=lambda *a, **k: None, overwrite=True)
+pairs = trainer.epoch_batches(0)
+trainer.step(pairs[0])
+times = []
+for b in range(1, 1 + {args.train_steps}):
+    t = time.perf_counter(); trainer.step(pairs[b]); times.append(time.perf_counter() - t)
+print(json.dumps({{"steps_per_epoch": len(pairs), "step_s": times,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+"""
+    result = json.loads(subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT,
+                                       capture_output=True, text=True).stdout.splitlines()[-1])
+    step = sorted(result["step_s"])[len(result["step_s"]) // 2]
+    return {"batch_size": 128, "steps_measured": len(result["step_s"]), "median_step_s": round(step, 3),
+            "step_s": [round(t, 3) for t in result["step_s"]], "steps_per_epoch": result["steps_per_epoch"],
+            "epoch_s_at_this_pace": round(step * result["steps_per_epoch"]),
+            "peak_rss_mb": round(result["peak_rss_mb"])}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--grid", required=True)
+    parser.add_argument("--embed-dim", type=int, default=1024)
+    parser.add_argument("--block", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--train-steps", type=int, default=5)
+    parser.add_argument("--work", default="runs/bench_vsrn")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "vsrn.json"))
+    args = parser.parse_args(argv)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    report = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+              "threads": torch.get_num_threads(), "torch": torch.__version__, "grid": args.grid,
+              "embed_dim": args.embed_dim}
+    parts = (("encoding", lambda: encoding(args)), ("evaluation", lambda: evaluation(args, work)),
+             ("training", lambda: training(args, work)))
+    for part, measure in parts:
+        report[part] = measure()
+        print(part, json.dumps(report[part]), flush=True)
+    write_report(report, Path(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
