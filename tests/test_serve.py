@@ -469,3 +469,32 @@ def test_serve_refuses_a_taken_port_and_a_bad_one_in_one_line_before_loading(dem
     result = CliRunner().invoke(cli, ["serve", str(demo["root"] / "idx"), "--max-query-chars", "-1",
                                       "--port", "0"])
     assert result.exit_code == 1 and "--max-query-chars must be a positive integer" in result.output
+
+
+def test_the_page_labels_an_image_hit_with_its_caption(browser, tmp_path):
+    """An image index whose embeddings file names each caption's image (a CSV embedded as both)
+    shows each hit's first caption, its id as the tooltip; as a person sees the page."""
+    import h5py
+    from playwright.sync_api import expect
+
+    checkpoint = tmp_path / "model.pt"
+    checkpoint.write_bytes(b"stand-in model, captioned")
+    embeddings, embedder = demo_embeddings(tmp_path / "e.h5", checkpoint, n=6)
+    names, captions = demo_items(6)
+    with h5py.File(embeddings, "a") as f:
+        owners = [name for name, cs in zip(names, captions) for _ in cs]
+        f["captions"].create_dataset("image_ids", data=owners, dtype=h5py.string_dtype("utf-8"))
+    build_index(embeddings, tmp_path / "idx", IndexOptions(), image_root=DEMO_IMAGES)
+    index = SearchIndex(tmp_path / "idx")
+    searcher = Searcher(index, StandInEmbedder(index.checkpoint_sha256, 32), LIMITS, checkpoint)
+    with running(create_app(searcher, thumb_size=128)) as url:
+        page = browser.new_page(viewport={"width": 1000, "height": 700})
+        page.goto(url + "/")
+        page.fill("#q", captions[3][0])
+        page.press("#q", "Enter")
+        hits = page.locator("#results .hit")
+        expect(hits).to_have_count(6)
+        label = hits.nth(0).locator(".caption")
+        assert label.inner_text() == captions[3][0] and label.get_attribute("title") == names[3]
+        assert page.locator("#results .caption").all_inner_texts() != names  # captions, not file names
+        page.close()
