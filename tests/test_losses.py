@@ -124,6 +124,27 @@ def slow_mvn(img, cap, ids, mask, tau):
     return total / (2 * size)
 
 
+def _float32(value: float) -> float:
+    """A learned parameter's start, as its float32 tensor holds it."""
+    return float(torch.tensor(value, dtype=torch.float32))
+
+
+def slow_infonce(scores, ids, mask):
+    scale = math.exp(_float32(math.log(1 / 0.07)))
+    return slow_csn([[scale * v for v in row] for row in scores], ids, mask, 1.0) / 2
+
+
+def slow_siglip(scores, ids, mask):
+    scale, bias = math.exp(_float32(math.log(10.0))), -10.0
+    size, total = len(scores), 0.0
+    for i in range(size):
+        for j in range(size):
+            if i == j or is_negative(i, j, ids, mask):
+                z = 1.0 if i == j else -1.0
+                total += math.log1p(math.exp(-z * (scale * scores[i][j] + bias)))  # -log σ(z · logit)
+    return total / size
+
+
 # Each built-in loss's slow reference at its default options: (img, cap, scores, ids, rel, mask).
 SLOW_REFERENCES = {
     "sh": lambda i, c, s, ids, r, m: slow_hinge(s, ids, m, 0.2, "sum"),
@@ -134,6 +155,8 @@ SLOW_REFERENCES = {
     "csn": lambda i, c, s, ids, r, m: slow_csn(s, ids, m, 0.1),
     "cmn": lambda i, c, s, ids, r, m: slow_cmn(s, ids, m, 0.2, 0.1),
     "mvn": lambda i, c, s, ids, r, m: slow_mvn(i, c, ids, m, 0.1),
+    "infonce": lambda i, c, s, ids, r, m: slow_infonce(s, ids, m),
+    "siglip": lambda i, c, s, ids, r, m: slow_siglip(s, ids, m),
 }
 
 

@@ -155,6 +155,8 @@ LOSSES = Registry("loss", {
     "csn": "pipeline.models.losses:CrossModalInfoNCELoss",    # ConVSE
     "cmn": "pipeline.models.losses:HardestNegativeContrastiveLoss",  # ConVSE++
     "mvn": "pipeline.models.losses:MultiViewNTXentLoss",      # multi-view NT-Xent
+    "infonce": "pipeline.models.losses:CLIPInfoNCELoss",      # CLIP's loss, learned scale
+    "siglip": "pipeline.models.losses:SigmoidPairLoss",       # SigLIP's sigmoid loss, learned scale + bias
 })
 
 # ---------------------------------------------------------------------------- networks

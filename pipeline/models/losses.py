@@ -400,6 +400,59 @@ class MultiViewNTXentLoss(VseLoss):
         return terms.mean()
 
 
+class CLIPInfoNCELoss(VseLoss):
+    """``infonce`` (CLIP; open_clip's ``ClipLoss``): the mean of the two directions' cross-entropy
+    of ``exp(t) · S`` with the diagonal as labels. The log-scale ``t`` is learned, starts at
+    log(1/0.07) and is clamped to [0, log 100] after every optimiser step (``after_step``), as
+    open_clip's training loop does. Same-image pairs are left out of the softmax unless
+    ``mask_same_image=False`` (open_clip: they are negatives)."""
+
+    name = "infonce"
+
+    def __init__(self, init_scale: float = 1 / 0.07, max_scale: float = 100.0, mask_same_image: bool = True):
+        super().__init__(mask_same_image)
+        self.max_log_scale = math.log(_positive(max_scale, "max_scale"))
+        self.logit_scale = nn.Parameter(torch.tensor(math.log(_positive(init_scale, "init_scale"))))
+
+    def after_step(self) -> None:
+        """After each optimiser step: the scale back into [1, max_scale]."""
+        with torch.no_grad():
+            self.logit_scale.clamp_(0, self.max_log_scale)
+
+    def value(self, batch: Batch) -> torch.Tensor:
+        logits = (self.logit_scale.to(batch.scores.dtype).exp() * batch.scores).masked_fill(
+            ~_with_positives(batch.negatives), -math.inf)
+        to_captions = -torch.log_softmax(logits, dim=1).diagonal()
+        to_images = -torch.log_softmax(logits, dim=0).diagonal()
+        return (to_captions.mean() + to_images.mean()) / 2
+
+
+class SigmoidPairLoss(VseLoss):
+    """``siglip`` (SigLIP; open_clip's ``SigLipLoss``): ``-Σ_ij log σ(z_ij (exp(t') S_ij + b)) / B``,
+    z = +1 on the diagonal and −1 elsewhere. ``t'`` starts at log 10, the bias ``b`` at −10, both
+    learned; ``t'`` is clamped to [0, log 100] after every step as ``infonce``'s. Same-image pairs
+    other than the diagonal are left out of the sum unless ``mask_same_image=False``."""
+
+    name = "siglip"
+
+    def __init__(self, init_scale: float = 10.0, init_bias: float = -10.0, max_scale: float = 100.0,
+                 mask_same_image: bool = True):
+        super().__init__(mask_same_image)
+        self.max_log_scale = math.log(_positive(max_scale, "max_scale"))
+        self.logit_scale = nn.Parameter(torch.tensor(math.log(_positive(init_scale, "init_scale"))))
+        self.logit_bias = nn.Parameter(torch.tensor(_finite(init_bias, "init_bias")))
+
+    after_step = CLIPInfoNCELoss.after_step
+
+    def value(self, batch: Batch) -> torch.Tensor:
+        dtype = batch.scores.dtype
+        logits = self.logit_scale.to(dtype).exp() * batch.scores + self.logit_bias.to(dtype)
+        positives = torch.eye(len(logits), dtype=torch.bool, device=logits.device)
+        signs = torch.where(positives, 1.0, -1.0).to(dtype)
+        counted = positives | batch.negatives
+        return -torch.nn.functional.logsigmoid(signs * logits).masked_fill(~counted, 0.0).sum() / len(logits)
+
+
 # ---------------------------------------------------------------------------- helpers
 
 

@@ -64,6 +64,7 @@ class Trainer:
         self.model, self.ddp_model, self.model_config = parts.model, parts.ddp_model, parts.model.config
         self.pairwise = network_kind(self.model) == "pairwise"
         self.auxiliary: dict = {}  # the network's own loss terms of the last step
+        self.loss_after_step = getattr(self.loss, "after_step", None)
         self.trainable, self.loss_parameters = parts.trainable, parts.loss_parameters
         self.optimizer, self.scheduler, self.scaler = parts.optimizer, parts.scheduler, parts.scaler
         self.train_dtype = parts.train_dtype  # the step's autocast dtype (None: fp32)
@@ -205,6 +206,8 @@ class Trainer:
             clip_gradients(self.trainable, self.cfg.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        if self.loss_after_step is not None:  # e.g. a learned logit scale clamped (infonce, siglip)
+            self.loss_after_step()
         value = loss.item()
         if not math.isfinite(value):
             raise VseError(f"loss became {value} at epoch {self.progress.epoch + 1}, iteration "
