@@ -53,6 +53,7 @@ COMMANDS = {
     "check-loss": "cli.check_loss_cmd:check_loss_command",
     "check-pool": "cli.check_pool_cmd:check_pool_command",
     "check-network": "cli.check_network_cmd:check_network_command",
+    "noise-index": "cli.noise_index_cmd:noise_index_command",
     "embed": "cli.embed_cmd:embed_command",
     "index": "cli.search_cmd:index",
     "search": "cli.search_cmd:search",

@@ -36,6 +36,7 @@ from pipeline.core.registry import (
     LOSSES,
     NETWORK_DEFAULTS,
     NETWORKS,
+    NOISE_MODES,
     PROJECTIONS,
     READERS,
     SET_POOLS,
@@ -174,6 +175,17 @@ class TrainConfig:
                                   "the token vectors of `vse encode-text --tokens`, pooled.", before=LAST)
     pool_options: dict = option(dict, "Options of the pools of --image-pool and --text-pool (e.g. your own "
                                       "pool's), config files only.", cli=False, before={})
+    # ---- noisy correspondence (data/noise.py)
+    noise_rate: float = option(0.0, "Train on noisy pairs: this share of the training captions (--noise-mode "
+                                    "caption, NCR's) or images (image, DECL's) shown with other images.",
+                               minimum=0, before=0.0)
+    noise_mode: str = option("caption", "--noise-rate: caption (NCR) or image (DECL, RCL) level.",
+                             choices=NOISE_MODES, before="caption")
+    noise_seed: int = option(0, "--noise-rate: the seed of the noise index (the same seed, the same file).",
+                             minimum=0, before=0)
+    noise_index: str | None = option(None, "A noise index file instead of --noise-rate: one entry per "
+                                           "training caption (NCR's layout) or per training image (DECL's).",
+                                     path="file", before=None)
     # ---- validation, reproducibility, execution
     train_split: str = option("train", "The split trained on.")
     val_split: str = option("dev", "The split validated on (best.pt is its best rsum).")
@@ -297,6 +309,10 @@ class TrainConfig:
         if self.image_pool is not None:
             check_image_pool(self.image_pool)
         check_text_pool(self.text_pool)
+        if self.noise_rate >= 1:
+            raise VseError(f"--noise-rate must be below 1, got {self.noise_rate}")
+        if self.noise_index and self.noise_rate:
+            raise VseError("give --noise-rate (a drawn index) or --noise-index FILE, not both")
         if self.text_features and self.glove:
             raise VseError("--glove initialises the GRU's word embeddings; with --text-features "
                            "there is no GRU")

@@ -230,6 +230,8 @@ RELEVANCE_METHODS = ("svd", "bert", "cbow", "cbow+bert")
 INDEX_KINDS = ("flat", "hnsw", "ivfpq")
 
 # ---------------------------------------------------------------------------- training
+# Noisy correspondence (data.noise): NCR's caption-level noise, DECL's / RCL's image-level noise.
+NOISE_MODES = ("caption", "image")
 # Adam's kernels: the same update, rounded differently (PROTOCOL.md). "fused" is one pass over
 # each parameter; "default" is PyTorch's own choice, which every run before the option used.
 ADAM_KERNELS = ("fused", "default")

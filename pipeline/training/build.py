@@ -49,6 +49,8 @@ class RunParts:
     setup_line: str
     source: PairSource              # where the pairs come from (a cache, or images + CNN)
     train_captions: np.ndarray      # the training captions, in cache order
+    train_caption_image: np.ndarray  # each caption's image in training: the cache's, or a noisy one
+    noise: object                   # the NoiseIndex of a run on noisy pairs, else None
     captions: CaptionEncoder        # the caption side (tokens, or frozen caption features)
     workers: int
     loss: torch.nn.Module
@@ -110,6 +112,7 @@ def build_run(config: TrainConfig, resume: bool = False, echo=print, given=None,
         raise VseError(f"split {config.train_split!r} has no captions", source.location)
     if len(index.split(config.val_split)) == 0:  # fail now, not after the first epoch
         raise VseError(f"validation split {config.val_split!r} has no images", source.location)
+    noise, train_caption_image = _noise(config, index, train_captions, run, resume_state, quiet_echo)
 
     seed_everything(config.seed)
     loss, traits = factories.create_loss(config, device)
@@ -126,7 +129,8 @@ def build_run(config: TrainConfig, resume: bool = False, echo=print, given=None,
     return RunParts(
         config=config, run=run, echo=echo, resume=resume, overwrite=overwrite, device=device,
         distributed=distributed, world=world, setup_line=setup_line, source=source,
-        train_captions=train_captions, captions=captions, workers=workers, loss=loss, loss_traits=traits,
+        train_captions=train_captions, train_caption_image=train_caption_image, noise=noise,
+        captions=captions, workers=workers, loss=loss, loss_traits=traits,
         model=model, relevance=relevance, trainable=trainable, loss_parameters=loss_parameters,
         optimizer=optimizer, scheduler=factories.create_scheduler(config, optimizer),
         scaler=factories.create_scaler(config, device),
@@ -143,6 +147,29 @@ def build_trainer(config: TrainConfig, resume: bool = False, echo=print, given=N
     from pipeline.training.trainer import Trainer
 
     return Trainer(build_run(config, resume=resume, echo=echo, given=given, overwrite=overwrite))
+
+
+def _noise(config: TrainConfig, index, train_captions: np.ndarray, run: RunFolder, resume_state, echo):
+    """(the noise index, each caption's training image) of a run on noisy pairs; (None, the
+    cache's) otherwise. A resumed run's index must be the one its folder kept."""
+    if not (config.noise_rate or config.noise_index):
+        return None, index.caption_image
+    from pipeline.data.noise import NoiseIndex, saved_sha256
+
+    images = np.unique(index.caption_image[train_captions])  # the training images, in cache order
+    local = np.searchsorted(images, index.caption_image[train_captions])
+    if config.noise_index:
+        noise = NoiseIndex.read(config.noise_index, local, len(images))
+    else:
+        noise = NoiseIndex.make(config.noise_mode, config.noise_rate, config.noise_seed, local, len(images))
+    if resume_state is not None and saved_sha256(run.path) not in (None, noise.sha256()):
+        raise VseError(f"the noise index ({noise.source}) is not the one this run kept "
+                       f"({run.path / 'noise.json'})", config.noise_index or run.path)
+    noisy = index.caption_image.copy()
+    noisy[train_captions] = images[noise.per_caption()]
+    echo(f"noisy pairs: {noise.layout}-level index ({noise.source}), true rate {noise.true_rate():.4f} "
+         f"of {len(local)} training captions")
+    return noise, noisy
 
 
 def _check_world_size(state: dict, world: int, where) -> None:

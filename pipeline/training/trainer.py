@@ -60,6 +60,7 @@ class Trainer:
         self.setup_line, self.workers = parts.setup_line, parts.workers
         self.source, self.index = parts.source, parts.source.index
         self.train_captions, self.captions = parts.train_captions, parts.captions
+        self.train_caption_image, self.noise = parts.train_caption_image, parts.noise  # noisy pairs or not
         self.loss, self.loss_traits, self.relevance = parts.loss, parts.loss_traits, parts.relevance
         self.model, self.ddp_model, self.model_config = parts.model, parts.ddp_model, parts.model.config
         self.pairwise = network_kind(self.model) == "pairwise"
@@ -113,7 +114,7 @@ class Trainer:
         if self.distributed:  # this rank's part of every global batch
             r, b = dist.rank(), self.cfg.batch_size
             slices = [slice(s.start + r * b, s.start + (r + 1) * b) for s in slices]
-        return PairBatches(self.source.inputs, self.captions, self.train_captions, self.index.caption_image,
+        return PairBatches(self.source.inputs, self.captions, self.train_captions, self.train_caption_image,
                            order, slices, epoch)
 
     def loader(self, pairs: PairBatches, start: int):
@@ -137,7 +138,7 @@ class Trainer:
     def _fit(self) -> dict:
         cfg, p = self.cfg, self.progress
         if dist.is_main():
-            self.run.prepare(cfg.to_dict(), self.captions.save)
+            self.run.prepare(cfg.to_dict(), self._write_run_files)
         self.model.train()
         while p.epoch < cfg.epochs:
             self.train_epoch()
@@ -145,6 +146,12 @@ class Trainer:
             self.scheduler.step()
             self.validate_and_save()
         return {"best_rsum": p.best_rsum, "best_epoch": p.best_epoch, "iterations": p.iteration}
+
+    def _write_run_files(self, folder) -> None:
+        """The run's files besides its config: the vocabulary, the noise index it trains on."""
+        self.captions.save(folder)
+        if self.noise is not None:
+            self.noise.save(folder)
 
     def train_epoch(self) -> int:
         """Train from the current position to the end of the epoch; returns the pairs seen."""
