@@ -103,7 +103,8 @@ def test_a_noisy_run_trains_on_the_noisy_pairs_keeps_its_index_and_resumes_exact
     assert vse("train", "--run-dir", tmp_path / "b", "--resume", "--epochs", 2).exit_code == 0
     a, b = (torch.load(tmp_path / r / "last.pt", weights_only=True)["model"] for r in "ab")
     assert all(torch.equal(a[k], b[k]) for k in a)
-    clean = vse("train", "--features", tiny_cache, "--run-dir", tmp_path / "clean", "--epochs", 2, *NOISY_TRAIN)
+    clean = vse("train", "--features", tiny_cache, "--run-dir", tmp_path / "clean", "--epochs", 2,
+                *NOISY_TRAIN)
     assert clean.exit_code == 0
     c = torch.load(tmp_path / "clean" / "last.pt", weights_only=True)["model"]
     assert not all(torch.equal(a[k], c[k]) for k in a)  # the noise changed what was learned
@@ -113,7 +114,7 @@ def test_noise_index_command_writes_what_train_reads(tiny_cache, tmp_path):
     out = tmp_path / "idx.npy"
     made = vse("noise-index", "--features", tiny_cache, "--mode", "caption", "--rate", 0.5, "--seed", 2,
                "--out", out)
-    assert made.exit_code == 0, made.output and "true rate" in made.output
+    assert made.exit_code == 0 and "true rate" in made.output, made.output
     assert vse("noise-index", "--features", tiny_cache, "--rate", 0.5, "--out", out).exit_code == 1  # exists
     by_file = vse("train", "--features", tiny_cache, "--run-dir", tmp_path / "f", "--epochs", 1,
                   "--noise-index", out, *NOISY_TRAIN)
@@ -128,4 +129,25 @@ def test_noise_index_command_writes_what_train_reads(tiny_cache, tmp_path):
     np.save(tmp_path / "short.npy", np.arange(3))
     short = vse("train", "--features", tiny_cache, "--run-dir", tmp_path / "y", "--noise-index",
                 tmp_path / "short.npy", *NOISY_TRAIN)
-    assert short.exit_code == 1 and "3 entries" in short.stderr and len(short.stderr.strip().splitlines()) == 1
+    assert short.exit_code == 1 and "3 entries" in short.stderr
+    assert len(short.stderr.strip().splitlines()) == 1
+
+
+def test_the_shipped_flickr8k_indexes_are_their_seeded_draws():
+    """data/noise/flickr8k: each file is its draw with seed 0 over 6,000 images × 5 captions, and
+    SHA256SUMS lists its bytes."""
+    import hashlib
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "data" / "noise" / "flickr8k"
+    sums = dict(reversed(line.split()) for line in (folder / "SHA256SUMS").read_text().splitlines())
+    assert len(sums) == 10
+    caption_image = np.arange(30000) // 5
+    for name, digest in sums.items():
+        path = folder / name
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == digest, name
+        mode, rate = path.stem.split("_")
+        read = NoiseIndex.read(path, caption_image, 6000)
+        assert read.layout == mode
+        drawn = NoiseIndex.make(mode, int(rate) / 100, 0, caption_image, 6000)
+        assert np.array_equal(read.entries, drawn.entries)
