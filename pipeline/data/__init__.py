@@ -2,7 +2,8 @@
 (``caption_index``), the HDF5 feature cache (``cache``) and `vse extract` that writes it
 (``extract``), caption-feature files (``caption_features``), the caption side of training
 (``captions``), and where training pairs come from: cached features (``batches``) or images
-through the CNN every step (``image_source``, RC mode).
+through the CNN every step (``image_source``, RC mode), and the noise indexes of training on
+noisy pairs (``noise``).
 
 May import: ``pipeline.core``, ``pipeline.models``, ``pipeline.text``.
 """
