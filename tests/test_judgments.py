@@ -205,6 +205,21 @@ def test_ndcg_by_hand_with_ties_against_the_query():
     assert ids.tolist() == [5, 6] and math.isnan(ndcg[0]) and ndcg[1] == 1.0
 
 
+def test_map_at_r_by_hand():
+    """Musgrave et al.'s mAP@R: matches at ranks 1 and 3 of R = 2 → (1/1 + 0) / 2; R-precision 1/2.
+    A tie puts the match after the non-match (against the query)."""
+    import torch
+
+    from pipeline.evaluation.judgments.metrics import plausible_ranks
+
+    scores = torch.tensor([[0.9, 0.8, 0.7], [0.5, 0.5, 0.1], [0.3, 0.2, 0.1]])
+    match = torch.tensor([[True, False, True], [True, False, False], [False, True, True]])
+    rank, rprec, map_r = plausible_ranks(scores, match)
+    assert rank.tolist() == [0, 1, 1]
+    assert rprec.tolist() == pytest.approx([0.5, 0.0, 0.5])
+    assert map_r.tolist() == pytest.approx([0.5, 0.0, 0.25])  # row 3: a match at 2 of R = 2 → (1/2) / 2
+
+
 def test_auc_is_the_mann_whitney_probability():
     scores, positive = [0.9, 0.5, 0.5, 0.1, 0.7], [True, True, False, False, False]
     # pairs (pos, neg): 0.9 beats all 3; 0.5 ties 0.5 (1/2), beats 0.1, loses to 0.7
@@ -227,7 +242,9 @@ def brute_force(scores, matches):
     best = max(scores[m] for m in matches)
     rank = sum(1 for c in order[:rank + 1] if c not in matches and scores[c] >= best)
     top = order[:len(matches)]
-    return rank, sum(c in matches for c in top) / len(matches)
+    hits = np.cumsum([c in matches for c in top])
+    map_r = sum(hits[i] / (i + 1) for i, c in enumerate(top) if c in matches) / len(matches)
+    return rank, sum(c in matches for c in top) / len(matches), map_r
 
 
 def test_human_metrics_against_scipy_and_brute_force(judgment_files):
@@ -240,7 +257,7 @@ def test_human_metrics_against_scipy_and_brute_force(judgment_files):
     assert got["human_spearman"] == pytest.approx(spearmanr(pair, matched.grades).statistic, abs=1e-12)
     accepted = set(zip(matched.image[matched.accepted].tolist(), matched.caption[matched.accepted].tolist()))
     for direction, queries, table in (("i2t", matched.image, scores), ("t2i", matched.caption, scores.T)):
-        taus, ranks, rprecs, ndcgs = [], [], [], []
+        taus, ranks, rprecs, ndcgs, maps = [], [], [], [], []
         for q in np.unique(queries):
             m = queries == q
             grades = matched.grades[m]
@@ -250,9 +267,10 @@ def test_human_metrics_against_scipy_and_brute_force(judgment_files):
                 gt = {c for c in range(15) if caption_image[c] == q} | {c for i, c in accepted if i == q}
             else:
                 gt = {caption_image[q]} | {i for i, c in accepted if c == q}
-            rank, rprec = brute_force(list(table[q]), gt)
+            rank, rprec, map_r = brute_force(list(table[q]), gt)
             ranks.append(rank)
             rprecs.append(rprec)
+            maps.append(map_r)
             gains = matched.gains[m][np.lexsort((matched.gains[m], -pair[m]))][:2]
             ideal = np.sort(matched.gains[m])[::-1][:2]
             discount = 1 / np.log2(np.arange(2, len(gains) + 2))
@@ -264,6 +282,7 @@ def test_human_metrics_against_scipy_and_brute_force(judgment_files):
         for k in (1, 5, 10):
             assert got[f"human_{direction}_r@{k}"] == pytest.approx(100 * np.mean(np.array(ranks) < k))
         assert got[f"human_{direction}_rprec"] == pytest.approx(100 * np.mean(rprecs))
+        assert got[f"human_{direction}_map@r"] == pytest.approx(100 * np.mean(maps))
     assert got["human_i2t_queries"] == 3 and got["human_t2i_queries"] == 6
     assert got["human_i2t_tau_queries"] == 2  # c.jpg has only 2 judged captions
     assert got["human_pairs"] == 11 and got["human_unmatched"] == 0

@@ -106,12 +106,13 @@ def _retrieval_metrics(d: str) -> tuple[Metric, ...]:
 
 
 def _human_metrics(direction: str) -> tuple[Metric, ...]:
-    """docs/PROTOCOL.md, "Human judgments": tau-b, NDCG@K, plausible-match R@K, R-precision."""
+    """docs/PROTOCOL.md, "Human judgments": tau-b, NDCG@K, plausible-match R@K, R-precision, mAP@R."""
     prefix = f"human_{direction}_"
     return (Metric(prefix + "tau", "tau", "tau", direction, "human", decimals=3),
             Metric(prefix + "ndcg@{k}", "NDCG@{k}", "ndcg@{k}", direction, "human", decimals=3),
             Metric(prefix + "r@{k}", "R@{k}", "r@{k}", direction, "human"),
-            Metric(prefix + "rprec", "R-P", "rprec", direction, "human"))
+            Metric(prefix + "rprec", "R-P", "rprec", direction, "human"),
+            Metric(prefix + "map@r", "mAP@R", "mAP@R", direction, "human"))
 
 
 def _human_counts(direction: str) -> tuple[Metric, ...]:

@@ -67,22 +67,28 @@ def _pad_groups(groups, *values):
     return (ids, *padded, valid)
 
 
-def plausible_ranks(scores: torch.Tensor, match: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per query row: the 0-based rank of the best match (#non-matches scoring >= it) and the
-    R-precision (fraction of matches among the top R = #matches, ties against the query)."""
+def plausible_ranks(scores: torch.Tensor, match: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Per query row: the 0-based rank of the best match (#non-matches scoring >= it), the
+    R-precision (fraction of matches among the top R = #matches) and mAP@R (the mean over the
+    top R of precision@i at each match: Musgrave et al.'s, as ECCV Caption), ties against the
+    query (a match ranks after the non-matches of its score)."""
     best = scores.masked_fill(~match, -torch.inf).max(dim=1, keepdim=True).values
     rank = ((scores >= best) & ~match).sum(dim=1)
     by_match = torch.sort(match.to(torch.int8), dim=1, stable=True).indices  # non-matches first
     by_score = torch.sort(scores.gather(1, by_match), dim=1, descending=True, stable=True).indices
-    hits = match.gather(1, by_match.gather(1, by_score)).to(torch.int64).cumsum(dim=1)
+    ordered = match.gather(1, by_match.gather(1, by_score)).to(torch.int64)
+    hits = ordered.cumsum(dim=1)
     relevant = match.sum(dim=1)
-    return rank, hits.gather(1, (relevant - 1).clamp(min=0)[:, None])[:, 0] / relevant.clamp(min=1)
+    positions = torch.arange(1, scores.shape[1] + 1, device=scores.device)
+    precision_at_match = ordered * hits / positions
+    map_r = (precision_at_match * (positions[None] <= relevant[:, None])).sum(dim=1) / relevant.clamp(min=1)
+    return rank, hits.gather(1, (relevant - 1).clamp(min=0)[:, None])[:, 0] / relevant.clamp(min=1), map_r
 
 
 def human_metrics(images, captions, caption_image, matched: MatchedJudgments, *, similarity: str = "cosine",
                   device=None, recall_ks=RECALL_KS, ndcg_ks=NDCG_KS, block: int = 1024) -> dict:
     """Agreement of a model's scores with the judged pairs (docs/PROTOCOL.md, "Human
-    judgments"): keys ``human_{i2t,t2i}_{tau,ndcg@K,r@K,rprec}``, ``human_spearman`` and
+    judgments"): keys ``human_{i2t,t2i}_{tau,ndcg@K,r@K,rprec,map@r}``, ``human_spearman`` and
     counts (``human_pairs``, ``human_unmatched``, ``human_{dir}_queries``, ``human_{dir}_tau_queries``)."""
     device = torch.device("cpu") if device is None else torch.device(device)
     images = torch.as_tensor(np.asarray(images, dtype=np.float32), device=device)
@@ -98,7 +104,7 @@ def human_metrics(images, captions, caption_image, matched: MatchedJudgments, *,
                         else (accepted_caption, accepted_image))
         local = torch.full((len(images) if direction == "i2t" else len(captions),), -1,
                            dtype=torch.int64, device=device)
-        ranks, rprec = [], []
+        ranks, rprec, map_r = [], [], []
         for a in range(0, len(ids), block):
             q = torch.as_tensor(ids[a:a + block], device=device)
             with torch.no_grad():
@@ -112,17 +118,19 @@ def human_metrics(images, captions, caption_image, matched: MatchedJudgments, *,
                 local[q] = torch.arange(len(q), device=device)
                 inside = local[acc_q] >= 0
                 match[local[acc_q[inside]], acc_c[inside]] = True  # people accepted: a match too
-                r, p = plausible_ranks(scores, match)
+                r, p, m = plausible_ranks(scores, match)
             ranks.append(r.cpu().numpy())
             rprec.append(p.cpu().numpy())
+            map_r.append(m.cpu().numpy())
             if direction == "i2t":
                 in_block = np.isin(matched.image, ids[a:a + block])
                 rows = np.searchsorted(ids[a:a + block], matched.image[in_block])
                 pair_scores[in_block] = scores.cpu().numpy()[rows, matched.caption[in_block]]
-        ranks, rprec = np.concatenate(ranks), np.concatenate(rprec)
+        ranks, rprec, map_r = np.concatenate(ranks), np.concatenate(rprec), np.concatenate(map_r)
         for k in recall_ks:
             result[f"human_{direction}_r@{k}"] = 100.0 * float(np.mean(ranks < k))
         result[f"human_{direction}_rprec"] = 100.0 * float(np.mean(rprec))
+        result[f"human_{direction}_map@r"] = 100.0 * float(np.mean(map_r))
         _, taus = grouped_kendall_tau_b(queries, pair_scores, matched.grades)
         result[f"human_{direction}_tau"] = mean_defined(taus)
         for k in ndcg_ks:
