@@ -58,3 +58,47 @@ def write_report(report: dict, out: Path | None = None, indent: int = 2) -> None
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n")
+
+
+def timed_command(command: list[str], cwd: Path) -> tuple[float, float]:
+    """(wall seconds, peak RSS in MB) of ``command`` run in a child process of its own."""
+    import subprocess
+    import sys
+
+    code = ("import resource, subprocess, sys, time\n"
+            "t = time.perf_counter()\n"
+            "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+            "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)\n")
+    out = subprocess.run([sys.executable, "-c", code, *command], check=True, cwd=cwd, capture_output=True,
+                         text=True).stdout.split()
+    return float(out[0]), float(out[1])
+
+
+def trainer_steps(root: Path, config: dict, steps: int) -> dict:
+    """``steps`` optimiser steps of the Trainer of ``config`` (TrainConfig values) after one warm-up
+    step, in a child process (its own peak RSS): the median step and the epoch at that pace."""
+    import subprocess
+    import sys
+
+    code = f"""
+import json, resource, sys, time
+sys.path.insert(0, {str(root)!r})
+from pipeline.core.config import TrainConfig
+from pipeline.training.build import build_trainer
+trainer = build_trainer(TrainConfig(**json.loads(sys.argv[1])), echo=lambda *a, **k: None, overwrite=True)
+pairs = trainer.epoch_batches(0)
+trainer.step(pairs[0])  # warm-up
+times = []
+for b in range(1, 1 + {steps}):
+    t = time.perf_counter(); trainer.step(pairs[b]); times.append(time.perf_counter() - t)
+print(json.dumps({{"steps_per_epoch": len(pairs), "step_s": times,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+"""
+    result = json.loads(subprocess.run([sys.executable, "-c", code, json.dumps(config)], check=True, cwd=root,
+                                       capture_output=True, text=True).stdout.splitlines()[-1])
+    step = sorted(result["step_s"])[len(result["step_s"]) // 2]
+    return {"batch_size": config.get("batch_size", 128), "steps_measured": len(result["step_s"]),
+            "median_step_s": round(step, 3), "step_s": [round(t, 3) for t in result["step_s"]],
+            "steps_per_epoch": result["steps_per_epoch"],
+            "epoch_s_at_this_pace": round(step * result["steps_per_epoch"]),
+            "peak_rss_mb": round(result["peak_rss_mb"])}

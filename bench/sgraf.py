@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -36,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
-from benchkit import write_report  # noqa: E402
+from benchkit import timed_command, trainer_steps, write_report  # noqa: E402
 
 
 def scoring(network: str, args) -> dict:
@@ -82,10 +81,6 @@ def scoring(network: str, args) -> dict:
             "rounds_s": {k: [round(t, 3) for t in v] for k, v in times.items()}}
 
 
-def child_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-
-
 def evaluation(network: str, args, work: Path) -> dict:
     """A checkpoint of one training step (so that it exists), then `vse evaluate` of the test split."""
     run = work / f"eval_{network}"
@@ -95,51 +90,24 @@ def evaluation(network: str, args, work: Path) -> dict:
                           "--embed-dim", str(args.embed_dim), "--network-option", f"sim_dim={args.sim_dim}",
                           "--epochs", "1", "--val-every", "0", "--val-images", "2", "--train-split", "test",
                           "--val-split", "test", "--batch-size", "8", "--run-dir", str(run), "--overwrite"],
-                   check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    code = ("import resource, subprocess, sys, time\n"
-            "t = time.perf_counter()\n"
-            "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
-            "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)\n")
-    out = subprocess.run([sys.executable, "-c", code, *vse, "evaluate", "--checkpoint", str(run / "best.pt"),
-                          "--features", args.grid, "--split", "test", "--json"],
-                         check=True, cwd=ROOT, capture_output=True, text=True).stdout.split()
+                   check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wall, rss = timed_command(vse + ["evaluate", "--checkpoint", str(run / "best.pt"),
+                                     "--features", args.grid, "--split", "test", "--json"], ROOT)
     from pipeline.data.cache import FeatureCache
 
     with FeatureCache(args.grid) as cache:
         rows, caption_rows, _ = cache.split_rows("test")
     return {"images": len(rows), "captions": len(caption_rows), "pairs": len(rows) * len(caption_rows),
-            "wall_s": round(float(out[0]), 1), "peak_rss_mb": round(float(out[1])),
-            "pairs_per_s": round(len(rows) * len(caption_rows) / float(out[0]), 1)}
+            "wall_s": round(wall, 1), "peak_rss_mb": round(rss),
+            "pairs_per_s": round(len(rows) * len(caption_rows) / wall, 1)}
 
 
 def training(network: str, args, work: Path) -> dict:
-    """``--train-steps`` steps of the Trainer in a child process (its own peak RSS)."""
-    code = f"""
-import json, resource, sys, time
-sys.path.insert(0, {str(ROOT)!r})
-import torch
-from pipeline.core.config import TrainConfig
-from pipeline.training.build import build_trainer
-cfg = TrainConfig(features={args.grid!r}, text_features={args.tokens!r}, network={network!r},
-                  embed_dim={args.embed_dim}, network_options={{"sim_dim": {args.sim_dim}}}, batch_size=128,
-                  val_every=0, run_dir={str(work / ('train_' + network))!r})
-trainer = build_trainer(cfg, echo=lambda *a, **k: None, overwrite=True)
-pairs = trainer.epoch_batches(0)
-trainer.step(pairs[0])  # warm-up
-times = []
-for b in range(1, 1 + {args.train_steps}):
-    t = time.perf_counter(); trainer.step(pairs[b]); times.append(time.perf_counter() - t)
-print(json.dumps({{"steps_per_epoch": len(pairs), "step_s": times,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
-"""
-    result = json.loads(subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT,
-                                       capture_output=True, text=True).stdout.splitlines()[-1])
-    step = sorted(result["step_s"])[len(result["step_s"]) // 2]
-    return {"batch_size": 128, "steps_measured": len(result["step_s"]),
-            "median_step_s": round(step, 3), "step_s": [round(t, 3) for t in result["step_s"]],
-            "steps_per_epoch": result["steps_per_epoch"],
-            "epoch_s_at_this_pace": round(step * result["steps_per_epoch"]),
-            "peak_rss_mb": round(result["peak_rss_mb"])}
+    """``--train-steps`` steps of the Trainer at batch 128 (the authors'), in a child process."""
+    return trainer_steps(ROOT, {"features": args.grid, "text_features": args.tokens, "network": network,
+                                "embed_dim": args.embed_dim, "network_options": {"sim_dim": args.sim_dim},
+                                "batch_size": 128, "val_every": 0, "run_dir": str(work / f"train_{network}")},
+                         args.train_steps)
 
 
 def main(argv=None) -> int:

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
-from benchkit import write_report  # noqa: E402
+from benchkit import timed_command, trainer_steps, write_report  # noqa: E402
 
 
 def encoding(args) -> dict:
@@ -74,40 +74,15 @@ def evaluation(args, work: Path) -> dict:
                           "--epochs", "1", "--val-every", "0", "--val-images", "2", "--train-split", "test",
                           "--val-split", "test", "--batch-size", "8", "--run-dir", str(run), "--overwrite"],
                    check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    code = ("import resource, subprocess, sys, time\n"
-            "t = time.perf_counter()\n"
-            "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
-            "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)\n")
-    out = subprocess.run([sys.executable, "-c", code, *vse, "evaluate", "--checkpoint", str(run / "best.pt"),
-                          "--features", args.grid, "--split", "test", "--json"],
-                         check=True, cwd=ROOT, capture_output=True, text=True).stdout.split()
-    return {"wall_s": round(float(out[0]), 1), "peak_rss_mb": round(float(out[1]))}
+    wall, rss = timed_command(vse + ["evaluate", "--checkpoint", str(run / "best.pt"),
+                                     "--features", args.grid, "--split", "test", "--json"], ROOT)
+    return {"wall_s": round(wall, 1), "peak_rss_mb": round(rss)}
 
 
 def training(args, work: Path) -> dict:
-    code = f"""
-import json, resource, sys, time
-sys.path.insert(0, {str(ROOT)!r})
-from pipeline.core.config import TrainConfig
-from pipeline.training.build import build_trainer
-cfg = TrainConfig(features={args.grid!r}, network="vsrn", embed_dim={args.embed_dim}, batch_size=128,
-                  val_every=0, run_dir={str(work / 'train')!r})
-trainer = build_trainer(cfg, echo=lambda *a, **k: None, overwrite=True)
-pairs = trainer.epoch_batches(0)
-trainer.step(pairs[0])
-times = []
-for b in range(1, 1 + {args.train_steps}):
-    t = time.perf_counter(); trainer.step(pairs[b]); times.append(time.perf_counter() - t)
-print(json.dumps({{"steps_per_epoch": len(pairs), "step_s": times,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
-"""
-    result = json.loads(subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT,
-                                       capture_output=True, text=True).stdout.splitlines()[-1])
-    step = sorted(result["step_s"])[len(result["step_s"]) // 2]
-    return {"batch_size": 128, "steps_measured": len(result["step_s"]), "median_step_s": round(step, 3),
-            "step_s": [round(t, 3) for t in result["step_s"]], "steps_per_epoch": result["steps_per_epoch"],
-            "epoch_s_at_this_pace": round(step * result["steps_per_epoch"]),
-            "peak_rss_mb": round(result["peak_rss_mb"])}
+    return trainer_steps(ROOT, {"features": args.grid, "network": "vsrn", "embed_dim": args.embed_dim,
+                                "batch_size": 128, "val_every": 0, "run_dir": str(work / "train")},
+                         args.train_steps)
 
 
 def main(argv=None) -> int:
