@@ -28,7 +28,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from pipeline.core.errors import VseError
 from pipeline.core.plugin_import import check_spec, class_file, is_import_path, plugin_class
 from pipeline.core.registry import SET_POOLS, SET_PROJECTIONS
-from pipeline.models.layers import l2_normalize, load_word_vectors, pack_by_length
+from pipeline.models.layers import bigru_states, l2_normalize, load_word_vectors
 
 # VSE∞'s constants (lib/modules/aggr/gpo.py, lib/encoders.py)
 GPO_PE_DIM = 32          # d_pe: sin/cos encoding of a rank
@@ -279,13 +279,7 @@ class BiGRUTextEncoder(nn.Module):
 
     def states(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """(B, T, embed): the GRU's states at each token, directions averaged (0 past the end)."""
-        dtype = self.rnn.weight_ih_l0.dtype
-        with torch.autocast(device_type=tokens.device.type, enabled=False):
-            packed = pack_by_length(self.embed(tokens).to(dtype), lengths.cpu())
-            out, _ = self.rnn(packed)
-            out, _ = pad_packed_sequence(out, batch_first=True, total_length=tokens.shape[1])
-        half = out.shape[-1] // 2
-        return (out[..., :half] + out[..., half:]) / 2
+        return bigru_states(self.embed(tokens), self.rnn, lengths, tokens.shape[1])
 
     def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         emb = self.pool(self.states(tokens, lengths), lengths)

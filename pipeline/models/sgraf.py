@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.models.layers import pack_by_length
+from pipeline.models.layers import bigru_states
 from pipeline.models.network import NetworkConfig, PairwiseNetwork
 
 EPS = 1e-8
@@ -234,14 +234,7 @@ class SGRAF(PairwiseNetwork):
         lengths = lengths.to(torch.int64)
         width = int(lengths.max())
         if self.config.vocab_size:
-            tokens = captions[:, :width]
-            x = self.word_dropout(self.embed(tokens))
-            dtype = self.rnn.weight_ih_l0.dtype
-            with torch.autocast(device_type=tokens.device.type, enabled=False):
-                out, _ = self.rnn(pack_by_length(x.to(dtype), lengths.cpu()))
-                out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=width)
-            half = out.shape[-1] // 2
-            words = (out[..., :half] + out[..., half:]) / 2
+            words = bigru_states(self.word_dropout(self.embed(captions[:, :width])), self.rnn, lengths, width)
         else:
             x = captions[:, :width].to(self.text_fc.weight.dtype)
             words = self.text_fc(self.word_dropout(x))
