@@ -35,6 +35,8 @@ CACHED_LOSSES = {
     "csn": {"loss": "csn"},
     "cmn": {"loss": "cmn"},
     "mvn": {"loss": "mvn"},
+    "infonce": {"loss": "infonce"},  # a learned logit scale (clamped after each step)
+    "siglip": {"loss": "siglip"},    # a learned scale and bias
     # a plug-in with a parameter of its own (a learnable temperature)
     "plugin": {"loss": str(ROOT / "examples" / "infonce_learnable_tau.py") + ":LearnableTemperatureInfoNCE"},
 }
