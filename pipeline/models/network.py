@@ -169,11 +169,6 @@ def network_class(spec: str) -> type:
     return plugin_class(spec, "network") if is_import_path(spec) else NETWORKS.get_part(spec)
 
 
-def is_pairwise_spec(spec: str) -> bool:
-    """Whether the network ``spec`` names scores pairs jointly (imports a user's file)."""
-    return getattr(network_class(spec), "kind", "dual") == "pairwise"
-
-
 def build_network(config: NetworkConfig) -> nn.Module:
     """A pairwise network (built-in or a user's) from its config; VseError naming the class's
     file when a user's class cannot be built or is not a network."""
