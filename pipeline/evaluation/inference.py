@@ -142,17 +142,18 @@ def model_from_state(state: dict, checkpoint_path, device: torch.device) -> Load
 def check_features_match(cache: FeatureCache, model, feature_source: dict, checkpoint_path) -> None:
     """A cache from another backbone than the one a model was trained on is refused clearly."""
     cfg = model.config
-    takes_sets = network_kind(model) == "pairwise" or cfg.image_pool is not None
+    kind = getattr(model, "member_kind", None) or network_kind(model)  # co-trained copies: the copy's
+    takes_sets = kind == "pairwise" or cfg.image_pool is not None
     if cache.is_set != takes_sets:
         held = f"sets ({cache.layout})" if cache.is_set else "one vector per image"
         wants = ("one vector per image" if not takes_sets else f"sets pooled by {cfg.image_pool}"
-                 if network_kind(model) == "dual" else f"sets (network {cfg.network})")
+                 if kind == "dual" else f"sets (network {cfg.network})")
         raise VseError(f"the cache holds {held}, but the checkpoint {checkpoint_path} takes {wants}",
                        cache.path)
     if cache.feature_dim != cfg.feature_dim:
         raise VseError(f"features are {cache.feature_dim}-d but the checkpoint {checkpoint_path} expects "
                        f"{cfg.feature_dim}-d (different backbone?)", cache.path)
-    if network_kind(model) == "pairwise" and cache.set_size != cfg.set_size:
+    if kind == "pairwise" and cache.set_size != cfg.set_size:
         raise VseError(f"sets of {cache.set_size} members, but network {cfg.network} of {checkpoint_path} "
                        f"was trained on sets of {cfg.set_size} (its layers are per member slot)", cache.path)
     expected = feature_source.get("backbone")

@@ -14,6 +14,7 @@ checkpoint holds the model, so evaluation never needs the loss.
 
 from __future__ import annotations
 
+import inspect
 from typing import NamedTuple
 
 from torch import nn
@@ -30,6 +31,9 @@ class LossTraits(NamedTuple):
     uses_relevance: bool
     collapse_value: float | None
     takes_scores: bool = True  # has ``scored(scores, image_ids, relevance)``: trains a pairwise network
+    networks: int = 1        # copies of the network trained together (NCR: 2; models.cotrain)
+    sample_pass: bool = False  # wants every training pair's statistic before each epoch (NCR, DECL)
+    takes_sample_ids: bool = False  # its call takes ``sample_ids=`` (per-sample state, keyed by caption id)
 
 
 # VseError unless ``spec`` is a built-in name or has the form of an import path
@@ -69,5 +73,16 @@ def loss_traits(loss: nn.Module, spec: str = "") -> LossTraits:
                        f"expected one of {', '.join(SIMILARITIES)}")
     collapse = getattr(loss, "collapse_value", None)
     takes_scores = callable(getattr(loss, "scored", None)) and not getattr(loss, "needs_embeddings", False)
+    networks = getattr(loss, "networks", 1)
+    if isinstance(networks, bool) or not isinstance(networks, int) or networks < 1:
+        raise VseError(f"loss {spec or type(loss).__name__} declares networks={networks!r}; expected an integer >= 1")
+    sample_pass = bool(getattr(loss, "sample_pass", False))
+    if sample_pass and not all(callable(getattr(loss, name, None)) for name in ("sample_statistic", "begin_epoch")):
+        raise VseError(f"loss {spec or type(loss).__name__} declares sample_pass but lacks sample_statistic() "
+                       "or begin_epoch() (see pipeline.models.noisy_losses.NoisyPairLoss)")
+    takes_ids = "sample_ids" in inspect.signature(loss.forward).parameters
+    if networks > 1 and not takes_scores:
+        raise VseError(f"loss {spec or type(loss).__name__} trains {networks} networks together, so it must "
+                       "take their stacked score matrices (scored())")
     return LossTraits(similarity, bool(getattr(loss, "uses_relevance", False)),
-                      collapse if callable(collapse) else None, takes_scores)
+                      collapse if callable(collapse) else None, takes_scores, networks, sample_pass, takes_ids)

@@ -274,16 +274,30 @@ def model_of_checkpoint(state: dict, checkpoint, backbone: PixelBackbone | None 
     with ``backbone`` the CNN weights the checkpoint carries (an RC run). The one way a model is
     rebuilt from a checkpoint; one that does not fit its own description is a VseError naming it."""
     try:
-        if "network" in state["model_config"]:  # a pairwise network (models.network)
-            from pipeline.models.network import NetworkConfig, build_network
+        config = state["model_config"]
+        if "co_trained" in config:  # k networks trained together (models.cotrain)
+            from pipeline.models.cotrain import CoTrained
 
-            model = build_network(NetworkConfig.from_dict(state["model_config"]))
+            model = CoTrained([_model_of_config(config) for _ in range(int(config["co_trained"]))])
             model.load_state_dict(state["model"])
             return model
-        model = VSEModel(ModelConfig.from_dict(state["model_config"]), backbone)
-        cnn = state["backbone"]["state"] if backbone is not None else None
-        model.load_state_dict(join_state(state["model"], cnn))
+        model = _model_of_config(config, backbone)
+        if "network" in config:  # a pairwise network: no CNN inside
+            model.load_state_dict(state["model"])
+        else:
+            cnn = state["backbone"]["state"] if backbone is not None else None
+            model.load_state_dict(join_state(state["model"], cnn))
     except (TypeError, ValueError, RuntimeError, KeyError) as exc:
         raise VseError(f"checkpoint does not match the model it describes ({str(exc).splitlines()[0][:160]})",
                        checkpoint) from exc
     return model
+
+
+def _model_of_config(config: dict, backbone: PixelBackbone | None = None):
+    """The untrained network a checkpoint's ``model_config`` describes: a pairwise network
+    (``network`` key, models.network) or the dual model."""
+    if "network" in config:
+        from pipeline.models.network import NetworkConfig, build_network
+
+        return build_network(NetworkConfig.from_dict(config))
+    return VSEModel(ModelConfig.from_dict(config), backbone)

@@ -70,7 +70,21 @@ def create_loss(cfg: TrainConfig, device: torch.device):
 
 def create_model(cfg: TrainConfig, source: PairSource, captions: CaptionEncoder, traits, device,
                  distributed: bool) -> torch.nn.Module:
-    """The network of ``cfg.network``: the dual VSE model, or a pairwise network."""
+    """The network of ``cfg.network``: the dual VSE model, or a pairwise network; k copies of it
+    trained together (``models.cotrain``) when the loss declares ``networks = k`` (NCR)."""
+    if traits.networks > 1:
+        if cfg.rc:
+            raise VseError(f"loss {cfg.loss} trains {traits.networks} networks together; that runs over "
+                           "cached features, not in RC mode (drop --rc)")
+        from pipeline.models.cotrain import CoTrained
+
+        return CoTrained([_create_network(cfg, source, captions, traits, device, distributed)
+                          for _ in range(traits.networks)]).to(device)
+    return _create_network(cfg, source, captions, traits, device, distributed)
+
+
+def _create_network(cfg: TrainConfig, source: PairSource, captions: CaptionEncoder, traits, device,
+                    distributed: bool) -> torch.nn.Module:
     if cfg.pairwise:
         return create_pairwise_network(cfg, source, captions, traits).to(device)
     model_config = ModelConfig(  # the loss declares the similarity its scores use

@@ -16,6 +16,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from pipeline.core import distributed as dist
@@ -72,6 +73,9 @@ class Trainer:
         self.file_identity, self.curves = parts.file_identity, parts.curves
         self.progress = Progress()
         self.monitor = CollapseMonitor(self.loss_traits, self.cfg.batch_size * self.world, self.echo)
+        self.division: dict = {}  # a dividing method's last division of the training pairs, measured
+        if callable(getattr(self.loss, "prepare", None)):  # per-sample state: one entry per caption id
+            self.loss.prepare(len(self.index.captions))
         if parts.resume_state is not None:
             self.load_state_dict(parts.resume_state)
 
@@ -88,6 +92,7 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self._restore_scaler(state.get("scaler") or {})
         self.progress = Progress(**state["progress"])
+        self.division = dict(state.get("division") or {})
         set_rng_state(state["rng"], self.device, dist.rank())
         if dist.is_main():
             self.run.trim_records(self.progress.iteration)
@@ -158,6 +163,8 @@ class Trainer:
         cfg, p = self.cfg, self.progress
         if hasattr(self.loss, "set_epoch"):
             self.loss.set_epoch(p.epoch)
+        if self.loss_traits.sample_pass and p.batch == 0:  # mid-epoch, the checkpoint holds its result
+            self.begin_epoch()
         pairs = self.epoch_batches(p.epoch)
         bar = _progress_bar(len(pairs), p.batch, f"epoch {p.epoch + 1}/{cfg.epochs}")
         started, seen = time.perf_counter(), 0
@@ -184,6 +191,54 @@ class Trainer:
             bar.close()
         return seen
 
+    def begin_epoch(self) -> None:
+        """A method's look at every training pair before the epoch (``sample_pass``: NCR's
+        co-divide, DECL's uncertainties): the networks in eval mode over the training pairs in
+        cache order, batches of the run's size; its division measured against the noise index."""
+        p = self.progress
+        statistics = self.sample_statistics()
+        division = self.loss.begin_epoch(p.epoch, self.train_captions, statistics, self.cfg.seed)
+        self.division = {}
+        if division is not None:
+            from pipeline.models.noisy_losses import division_metrics
+
+            clean = (self.train_caption_image[self.train_captions]
+                     == self.index.caption_image[self.train_captions])
+            self.division = division_metrics(division[0], division[1], clean)
+            for name, value in self.division.items():
+                if value is not None:
+                    self.curves.scalar(f"division/{name.removeprefix('division_')}", value, p.iteration,
+                                       hold=True)
+            self.echo(f"[epoch {p.epoch + 1}] division: " + "  ".join(
+                f"{name.removeprefix('division_')} {value:.3f}" for name, value in self.division.items()
+                if value is not None))
+
+    @torch.no_grad()
+    def sample_statistics(self) -> np.ndarray:
+        """(rows, N): ``loss.sample_statistic`` of every training pair, in ``train_captions`` order."""
+        order = np.arange(len(self.train_captions))
+        slices = batch_slices(len(order), self.cfg.batch_size, drop_last=False)
+        pairs = PairBatches(self.source.inputs, self.captions, self.train_captions, self.train_caption_image,
+                            order, slices, self.progress.epoch)
+        was_training = self.model.training
+        self.model.eval()
+        parts = []
+        try:
+            for batch in self.loader(pairs, 0):
+                if isinstance(batch, LoadFailure):
+                    raise batch.error()
+                batch = batch.to(self.device)
+                with autocast(self.device, self.train_dtype is not None, self.train_dtype):
+                    out = self.model(batch.images, *batch.captions)
+                if self.pairwise:
+                    scores = out.float() if out.ndim == 3 else out.float()[None]
+                else:
+                    scores = self.loss.score_matrix(out[0].float(), out[1].float())[None]
+                parts.append(self.loss.sample_statistic(scores, batch.image_ids).double().cpu())
+        finally:
+            self.model.train(was_training)
+        return torch.cat(parts, dim=1).numpy()
+
     def step(self, batch: Batch) -> float:
         """One optimizer step; returns the loss.  One host sync: reading the loss after the
         optimizer step, which also tells whether it was finite — a non-finite loss stops the
@@ -198,7 +253,8 @@ class Trainer:
             image_ids = _gather_ids(batch.image_ids)
             caption_ids = _gather_ids(batch.caption_ids)
             relevance = self.relevance(caption_ids) if self.relevance is not None else None
-            loss, world = self.loss(img, cap, image_ids=image_ids, relevance=relevance), self.world
+            ids = {"sample_ids": caption_ids} if self.loss_traits.takes_sample_ids else {}
+            loss, world = self.loss(img, cap, image_ids=image_ids, relevance=relevance, **ids), self.world
         self.optimizer.zero_grad(set_to_none=True)
         # DDP averages gradients over ranks; every rank computed the loss of the whole global
         # batch, so scaling by the world size gives the gradient of that one loss. A pairwise
@@ -226,7 +282,8 @@ class Trainer:
         """The loss of a pairwise network's (B, B) scores: each rank's local batch is its own
         negatives (its local features are not gathered), plus the network's own terms."""
         relevance = self.relevance(batch.caption_ids) if self.relevance is not None else None
-        loss = self.loss.scored(scores.float(), image_ids=batch.image_ids, relevance=relevance)
+        ids = {"sample_ids": batch.caption_ids} if self.loss_traits.takes_sample_ids else {}
+        loss = self.loss.scored(scores.float(), image_ids=batch.image_ids, relevance=relevance, **ids)
         self.auxiliary = self.model.auxiliary_losses()  # logged as train/aux/NAME (``_log_step``)
         for term in self.auxiliary.values():
             loss = loss + term
@@ -258,7 +315,9 @@ class Trainer:
             if improved:
                 p.best_rsum, p.best_epoch = metrics["rsum"], epoch
             record = {"epoch": epoch, "iteration": p.iteration, "split": self.cfg.val_split,
-                      "lr": self.optimizer.param_groups[0]["lr"], "time": time.time(), **metrics}
+                      "lr": self.optimizer.param_groups[0]["lr"], "time": time.time(), **metrics,
+                      **({"noise_true_rate": self.noise.true_rate()} if self.noise is not None else {}),
+                      **self.division}
             self.echo(f"[epoch {record['epoch']} it {p.iteration}] rsum {metrics['rsum']:.2f}  "
                       f"i2t R@1 {metrics['i2t_r1']:.1f}  t2i R@1 {metrics['t2i_r1']:.1f}"
                       + ("  (best)" if improved else ""))
@@ -289,6 +348,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "progress": asdict(self.progress),
+            **({"division": self.division} if self.division else {}),
             "epoch": self.progress.epoch,
             "iteration": self.progress.iteration,
             "rng": rng if rng is not None else rng_state([device_rng_state(self.device)]),
