@@ -32,7 +32,7 @@ def _at_the_repository_root(monkeypatch):
 
 
 def test_the_registry_declares_what_each_loss_is():
-    assert LOSS_NAMES == tuple(LOSSES) and len(LOSS_NAMES) == 10
+    assert LOSS_NAMES == tuple(LOSSES) and len(LOSS_NAMES) == 13
     for name, cls in LOSSES.items():
         assert cls.name == name and issubclass(cls, VseLoss)
         assert cls.similarity in SIMILARITIES
@@ -41,6 +41,9 @@ def test_the_registry_declares_what_each_loss_is():
     assert {n for n, t in traits.items() if t.similarity != "cosine"} == {"order"}
     assert {n for n, t in traits.items() if t.collapse_value(16)} == {"mh", "lseh"}
     assert traits["mh"].collapse_value(16) == pytest.approx(2 * 16 * 0.2)
+    assert {n for n, t in traits.items() if t.networks > 1} == {"ncr"}
+    assert {n for n, t in traits.items() if t.sample_pass} == {"ncr", "decl"}
+    assert {n for n, t in traits.items() if t.takes_sample_ids} == {"rcl", "decl", "ncr"}
     assert loss_traits(make_loss("order", {"squared": False})).similarity == "order-norm"
 
 

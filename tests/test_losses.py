@@ -4,7 +4,9 @@ import math
 
 import pytest
 import torch
+from reference import noisy_loop
 
+from pipeline.models.loss_check import call
 from pipeline.models.losses import LOSS_NAMES, LOSSES, build_loss
 
 # A 3 × 3 score table used by several golden values: S = img @ cap.T with img = I.
@@ -157,7 +159,16 @@ SLOW_REFERENCES = {
     "mvn": lambda i, c, s, ids, r, m: slow_mvn(i, c, ids, m, 0.1),
     "infonce": lambda i, c, s, ids, r, m: slow_infonce(s, ids, m),
     "siglip": lambda i, c, s, ids, r, m: slow_siglip(s, ids, m),
+    # the noisy-pair losses' loops (tests/reference/noisy_loop.py); ncr at epoch 0 (its warm-up) on
+    # two identical networks: each one's max of hinges
+    "rcl": lambda i, c, s, ids, r, m: noisy_loop.rcl(s, negatives(s, ids, m), 0.05),
+    "decl": lambda i, c, s, ids, r, m: noisy_loop.decl(s, negatives(s, ids, m), 0.05, 0.2, 0, 10, 1, 0.5),
+    "ncr": lambda i, c, s, ids, r, m: 2 * slow_hinge(s, ids, m, 0.2, "max"),
 }
+
+
+def negatives(scores, ids, mask):
+    return [[is_negative(i, j, ids, mask) for j in range(len(scores))] for i in range(len(scores))]
 
 
 def slow_loss(name, img, cap, ids, relevance, mask):
@@ -199,7 +210,7 @@ def random_batch(seed, size=7, dim=5, order=False):
 def test_loss_matches_slow_loop(name, seed, mask):
     img, cap, ids, rel = random_batch(seed, order=LOSSES[name].similarity == "order")
     loss = build_loss(name, mask_same_image=mask)
-    got = loss(img, cap, ids, rel)
+    got = call(loss, img, cap, ids, rel, 0)  # ncr's two networks: the same pair of embeddings each
     assert got.shape == () and got.dtype == torch.float64
     assert got.item() == pytest.approx(slow_loss(name, img, cap, ids, rel, mask), rel=1e-9,
                                        abs=1e-12)
@@ -208,7 +219,7 @@ def test_loss_matches_slow_loop(name, seed, mask):
 @pytest.mark.parametrize("name", LOSS_NAMES)
 def test_without_image_ids_only_the_diagonal_is_positive(name):
     img, cap, _, rel = random_batch(3, order=LOSSES[name].similarity == "order")
-    got = build_loss(name)(img, cap, None, rel)
+    got = call(build_loss(name), img, cap, None, rel, 0)
     assert got.item() == pytest.approx(slow_loss(name, img, cap, None, rel, True), rel=1e-9)
 
 
@@ -401,7 +412,7 @@ def test_gradcheck(name):
     img.requires_grad_(True)
     cap.requires_grad_(True)
     loss = build_loss(name)
-    assert torch.autograd.gradcheck(lambda a, b: loss(a, b, ids, rel), (img, cap))
+    assert torch.autograd.gradcheck(lambda a, b: call(loss, a, b, ids, rel, 0), (img, cap))
 
 
 def test_gradients_reach_both_modalities():

@@ -60,7 +60,11 @@ def run_contract(spec: str, options: dict | None = None, *, distributed: bool = 
                  lambda: _same_image_not_negative(double, traits.similarity != "cosine", seed)),
         _guarded("invariant to permuting the batch", lambda: _permutation(double, inputs, seed)),
     ]
-    if distributed:
+    if distributed and traits.networks > 1:
+        results.append(CheckResult("gloo processes", None,
+                                   f"not applicable: {traits.networks} co-trained networks train as one "
+                                   "pairwise network, each rank's batch its own negatives"))
+    elif distributed:
         half = CONTRACT_BATCH // WORLD
         results.append(_guarded(f"{WORLD} × {half}-pair gloo processes = one {CONTRACT_BATCH} step",
                                 lambda: _distributed(spec, options, double, inputs, seed)))
@@ -89,6 +93,10 @@ def call(loss, img, cap, ids, relevance, seed: int) -> torch.Tensor:
     """One call with the global RNG seeded (and restored afterwards)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
+        networks = getattr(loss, "networks", 1)
+        if networks > 1:  # k networks co-trained (NCR): every copy scores the batch alike here
+            scores = loss.score_matrix(img, cap)
+            return loss.scored(scores.expand(networks, *scores.shape), image_ids=ids, relevance=relevance)
         return loss(img, cap, image_ids=ids, relevance=relevance)
 
 

@@ -73,16 +73,19 @@ def loss_traits(loss: nn.Module, spec: str = "") -> LossTraits:
                        f"expected one of {', '.join(SIMILARITIES)}")
     collapse = getattr(loss, "collapse_value", None)
     takes_scores = callable(getattr(loss, "scored", None)) and not getattr(loss, "needs_embeddings", False)
+    name = spec or type(loss).__name__
     networks = getattr(loss, "networks", 1)
     if isinstance(networks, bool) or not isinstance(networks, int) or networks < 1:
-        raise VseError(f"loss {spec or type(loss).__name__} declares networks={networks!r}; expected an integer >= 1")
+        raise VseError(f"loss {name} declares networks={networks!r}; expected an integer >= 1")
     sample_pass = bool(getattr(loss, "sample_pass", False))
-    if sample_pass and not all(callable(getattr(loss, name, None)) for name in ("sample_statistic", "begin_epoch")):
-        raise VseError(f"loss {spec or type(loss).__name__} declares sample_pass but lacks sample_statistic() "
-                       "or begin_epoch() (see pipeline.models.noisy_losses.NoisyPairLoss)")
+    hooks = ("sample_statistic", "begin_epoch")
+    if sample_pass and not all(callable(getattr(loss, hook, None)) for hook in hooks):
+        raise VseError(f"loss {name} declares sample_pass but lacks sample_statistic() or begin_epoch() "
+                       "(see pipeline.models.noisy_losses.NoisyPairLoss)")
     takes_ids = "sample_ids" in inspect.signature(loss.forward).parameters
     if networks > 1 and not takes_scores:
-        raise VseError(f"loss {spec or type(loss).__name__} trains {networks} networks together, so it must "
-                       "take their stacked score matrices (scored())")
+        raise VseError(f"loss {name} trains {networks} networks together, so it must take their stacked "
+                       "score matrices (scored())")
     return LossTraits(similarity, bool(getattr(loss, "uses_relevance", False)),
-                      collapse if callable(collapse) else None, takes_scores, networks, sample_pass, takes_ids)
+                      collapse if callable(collapse) else None, takes_scores, networks, sample_pass,
+                      takes_ids)

@@ -26,6 +26,7 @@ not against their files. docs/PROTOCOL.md lists each choice the papers leave ope
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -58,7 +59,8 @@ class NoisyPairLoss(VseLoss):
     def forward(self, img_emb, cap_emb, image_ids=None, relevance=None, sample_ids=None) -> torch.Tensor:
         if self.networks > 1:
             raise ValueError(f"loss {self.name} trains {self.networks} networks together: it takes their "
-                             f"stacked scores ({self.networks}, B, B) through scored(), not one pair of embeddings")
+                             f"stacked scores ({self.networks}, B, B) through scored(), not one pair of "
+                             "embeddings")
         self.sample_ids = sample_ids
         return super().forward(img_emb, cap_emb, image_ids, relevance)
 
@@ -160,7 +162,8 @@ class EvidentialLoss(NoisyPairLoss):
         self.decay = _positive(topk_decay, "topk_decay")
         if self.decay > 1:
             raise ValueError(f"topk_decay must be in (0, 1], got {topk_decay!r}")
-        self.evidence_loss, self.anneal_epochs, self.warmup_epochs = evidence_loss, anneal_epochs, warmup_epochs
+        self.evidence_loss, self.anneal_epochs = evidence_loss, anneal_epochs
+        self.warmup_epochs = warmup_epochs
         self.hinge_weight = _finite(hinge_weight, "hinge_weight")
 
     def _alphas(self, scores, counted):
@@ -282,7 +285,8 @@ class NoisyCorrespondenceRectifier(NoisyPairLoss):
         total = 0
         for k in range(self.networks):
             if self.epoch < self.warmup_epochs or self.sample_ids is None:
-                margins = torch.full((len(stacked[k]),), self.margin, dtype=stacked.dtype, device=stacked.device)
+                margins = torch.full((len(stacked[k]),), self.margin, dtype=stacked.dtype,
+                                     device=stacked.device)
             else:
                 margins = self.soft_margin(self.labels(stacked, k, batch.negatives))
             total = total + _hardest_hinges(stacked[k], batch.negatives, margins).sum()
@@ -322,10 +326,13 @@ def gmm_clean_probability(losses: np.ndarray, seed) -> np.ndarray:
 
     losses = np.asarray(losses, dtype=np.float64)
     span = losses.max() - losses.min()
-    normed = (losses - losses.min()) / span if span > 0 else np.zeros_like(losses)
+    if not span > 0:  # every loss equal: nothing tells clean from noisy
+        return np.ones_like(losses)
+    normed = (losses - losses.min()) / span
     random_state = int(np.random.SeedSequence(seed).generate_state(1)[0])
     gmm = GaussianMixture(n_components=2, max_iter=10, tol=1e-2, reg_covar=5e-4, random_state=random_state)
-    with np.errstate(all="ignore"):
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")  # NCR's 10 iterations often stop before sklearn's tolerance
         gmm.fit(normed[:, None])
         probability = gmm.predict_proba(normed[:, None])
     return probability[:, int(np.argmin(gmm.means_[:, 0]))]
