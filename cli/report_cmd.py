@@ -6,14 +6,16 @@ from __future__ import annotations
 import click
 
 from cli.judgment_options import judgment_options
+from pipeline.core.registry import REPORT_LAYOUTS
 
 
 @click.command("report")
 @click.argument("results", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(["md", "latex", "csv"]), default="md", show_default=True)
-@click.option("--columns", "layout", type=click.Choice(["paper", "recall", "human"]), default="paper",
+@click.option("--columns", "layout", type=click.Choice(REPORT_LAYOUTS), default="paper",
               show_default=True, help="paper: R@1 R@10 Med r per direction; recall: R@1 R@5 R@10 per "
-              "direction + rsum; human: agreement with human judgments (evaluate --judgments) + rsum.")
+              "direction + rsum; human: agreement with human judgments (evaluate --judgments) + rsum; "
+              "noisy: R@1, rsum, mAP@R per direction and the division's AUC (training on noisy pairs).")
 @click.option("--label", default="run", show_default=True, help="Column of results.csv naming each row.")
 @click.option("--bold", "bold", type=click.Choice(["significant", "best", "none"]), default="significant",
               show_default=True, help="significant: a column's best mean, only when Welch's t-test over "

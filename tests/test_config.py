@@ -98,7 +98,9 @@ def test_every_registry_name_resolves_to_its_part():
     from pipeline.models.backbones import BUILDERS
     from pipeline.models.heads import pool_class
     from pipeline.models.losses import LOSSES
+    from pipeline.reports.report import LAYOUTS
 
+    assert tuple(LAYOUTS) == registry.REPORT_LAYOUTS  # `vse report --columns` offers what report.py has
     assert tuple(LOSSES) == registry.LOSSES.names
     for name, cls in LOSSES.items():
         assert cls.name == name  # the class says the name it is registered under

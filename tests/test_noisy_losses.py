@@ -5,13 +5,14 @@ train, kill + resume, and evaluate."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 
 import numpy as np
 import pytest
 import torch
-from conftest import QUIET, TINY_TRAIN
+from conftest import QUIET, TINY_TRAIN, vse
 from reference import noisy_loop
 
 from pipeline.core.checkpoint import load_checkpoint
@@ -198,6 +199,15 @@ def test_ncr_co_trains_two_networks_divides_and_evaluates_their_mean(tiny_cache,
             cap = captions.embed(member.text_encoder, split.caption_rows, torch.device("cpu"))
         members.append((img @ cap.T).numpy())
     np.testing.assert_allclose(split.captions.T, (members[0] + members[1]) / 2, atol=1e-6)
+    # evaluate --runs: the true rate and the division at the best epoch; report --columns noisy
+    result = vse("evaluate", "--runs", tmp_path / "ncr", "--split", "test", "--out", tmp_path / "results.csv")
+    assert result.exit_code == 0, result.output
+    row = next(csv.DictReader(open(tmp_path / "results.csv", encoding="utf-8")))
+    best = max(records, key=lambda r: r["rsum"])
+    assert float(row["noise_true_rate"]) == pytest.approx(trainer.noise.true_rate())
+    assert row.get("division_auc", "") == ("" if "division_auc" not in best else str(best["division_auc"]))
+    table = vse("report", tmp_path / "results.csv", "--columns", "noisy")
+    assert table.exit_code == 0 and "| Division AUC |" in table.output.splitlines()[0]
 
 
 def test_ncr_killed_then_resumed_equals_the_uninterrupted_run(tiny_cache, tmp_path):

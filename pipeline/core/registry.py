@@ -250,3 +250,7 @@ def check_image_pool(spec) -> None:
 def check_text_pool(spec) -> None:
     """VseError unless ``spec`` is a built-in text pool or an import path (a user's set pool)."""
     check_spec(spec, TEXT_POOLS, "pool")
+
+# ---------------------------------------------------------------------------- report layouts
+# `vse report --columns`: the tables of results.csv (their columns: pipeline.reports.report.LAYOUTS)
+REPORT_LAYOUTS = ("paper", "recall", "human", "noisy")

@@ -136,6 +136,10 @@ METRICS: tuple[Metric, ...] = (
     Metric("human_unmatched", "unmatched", "unmatched", "both", "count", decimals=0),
     Metric("epochs_to_best", "Epochs to best", "epochs to best", "both", "training", higher_is_better=False,
            decimals=0),  # LSEH's efficiency measure: epochs to the best validation M-Recall
+    # a noisy-pair method's division of the training pairs at the checkpoint's epoch, against the noise index
+    Metric("division_auc", "Division AUC", "division AUC", "both", "training", decimals=3),
+    Metric("division_precision", "Division P", "division P", "both", "training", decimals=3),
+    Metric("division_recall", "Division R", "division R", "both", "training", decimals=3),
 )
 _BY_KEY = {m.key: m for m in METRICS}
 _POSITION = {m.key: i for i, m in enumerate(METRICS)}

@@ -31,7 +31,8 @@ from pipeline.training.run_folder import (
 # Columns describing a run, in the order results.csv lists them (metrics follow).
 RUN_COLUMNS = ("run", "loss", "margin", "negative_set_size", "loss_options", "batch_size", "seed",
                "epochs", "backbone", "crops", "train_set", "features", "split", "protocol", "images",
-               "checkpoint", "checkpoint_iteration", "epochs_to_best", "best_val_mrecall", "config_id")
+               "checkpoint", "checkpoint_iteration", "epochs_to_best", "best_val_mrecall", "config_id",
+               "noise_true_rate")
 
 
 @dataclass
@@ -150,6 +151,7 @@ class RunEvaluator:
             "epochs_to_best": epochs_to_best(records),
             "best_val_mrecall": None if best is None else best["mrecall"],
             **{k: float(v) for k, v in metrics.items()},
+            **_noise_columns(best),
         }
 
 
@@ -207,3 +209,12 @@ def validation_rows(run_dirs) -> list[dict]:
         rows.append({"run": name, **describe_config(config), "epochs_to_best": epochs_to_best(records),
                      **{k: best.get(k) for k in metric_keys("recall", "sum")}})
     return rows
+
+
+def _noise_columns(best: dict | None) -> dict:
+    """A run on noisy pairs: its true noise rate, and the division at the best epoch (the one its
+    best.pt holds), when its method divides."""
+    if best is None or "noise_true_rate" not in best:
+        return {}
+    keys = ("noise_true_rate", "division_auc", "division_precision", "division_recall")
+    return {key: best[key] for key in keys if best.get(key) is not None}

@@ -41,6 +41,8 @@ LAYOUTS = {
     "paper": ("i2t_r1", "i2t_r10", "i2t_medr", "t2i_r1", "t2i_r10", "t2i_medr"),
     "recall": (*metric_keys("recall"), "rsum"),
     "human": (*metric_keys("human"), "rsum"),
+    # training on noisy pairs: recall, agreement with people (mAP@R), and the method's division
+    "noisy": ("i2t_r1", "t2i_r1", "rsum", "human_i2t_map@r", "human_t2i_map@r", "division_auc"),
 }
 EPOCHS = "epochs_to_best"  # the --epochs-to-best column
 # The title of a metric's column group, by group and direction (Caption Retrieval = i2t).
