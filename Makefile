@@ -16,6 +16,10 @@
 #                      (experiments/f8k_sgraf.yaml; bench/results/f8k_sgraf/; about 10 h on 2 cores)
 #   make f8k-saf-short — its one-epoch SAF part (experiments/f8k_saf_short.yaml;
 #                      bench/results/f8k_saf_short/, about 1.5 h)
+#   make f8k-noisy   — training on noisy pairs, the fast loop: mh, csn, infonce, siglip, rcl, decl, ncr
+#                      at 20/50% caption- and image-level noise, 3 seeds (bench/results/f8k_noisy/)
+#   make f8k-noisy-sgr — SGR at 20% image-level noise: mh, rcl, ncr, 3 seeds, a small size
+#                      (experiments/f8k_noisy_sgr.yaml; bench/results/f8k_noisy_sgr/; then the claims)
 #   make f8k-text-pool — VSE++'s GRU vs VSE∞'s BiGRU + GPO caption encoder, one seed
 #                      (experiments/f8k_text_pool.yaml; bench/results/f8k_text_pool/)
 
@@ -31,7 +35,7 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
 .PHONY: install demo test bench f8k-vsepp f8k-losses f8k-fast f8k-sets f8k-vse-infty f8k-text-pool f8k-sgraf \
-	f8k-saf-short clean
+	f8k-saf-short f8k-noisy f8k-noisy-sgr clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -170,6 +174,24 @@ f8k-saf-short: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
 	  --out $(SAF_SHORT_OUT)/results.csv
 	$(VSE) report $(SAF_SHORT_OUT)/results.csv --columns recall --epochs-to-best | tee $(SAF_SHORT_OUT)/table_recall.md
 	$(VSE) report $(SAF_SHORT_OUT)/results.csv --columns human | tee $(SAF_SHORT_OUT)/table_human.md
+
+NOISY_OUT     = bench/results/f8k_noisy
+NOISY_SGR_OUT = bench/results/f8k_noisy_sgr
+
+f8k-noisy: $(F8K_FEATURES) $(F8K_TEXT)
+	$(VSE) sweep experiments/f8k_noisy.yaml --runs-dir $(F8K_RUNS) --jobs 2
+	$(VSE) evaluate --runs '$(F8K_RUNS)/noisy/*' --split test --judgments $(JUDGMENTS) --out $(NOISY_OUT)/results.csv
+	$(VSE) report $(NOISY_OUT)/results.csv --columns noisy | tee $(NOISY_OUT)/table_noisy.md
+	$(VSE) report $(NOISY_OUT)/results.csv --columns human | tee $(NOISY_OUT)/table_human.md
+
+f8k-noisy-sgr: $(F8K_GRID) $(F8K_TOKENS)
+	$(VSE) sweep experiments/f8k_noisy_sgr.yaml --runs-dir $(F8K_RUNS) --jobs 2
+	$(VSE) evaluate --runs '$(F8K_RUNS)/noisy_sgr/*' --split test --judgments $(JUDGMENTS) \
+	  --out $(NOISY_SGR_OUT)/results.csv
+	$(VSE) report $(NOISY_SGR_OUT)/results.csv --columns noisy | tee $(NOISY_SGR_OUT)/table_noisy.md
+	$(PY) bench/f8k_claims.py $(NOISY_OUT)/results.csv --claims noisy --ranking-with $(NOISY_SGR_OUT)/results.csv \
+	  | tee $(NOISY_OUT)/claims.json
+	$(PY) bench/f8k_claims.py $(NOISY_SGR_OUT)/results.csv --claims noisy_sgr | tee $(NOISY_SGR_OUT)/claims.json
 
 f8k-text-pool: $(F8K_FEATURES)
 	$(VSE) sweep experiments/f8k_text_pool.yaml --runs-dir $(F8K_RUNS)

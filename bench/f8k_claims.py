@@ -65,7 +65,22 @@ VSE_INFTY_CLAIMS = [
     ("LSEH (SVD) orders judged captions more like people than MH (tau)", "human", "method=lseh-svd",
      "method=mh", "human_i2t_tau", False),
 ]
-CLAIM_SETS = {"fast": CLAIMS, "sets": SETS_CLAIMS, "vse_infty": VSE_INFTY_CLAIMS}
+# Issue 31: training on noisy pairs, the fast loop (experiments/f8k_noisy.yaml) ...
+NOISE_SETTINGS = ("caption20", "image20", "caption50", "image50")
+NOISY_CLAIMS = [
+    *((f"{method} beats mh under {noise} noise", method.upper(), f"noise={noise},method={method}",
+       f"noise={noise},method=mh", "rsum", False)
+      for noise in NOISE_SETTINGS for method in ("rcl", "decl", "ncr")),
+    *((f"siglip beats infonce at batch 128 under {noise} noise", "SigLIP", f"noise={noise},method=siglip",
+       f"noise={noise},method=infonce", "rsum", False) for noise in NOISE_SETTINGS),
+]
+# ... and on SGR at 20% image-level noise (experiments/f8k_noisy_sgr.yaml)
+NOISY_SGR_CLAIMS = [
+    ("rcl beats mh on SGR under image20 noise", "RCL", "method=rcl", "method=mh", "rsum", False),
+    ("ncr beats mh on SGR under image20 noise", "NCR", "method=ncr", "method=mh", "rsum", False),
+]
+CLAIM_SETS = {"fast": CLAIMS, "sets": SETS_CLAIMS, "vse_infty": VSE_INFTY_CLAIMS, "noisy": NOISY_CLAIMS,
+              "noisy_sgr": NOISY_SGR_CLAIMS}
 
 
 def _peaked_last(row: dict) -> bool:
@@ -102,11 +117,74 @@ def main(path: str, claims: str = "fast") -> dict:
     return {"results": path, "test": f"Welch one-sided over seeds, alpha {ALPHA}", "claims": out}
 
 
+def same_ranking(fast_path: str, sgr_path: str, noise: str = "image20", methods=("mh", "rcl", "ncr")) -> dict:
+    """Do the methods rank alike on the fast loop and on SGR (rsum)? For every pair of methods,
+    its order on each network and whether Welch's test separates it there (an order inside the
+    seed noise is no evidence either way)."""
+    def groups(path, label):
+        return {g.label: g for g in seed_groups(read_results(path)) if g.label in
+                {label.format(m) for m in methods}}
+
+    labels = {"fast": f"noise={noise},method={{}}", "sgr": "method={}"}
+    tables = {"fast": groups(fast_path, labels["fast"]), "sgr": groups(sgr_path, labels["sgr"])}
+    pairs = []
+    for i, a in enumerate(methods):
+        for b in methods[i + 1:]:
+            entry = {"pair": f"{a} vs {b}"}
+            for name, table in tables.items():
+                ga, gb = table.get(labels[name].format(a)), table.get(labels[name].format(b))
+                if ga is None or gb is None:
+                    entry[name] = "not measured"
+                    continue
+                sa, sb = ga.samples["rsum"], gb.samples["rsum"]
+                p = min(welch_greater(sa, sb), welch_greater(sb, sa))
+                entry[name] = {"order": f"{a} > {b}" if mean_std(sa)[0] > mean_std(sb)[0] else f"{b} > {a}",
+                               "p": p, "separated": p < ALPHA}
+            pairs.append(entry)
+    measured = [e for e in pairs if isinstance(e.get("fast"), dict) and isinstance(e.get("sgr"), dict)]
+    both = [e for e in measured if e["fast"]["separated"] and e["sgr"]["separated"]]
+    verdict = ("not measured" if not measured else "inside the seed noise" if not both else
+               "holds" if all(e["fast"]["order"] == e["sgr"]["order"] for e in both) else "reversed")
+    return {"claim": f"the ranking of {', '.join(methods)} is the same on the fast loop and on SGR ({noise})",
+            "pairs": pairs, "verdict": verdict,
+            "rule": "holds/reversed over the pairs Welch separates (p < 0.05) on both networks"}
+
+
+def epoch_times(path: str) -> dict:
+    """Seconds per epoch of each configuration (mean over seeds), from its runs' validation times
+    (metrics.jsonl: the time of each epoch-end validation; an epoch includes its validation and,
+    for a dividing method, its pass over the training pairs), and the ratio to mh's."""
+    import numpy as np
+
+    out = {}
+    for g in seed_groups(read_results(path)):
+        per_run = []
+        for row in g.rows:
+            log = Path(row["checkpoint"]).parent / "metrics.jsonl"
+            times = [json.loads(line)["time"] for line in log.read_text().splitlines()]
+            if len(times) > 1:
+                per_run.append((times[-1] - times[0]) / (len(times) - 1))
+        out[g.label] = float(np.mean(per_run)) if per_run else None
+    ratios = {}
+    for label, seconds in out.items():
+        mh = out.get(label.rsplit("method=", 1)[0] + "method=mh")
+        ratios[label] = {"s_per_epoch": seconds, "vs_mh": seconds / mh if seconds and mh else None}
+    return ratios
+
+
 if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="?", default="bench/results/f8k_fast/results.csv")
     parser.add_argument("--claims", choices=sorted(CLAIM_SETS), default="fast")
+    parser.add_argument("--ranking-with", metavar="SGR_RESULTS", help="noisy: also compare the ranking of "
+                        "mh, rcl, ncr with this SGR results.csv (image20)")
+    parser.add_argument("--epoch-times", action="store_true", help="add each configuration's s/epoch vs mh")
     args = parser.parse_args()
-    print(json.dumps(main(args.results, args.claims), indent=1))
+    result = main(args.results, args.claims)
+    if args.ranking_with:
+        result["ranking"] = same_ranking(args.results, args.ranking_with)
+    if args.epoch_times:
+        result["epoch_times"] = epoch_times(args.results)
+    print(json.dumps(result, indent=1))

@@ -105,6 +105,11 @@ def test_ncr_soft_margin_and_warm_up():
     value = loss.scored(torch.stack([a, b]), image_ids=IDS, sample_ids=torch.arange(6))
     assert value.item() == pytest.approx((mh.scored(a, image_ids=IDS) + mh.scored(b, image_ids=IDS)).item(),
                                          rel=TOL)
+    # warmup_sum: each network's sum of hinges (VSE0) instead
+    sh, summed = build_loss("sh", margin=0.2), build_loss("ncr", warmup_sum=True)
+    value = summed.scored(torch.stack([a, b]), image_ids=IDS, sample_ids=torch.arange(6))
+    assert value.item() == pytest.approx((sh.scored(a, image_ids=IDS) + sh.scored(b, image_ids=IDS)).item(),
+                                         rel=TOL)
 
 
 def test_ncr_trains_each_network_on_the_other_ones_division():

@@ -31,7 +31,7 @@ import warnings
 import numpy as np
 import torch
 
-from pipeline.models.losses import Batch, VseLoss, _finite, _is_int_at_least, _positive
+from pipeline.models.losses import Batch, VseLoss, _finite, _hinge_costs, _is_int_at_least, _positive
 
 RCL_VARIANTS = ("log", "gce", "abs", "exp", "tan", "infonce")
 DECL_EVIDENCE_LOSSES = ("log", "digamma")
@@ -243,7 +243,8 @@ class NoisyCorrespondenceRectifier(NoisyPairLoss):
     """``ncr`` (NCR, NeurIPS 2021): co-teaching of two networks A and B with soft margins.
 
     - Warm-up (``warmup_epochs``): each network trains on every pair with VSE++'s hardest-negative
-      hinge (margin α).
+      hinge (margin α); ``warmup_sum``: with the sum of hinges over all negatives instead (as
+      ``mh``'s ``warmup_epochs``, for a network whose hardest-negative start collapses).
     - Co-divide, before each later epoch: each network's per-pair loss (the hardest-negative hinge
       of both directions, in cache-order batches) is min-max normalised and fitted by a
       two-component GMM (scikit-learn; NCR's max_iter 10, tol 1e-2, reg_covar 5e-4, seeded by
@@ -261,7 +262,7 @@ class NoisyCorrespondenceRectifier(NoisyPairLoss):
     sample_pass = True
 
     def __init__(self, margin: float = 0.2, warmup_epochs: int = 1, p_threshold: float = 0.5,
-                 soft_margin_base: float = 10.0, mask_same_image: bool = True):
+                 soft_margin_base: float = 10.0, warmup_sum: bool = False, mask_same_image: bool = True):
         super().__init__(mask_same_image)
         self.margin = _finite(margin, "margin")
         if not _is_int_at_least(warmup_epochs, 0):
@@ -270,6 +271,7 @@ class NoisyCorrespondenceRectifier(NoisyPairLoss):
         self.base = _positive(soft_margin_base, "soft_margin_base")
         if self.base == 1:
             raise ValueError("soft_margin_base must not be 1")
+        self.warmup_sum = bool(warmup_sum)
         self.register_buffer("clean_probability", torch.ones(self.networks, 0, dtype=torch.float64))
 
     def prepare(self, num_samples: int) -> None:
@@ -284,6 +286,10 @@ class NoisyCorrespondenceRectifier(NoisyPairLoss):
         stacked = self.stacked.to(batch.scores.dtype)
         total = 0
         for k in range(self.networks):
+            if self.epoch < self.warmup_epochs and self.warmup_sum:
+                to_captions, to_images = _hinge_costs(stacked[k], batch.negatives, self.margin)
+                total = total + to_captions.sum() + to_images.sum()
+                continue
             if self.epoch < self.warmup_epochs or self.sample_ids is None:
                 margins = torch.full((len(stacked[k]),), self.margin, dtype=stacked.dtype,
                                      device=stacked.device)
