@@ -216,17 +216,27 @@ def test_ncr_co_trains_two_networks_divides_and_evaluates_their_mean(tiny_cache,
     assert ("| Division AUC |" in table.output.splitlines()[0]) == ("division_auc" in best)
 
 
-def test_ncr_killed_then_resumed_equals_the_uninterrupted_run(tiny_cache, tmp_path):
+@pytest.mark.parametrize("kill_at", [17, 22])
+def test_ncr_killed_then_resumed_equals_the_uninterrupted_run(tiny_cache, tmp_path, monkeypatch, kill_at):
+    """120 training captions / 8 = 15 steps per epoch, a checkpoint every 4 steps and at each epoch's
+    end. Killed at step 17 (epoch 2, after the checkpoint at 16: the division made at epoch 2's start
+    comes from the checkpoint) or at 22 (after the one at 20); resumed, it ends as the run that was
+    never killed: both networks' weights, the per-sample state and the division."""
+    from test_train import _kill_after
+
     from pipeline.training.build import build_trainer
 
-    options = {"loss": "ncr", "loss_options": {"warmup_epochs": 1}}
-    straight = build_trainer(_noisy_config(tiny_cache, tmp_path / "a", **options), **QUIET)
-    straight.fit()
-    first = build_trainer(_noisy_config(tiny_cache, tmp_path / "b", epochs=2, **options), **QUIET)
-    first.fit()  # "killed" after epoch 2's checkpoint
-    resumed = build_trainer(_noisy_config(tiny_cache, tmp_path / "b", **options), resume=True, **QUIET)
-    resumed.fit()
+    options = {"loss": "ncr", "loss_options": {"warmup_epochs": 1}, "val_every": 4}
+    build_trainer(_noisy_config(tiny_cache, tmp_path / "a", **options), **QUIET).fit()
+    with monkeypatch.context() as m:
+        _kill_after(m, kill_at)
+        with pytest.raises(KeyboardInterrupt):
+            build_trainer(_noisy_config(tiny_cache, tmp_path / "b", **options), **QUIET).fit()
+    saved = load_checkpoint(tmp_path / "b" / "last.pt")
+    assert saved["iteration"] == kill_at - kill_at % 4 and "division" in saved  # mid-epoch 2, divided
+    build_trainer(_noisy_config(tiny_cache, tmp_path / "b", **options), resume=True, **QUIET).fit()
     a, b = load_checkpoint(tmp_path / "a" / "last.pt"), load_checkpoint(tmp_path / "b" / "last.pt")
+    assert a["iteration"] == b["iteration"] == 45
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
     assert torch.equal(a["loss"]["clean_probability"], b["loss"]["clean_probability"])
