@@ -220,6 +220,31 @@ def test_map_at_r_by_hand():
     assert map_r.tolist() == pytest.approx([0.5, 0.0, 0.25])  # row 3: a match at 2 of R = 2 → (1/2) / 2
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_map_at_r_and_r_precision_match_eccv_caption(seed):
+    """Golden: ECCV Caption's own functions (eccv-caption 0.1.0, ``compute_eccv_metrics``) on the
+    same rankings — random scores without ties, 1 to 12 positives per query over a gallery of 60."""
+    import torch
+    from eccv_caption._metrics import compute_eccv_metrics
+
+    from pipeline.evaluation.judgments.metrics import plausible_ranks
+
+    gen = torch.Generator().manual_seed(seed)
+    queries, gallery = 40, 60
+    scores = torch.randperm(queries * gallery, generator=gen).reshape(queries, gallery).double()  # no ties
+    counts = torch.randint(1, 13, (queries,), generator=gen)
+    match = torch.zeros(queries, gallery, dtype=torch.bool)
+    for q in range(queries):
+        match[q, torch.randperm(gallery, generator=gen)[:counts[q]]] = True
+    _, rprec, map_r = plausible_ranks(scores, match)
+    ranked = {q: torch.argsort(scores[q], descending=True).tolist() for q in range(queries)}
+    positives = {q: torch.nonzero(match[q])[:, 0].tolist() for q in range(queries)}
+    theirs = compute_eccv_metrics(ranked, positives)
+    # ours divides in torch's default float32; theirs in float64: equal to float32's precision
+    assert float(map_r.mean()) == pytest.approx(theirs["eccv_map_at_r"], rel=1e-6)
+    assert float(rprec.mean()) == pytest.approx(theirs["eccv_rprecision"], rel=1e-6)
+
+
 def test_auc_is_the_mann_whitney_probability():
     scores, positive = [0.9, 0.5, 0.5, 0.1, 0.7], [True, True, False, False, False]
     # pairs (pos, neg): 0.9 beats all 3; 0.5 ties 0.5 (1/2), beats 0.1, loses to 0.7
