@@ -5,7 +5,10 @@ BatchNorm is randomised: at the authors' init (γ = β = 0) every GCN layer is t
 would hide a slip, which ``test_a_slip_is_caught`` shows."""
 
 import copy
+import math
 
+import numpy as np
+import pytest
 import torch
 from reference import vsrn_loop
 
@@ -74,3 +77,69 @@ def test_a_slip_is_caught():
             layer.theta.weight.mul_(36 / 12)
             layer.theta.bias.mul_(36 / 12)
     assert (ours(x, full(x)) - reference).abs().max() > 1e3 * TOL
+
+
+# ---------------------------------------------------------------------------- the caption branch
+
+
+def test_the_caption_branch_matches_the_loop_and_never_reads_padding():
+    """The batched decoder (the attention's region half computed once) against the S2VT attention
+    written out one caption at a time over only its own regions and words, float64, 1e-9."""
+    from reference.vsrn_loop import caption_loss_loop
+
+    from pipeline.models.vsrn import CaptionDecoder
+
+    torch.manual_seed(0)
+    decoder = CaptionDecoder(vocab_size=30, region_dim=12, hidden=16, word_dim=8).double()
+    regions = torch.randn(4, 9, 12, dtype=torch.float64)
+    mask = torch.arange(9)[None] < torch.tensor([9, 5, 7, 9])[:, None]
+    regions = regions.masked_fill(~mask[..., None], 1e6)  # padding that would show if it were read
+    tokens = torch.randint(0, 30, (4, 11))
+    lengths = torch.tensor([11, 4, 7, 2])
+    got = decoder(regions.masked_fill(~mask[..., None], 0.0), mask, tokens, lengths)
+    assert got.item() == pytest.approx(caption_loss_loop(decoder, regions, mask, tokens, lengths).item(),
+                                       rel=1e-9)
+    tokens[1, 4:] = 7  # words past a caption's length change nothing
+    assert decoder(regions.masked_fill(~mask[..., None], 0.0), mask, tokens, lengths).item() == got.item()
+
+
+def test_vsrn_trains_its_caption_branch_by_default(tmp_path):
+    from conftest import QUIET, TINY_TRAIN, demo_captions, write_feature_cache
+
+    from pipeline.core.checkpoint import load_checkpoint
+    from pipeline.core.config import TrainConfig
+    from pipeline.core.errors import VseError
+    from pipeline.evaluation.inference import load_model
+    from pipeline.training.build import build_trainer
+
+    n = 20
+    ids, captions = demo_captions(n)
+    rng = np.random.default_rng(0)
+    splits = {"train": np.arange(12), "dev": np.arange(12, 16), "test": np.arange(16, 20)}
+    sets = rng.normal(size=(n, 9, 16)).astype(np.float32)
+    cache = write_feature_cache(tmp_path / "grid.h5", sets, captions, np.repeat(np.arange(n), 5), splits,
+                                image_ids=ids, grid=[3, 3])
+    config = TrainConfig(features=str(cache), run_dir=str(tmp_path / "run"), network="vsrn",
+                         **{**TINY_TRAIN, "epochs": 1})
+    assert config.caption_loss_weight == 1.0  # the paper's branch, on for --network vsrn
+    trainer = build_trainer(config, **QUIET)
+    trainer.fit()
+    state = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert state["model_config"]["caption_loss_weight"] == 1.0
+    assert any(k.startswith("caption_decoder.") for k in state["model"])
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "run" / "tb"))
+    events.Reload()
+    caption = [e.value for e in events.Scalars("train/aux/caption")]
+    assert caption and all(math.isfinite(v) and v > 0 for v in caption)
+    loaded = load_model(tmp_path / "run" / "best.pt", torch.device("cpu"))
+    assert loaded.model.caption_decoder is not None
+    off = TrainConfig(features=str(cache), run_dir=str(tmp_path / "off"), network="vsrn",
+                      caption_loss_weight=0.0, **{**TINY_TRAIN, "epochs": 1})
+    assert off.caption_loss_weight == 0.0  # an explicit 0 stays off
+    with pytest.raises(VseError, match="word ids, not --text-features"):
+        TrainConfig(features=str(cache), run_dir=str(tmp_path / "t"), network="vsrn",
+                    text_features=str(tmp_path / "x.h5")).check()
+    with pytest.raises(VseError, match="caption branch"):
+        TrainConfig(features=str(cache), run_dir=str(tmp_path / "t"), caption_loss_weight=1.0).check()

@@ -175,6 +175,10 @@ class TrainConfig:
                                   "the token vectors of `vse encode-text --tokens`, pooled.", before=LAST)
     pool_options: dict = option(dict, "Options of the pools of --image-pool and --text-pool (e.g. your own "
                                       "pool's), config files only.", cli=False, before={})
+    caption_loss_weight: float | None = option(
+        None, "VSRN's caption-generation branch: the weight of its cross-entropy (an attention GRU decoder "
+              "that writes the caption from the reasoned regions), added to the loss; unset: 1 for --network "
+              "vsrn (the paper's), off otherwise; 0: off.", minimum=0, before=0.0)
     # ---- noisy correspondence (data/noise.py)
     noise_rate: float = option(0.0, "Train on noisy pairs: this share of the training captions (--noise-mode "
                                     "caption, NCR's) or images (image, DECL's) shown with other images.",
@@ -265,6 +269,10 @@ class TrainConfig:
         """Options that only make sense together (VseError otherwise)."""
         LOSSES.check(self.loss)
         NETWORKS.check(self.network)
+        if self.caption_loss_weight and (self.image_pool != "vsrn" or self.text_features):
+            raise VseError("VSRN's caption branch (--caption-loss-weight, 1 by default for --network vsrn) "
+                           "writes each caption's word ids from the regions of --network vsrn: it needs that "
+                           "network and word ids, not --text-features (--caption-loss-weight 0 turns it off)")
         if self.pairwise:
             given = [flag for flag, used in (("--image-pool", self.image_pool is not None),
                                              ("--text-pool", self.text_pool != LAST), ("--rc", self.rc))

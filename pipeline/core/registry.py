@@ -178,7 +178,8 @@ DUAL_NETWORKS = ("vse++", "vse-infty", "vsrn")
 # What a dual network sets when the option is left at its default (TrainConfig applies it).
 NETWORK_DEFAULTS = {
     "vse-infty": {"image_pool": "gpo", "text_pool": "gpo"},
-    "vsrn": {"image_pool": "vsrn", "size_augment": "none"},  # VSRN does not drop regions
+    "vsrn": {"image_pool": "vsrn", "size_augment": "none",   # VSRN does not drop regions,
+             "caption_loss_weight": 1.0},                     # and writes captions from them
 }
 
 # ---------------------------------------------------------------------------- image backbones

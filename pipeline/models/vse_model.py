@@ -43,6 +43,7 @@ class ModelConfig:
     size_augment: str | None = None  # training drops set members by this rule (registry.SIZE_AUGMENT_RULES)
     text_pool: str = LAST          # "last": the GRU's last state (or the caption vector); a set pool:
     pool_options: dict = field(default_factory=dict)  # BiGRU states or cached token vectors pooled
+    caption_loss_weight: float = 0.0  # > 0: VSRN's caption branch (models.vsrn.CaptionDecoder) trains too
 
     def __post_init__(self):
         if self.similarity not in SIMILARITIES:
@@ -240,10 +241,28 @@ class VSEModel(nn.Module):
         self.config = cfg
         self.image_encoder = ImageEncoder(cfg, backbone)
         self.text_encoder = text_encoder_for(cfg)
+        self.caption_decoder = None
+        self._auxiliary: dict = {}
+        if cfg.caption_loss_weight:
+            from pipeline.models.vsrn import CaptionDecoder
+
+            self.caption_decoder = CaptionDecoder(cfg.vocab_size, cfg.embed_dim)
 
     def forward(self, images, *captions):
-        """``captions``: the caption input of the batch, (tokens, lengths) or (vectors,)."""
-        return self.image_encoder(images), self.text_encoder(*captions)
+        """``captions``: the caption input of the batch, (tokens, lengths) or (vectors,). In
+        training with VSRN's caption branch, its loss is kept for ``auxiliary_losses``."""
+        img = self.image_encoder(images)
+        if self.caption_decoder is not None and self.training:
+            regions, mask, region_lengths = self.image_encoder.head.pool.last_regions
+            loss = self.caption_decoder(regions, mask, *captions, region_lengths=region_lengths)
+            self._auxiliary = {"caption": self.config.caption_loss_weight * loss}
+        return img, self.text_encoder(*captions)
+
+    def auxiliary_losses(self) -> dict:
+        """The network's own loss terms of the last training forward (name → scalar): VSRN's
+        caption generation, weighted; empty otherwise."""
+        terms, self._auxiliary = self._auxiliary, {}
+        return terms
 
     @property
     def backbone(self) -> PixelBackbone | None:

@@ -82,7 +82,7 @@ class VSRNReasoning(nn.Module):
         self.region_norm = bool(region_norm)
         self.gcn = nn.ModuleList(RegionGCN(dim) for _ in range(int(layers)))
         self.rnn = nn.GRU(dim, dim, 1, batch_first=True)
-        self.last_regions = None  # the GCN's output of the last call (VSRN's caption branch reads it)
+        self.last_regions = None  # (GCN output, member mask, lengths) of the last call: the caption branch's
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         lengths = lengths.to(torch.int64)
@@ -91,8 +91,61 @@ class VSRNReasoning(nn.Module):
         for layer in self.gcn:
             v = layer(v, mask, lengths.to(x.device))
         v = member_norm(v, mask)
-        self.last_regions = v
+        self.last_regions = (v, mask, lengths.cpu())
         dtype = self.rnn.weight_ih_l0.dtype  # the GRU in its own precision, autocast off (as the text GRU)
         with torch.autocast(device_type=x.device.type, enabled=False):
             _, hidden = self.rnn(pack_by_length(v.to(dtype), lengths.cpu()))
         return hidden[-1].to(x.dtype)
+
+
+class CaptionDecoder(nn.Module):
+    """VSRN's caption-generation branch: the caption written from the reasoned regions, S2VT-style
+    (their ``S2VTAttModel``): a GRU encoder over the regions (E → ``hidden``), then a GRU decoder
+    over the caption's words (teacher forcing) whose input at each step is the previous word's
+    embedding (``word_dim``) and an attention context over the encoder's outputs
+    (``softmax(w · tanh(A [h_enc; h_dec]))``), and a linear map to the vocabulary. Its loss is the
+    cross-entropy of each next word, averaged over the real (non-padding) words of the batch
+    (their ``LanguageModelCriterion``). Padding regions are never attended to."""
+
+    def __init__(self, vocab_size: int, region_dim: int, hidden: int = 512, word_dim: int = 300):
+        super().__init__()
+        self.encoder = nn.GRU(region_dim, hidden, 1, batch_first=True)
+        self.embed = nn.Embedding(vocab_size, word_dim)
+        self.attend = nn.Linear(2 * hidden, hidden)
+        self.score = nn.Linear(hidden, 1, bias=False)
+        self.decoder = nn.GRU(word_dim + hidden, hidden, 1, batch_first=True)
+        self.out = nn.Linear(hidden, vocab_size)
+
+    def forward(self, regions: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor,
+                lengths: torch.Tensor, region_lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """The mean cross-entropy of ``tokens[:, 1:]`` given ``tokens[:, :-1]`` (the <start>…<end>
+        tokens of each caption, ``lengths`` real ones) and the regions (B, K, E) with their mask
+        (and their counts on the CPU, ``region_lengths``; else counted from the mask)."""
+        from torch.nn.utils.rnn import pad_packed_sequence
+
+        if region_lengths is None:
+            region_lengths = mask.sum(dim=1).cpu()
+        with torch.autocast(device_type=regions.device.type, enabled=False):
+            # in the decoder's own precision (float32 under autocast, as the GRUs here; float64 in tests),
+            # packed: the encoder's last state is each set's own, after its last real region
+            packed, state = self.encoder(pack_by_length(regions.to(self.encoder.weight_ih_l0.dtype),
+                                                        region_lengths))
+            encoded, _ = pad_packed_sequence(packed, batch_first=True, total_length=regions.shape[1])
+            words = self.embed(tokens[:, :-1])                              # (B, T-1, word_dim)
+            # A [h_enc; h_dec] + a = (A_enc h_enc + a) + A_dec h_dec: the regions' half once, not per word
+            hidden = encoded.shape[2]
+            keys = torch.nn.functional.linear(encoded, self.attend.weight[:, :hidden], self.attend.bias)
+            logits = []
+            for t in range(words.shape[1]):
+                query = torch.nn.functional.linear(state[-1], self.attend.weight[:, hidden:])  # (B, H)
+                weights = self.score(torch.tanh(keys + query[:, None]))[..., 0]
+                weights = torch.softmax(weights.masked_fill(~mask, -torch.inf), dim=1)
+                context = (weights[..., None] * encoded).sum(dim=1)         # (B, H)
+                step, state = self.decoder(torch.cat([words[:, t], context], dim=1)[:, None], state)
+                logits.append(self.out(step[:, 0]))
+            logits = torch.stack(logits, dim=1)                             # (B, T-1, vocab)
+            target = tokens[:, 1:]
+            steps = torch.arange(target.shape[1], device=tokens.device)
+            real = steps[None] < (lengths.to(tokens.device) - 1)[:, None]  # the words after <start>
+            nll = -torch.log_softmax(logits, dim=2).gather(2, target[..., None])[..., 0]
+            return (nll * real).sum() / real.sum().clamp(min=1)

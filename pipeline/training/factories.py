@@ -90,7 +90,8 @@ def _create_network(cfg: TrainConfig, source: PairSource, captions: CaptionEncod
     model_config = ModelConfig(  # the loss declares the similarity its scores use
         feature_dim=source.feature_dim, embed_dim=cfg.embed_dim, img_norm=cfg.img_norm,
         similarity=traits.similarity, projection=cfg.projection, **image_fields(cfg, source),
-        text_pool=cfg.text_pool, pool_options=cfg.pool_options, **captions.model_fields(cfg))
+        text_pool=cfg.text_pool, pool_options=cfg.pool_options, **captions.model_fields(cfg),
+        caption_loss_weight=cfg.caption_loss_weight or 0.0)
     if not cfg.img_norm and traits.similarity != "cosine":
         raise VseError(f"--no-img-norm: loss {cfg.loss!r} scores by {traits.similarity}, which needs "
                        "normalised images; drop --no-img-norm")

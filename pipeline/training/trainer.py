@@ -255,11 +255,18 @@ class Trainer:
             relevance = self.relevance(caption_ids) if self.relevance is not None else None
             ids = {"sample_ids": caption_ids} if self.loss_traits.takes_sample_ids else {}
             loss, world = self.loss(img, cap, image_ids=image_ids, relevance=relevance, **ids), self.world
+            own = getattr(self.model, "auxiliary_losses", None)
+            self.auxiliary = own() if own is not None else {}  # VSRN's caption branch: train/aux/NAME
         self.optimizer.zero_grad(set_to_none=True)
         # DDP averages gradients over ranks; every rank computed the loss of the whole global
         # batch, so scaling by the world size gives the gradient of that one loss. A pairwise
-        # network's loss is its rank's own batch (``_pairwise_loss``): the mean over the ranks.
-        self.scaler.scale(loss * world).backward()
+        # network's loss is its rank's own batch (``_pairwise_loss``): the mean over the ranks,
+        # as a dual network's own terms (its rank's batch, averaged by DDP as they are).
+        total = loss * world
+        if not self.pairwise and self.auxiliary:
+            own_terms = sum(self.auxiliary.values())
+            total, loss = total + own_terms, loss + own_terms
+        self.scaler.scale(total).backward()
         if self.world > 1:  # the loss's own parameters: every rank holds world × the full gradient
             for q in self.loss_parameters:
                 if q.grad is not None:
