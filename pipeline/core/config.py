@@ -269,10 +269,6 @@ class TrainConfig:
         """Options that only make sense together (VseError otherwise)."""
         LOSSES.check(self.loss)
         NETWORKS.check(self.network)
-        if self.caption_loss_weight and (self.image_pool != "vsrn" or self.text_features):
-            raise VseError("VSRN's caption branch (--caption-loss-weight, 1 by default for --network vsrn) "
-                           "writes each caption's word ids from the regions of --network vsrn: it needs that "
-                           "network and word ids, not --text-features (--caption-loss-weight 0 turns it off)")
         if self.pairwise:
             given = [flag for flag, used in (("--image-pool", self.image_pool is not None),
                                              ("--text-pool", self.text_pool != LAST), ("--rc", self.rc))
@@ -287,6 +283,10 @@ class TrainConfig:
         elif self.network_options:
             raise VseError(f"--network {self.network} has no network options (its options are flags); "
                            f"got {', '.join(sorted(self.network_options))}")
+        if self.caption_loss_weight and (self.image_pool != "vsrn" or self.text_features):
+            raise VseError("VSRN's caption branch (--caption-loss-weight, 1 by default for --network vsrn) "
+                           "writes each caption's word ids from the regions of --network vsrn: it needs that "
+                           "network and word ids, not --text-features (--caption-loss-weight 0 turns it off)")
         csv = {name: value for name in READERS.option_names() if (value := getattr(self, name)) is not None}
         if self.rc:
             if not self.root:
