@@ -174,12 +174,14 @@ def test_every_loss_trains_a_step_on_text_features(tiny_cache, tiny_text, tiny_r
     trainer = build_trainer(_config(tiny_cache, tiny_text, tmp_path / loss, loss=loss,
                               relevance=str(tiny_relevance),
                               epochs=1), **QUIET)
-    before = {k: v.clone() for k, v in trainer.model.text_encoder.state_dict().items()}
+    networks = getattr(trainer.model, "members", [trainer.model])  # ncr: two networks co-trained
+    before = [{k: v.clone() for k, v in net.text_encoder.state_dict().items()} for net in networks]
     batch = trainer.epoch_batches(0)[0]
     assert isinstance(batch.captions, tuple) and batch.captions[0].shape == (16, 50)
     assert np.isfinite(trainer.step(batch))
-    after = trainer.model.text_encoder.state_dict()
-    assert any(not torch.equal(before[k], after[k]) for k in before)
+    for net, old in zip(networks, before):  # every network's caption head moved
+        after = net.text_encoder.state_dict()
+        assert any(not torch.equal(old[k], after[k]) for k in old)
 
 
 # ------------------------------------------------------------------------------ refusals
