@@ -211,6 +211,11 @@ def test_ncr_co_trains_two_networks_divides_and_evaluates_their_mean(tiny_cache,
     best = max(records, key=lambda r: r["rsum"])
     assert float(row["noise_true_rate"]) == pytest.approx(trainer.noise.true_rate())
     assert row.get("division_auc", "") == ("" if "division_auc" not in best else str(best["division_auc"]))
+    (tmp_path / "captions.txt").write_text("a dog runs on the grass\n")
+    refused = vse("embed", tmp_path / "ncr" / "best.pt", "--captions", tmp_path / "captions.txt",
+                  "--out", tmp_path / "e.h5")
+    assert refused.exit_code == 1 and "2 networks trained together" in refused.output
+    assert len(refused.output.strip().splitlines()) == 1 and not (tmp_path / "e.h5").exists()
     table = vse("report", tmp_path / "results.csv", "--columns", "noisy")
     assert table.exit_code == 0 and "| rsum |" in table.output.splitlines()[0]
     assert ("| Division AUC |" in table.output.splitlines()[0]) == ("division_auc" in best)

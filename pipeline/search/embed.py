@@ -217,7 +217,12 @@ def onnx_cache_dir() -> Path:
 def refuse_pairwise(state: dict, checkpoint) -> None:
     """A pairwise network (models.network) has no embeddings: embed, index, search and serve
     refuse its checkpoint in one line, naming what to use instead."""
-    network = state["model_config"].get("network") if isinstance(state.get("model_config"), dict) else None
+    config = state.get("model_config") if isinstance(state.get("model_config"), dict) else {}
+    if config.get("co_trained"):
+        raise VseError(f"this checkpoint holds {config['co_trained']} networks trained together (ncr), "
+                       "scored as the mean of their scores: it has no single embedding to index or search. "
+                       "Embed with a checkpoint of one network for the shortlist", checkpoint)
+    network = config.get("network")
     if network is not None:
         raise VseError(f"network {network} scores each image–caption pair jointly: it has no embeddings "
                        "to index or search. Embed with a dual checkpoint (--network vse++ or vse-infty) for "
