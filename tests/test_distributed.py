@@ -44,6 +44,11 @@ CACHED_LOSSES = {
 }
 
 
+# a pairwise network under torchrun: each rank's batch is its own negatives (ncr's two networks are one
+# pairwise network), and DDP averages the ranks' gradients
+LOCAL_BATCH_CASES = {"ncr": {"loss": "ncr"}}
+
+
 def torchrun(args, timeout=900):
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"}
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -64,13 +69,15 @@ def launched(tiny_cache, tmp_path_factory):
     images = make_flickr8k(out / "flickr8k", sizes=(("train", 8), ("dev", 2), ("test", 2)))
     cached = {name: dict(features=str(tiny_cache), relevance=str(relevance), **SMALL, **extra)
               for name, extra in CACHED_LOSSES.items()}
+    local = {f"local_{name}": dict(features=str(tiny_cache), **SMALL, **extra)
+             for name, extra in LOCAL_BATCH_CASES.items()}
     rc = {f"rc_{mode}": dict(rc=True, root=str(images), backbone="tiny", loss="mh",
                              finetune=mode == "finetune", **SMALL) for mode in ("frozen", "finetune")}
     text_case = {"text_features_mh": dict(features=str(tiny_cache), text_features=str(text), loss="mh",
                                           **SMALL)}
     # no gradient clipping here: it would hide a gradient of the wrong scale
     steps = {name: {**config, "run_dir": str(out / name), "batch_size": PER_RANK, "grad_clip": 0.0}
-             for name, config in {**cached, **rc, **text_case}.items()}
+             for name, config in {**cached, **rc, **text_case, **local}.items()}
     # 120 training captions / (2 × 8) = 7 global batches per epoch; a checkpoint every 3 steps
     resume = dict(features=str(tiny_cache), loss="mh", epochs=2, lr_decay_epoch=1, batch_size=PER_RANK,
                   **{**SMALL, "val_every": 3})
@@ -112,6 +119,38 @@ def test_distributed_step_equals_one_process_on_the_global_batch(launched, case,
         assert any(name.startswith("image_encoder.backbone.") for name in expected["grads"])
     if case == "rc_frozen":
         assert not any(name.startswith("image_encoder.backbone.") for name in expected["grads"])
+
+
+@pytest.mark.parametrize("case", [f"local_{name}" for name in LOCAL_BATCH_CASES])
+def test_a_pairwise_step_under_torchrun_averages_the_ranks_local_batches(launched, case, tmp_path):
+    """One process, from the same weights: rank r's loss is the loss of its own local batch, and the
+    step's gradient is the mean of the ranks' local-batch gradients (then the same Adam step)."""
+    config = {**launched["steps"][case], "run_dir": str(tmp_path)}
+    trainer = build_trainer(TrainConfig(**config), echo=lambda *a: None)
+    pairs = trainer.epoch_batches(0)  # batch r is rank r's part of the first global batch
+    named = [(n, p) for n, p in trainer.model.named_parameters() if p.requires_grad]
+    mean = {n: torch.zeros_like(p) for n, p in named}
+    losses = []
+    for r in range(WORLD):
+        trainer.optimizer.zero_grad(set_to_none=True)
+        batch = pairs[r]
+        loss = trainer._pairwise_loss(trainer.model(batch.images, *batch.captions), batch)
+        loss.backward()
+        losses.append(loss.item())
+        for n, p in named:
+            mean[n] += p.grad / WORLD
+    for n, p in named:
+        p.grad = mean[n].clone()
+    trainer.optimizer.step()
+    for rank, results in enumerate(launched["ranks"]):
+        got = results[case]
+        assert got["loss"] == pytest.approx(losses[rank], rel=1e-5, abs=1e-6), rank
+        for name, grad in mean.items():
+            error = (got["grads"][name] - grad).norm() / grad.norm().clamp_min(1e-12)
+            assert error < 1e-4, (case, name, rank, error.item())
+        for name, p in named:
+            torch.testing.assert_close(got["weights"][name], p.detach(), rtol=0, atol=1e-5,
+                                       msg=f"{case} {name}")
 
 
 def test_killed_distributed_run_resumes_exactly_and_only_rank_0_writes(launched):
