@@ -6,7 +6,7 @@ times interleaved, the best round of each):
         --grid cache/f8k_effnet_grid7.h5 --tokens cache/f8k_minilm_tokens.h5
 
 - the fast loop (1C + MiniLM vectors, 1024-d, batch 128): mh, csn, infonce, siglip, rcl, decl, ncr;
-- SGR at the size of experiments/f8k_noisy_sgr.yaml (embed 64, sim_dim 16, batch 64): mh, rcl, ncr.
+- SGR at the size of experiments/f8k_noisy_sgr.yaml (embed 32, sim_dim 8, batch 32): mh, rcl, ncr.
 
 An epoch = (training steps per epoch) × (median step) + the method's pass over every training
 pair before the epoch (ncr, decl: ``Trainer.sample_statistics``, timed once). ncr trains two
@@ -69,8 +69,8 @@ def main() -> None:
     run_dir = "/tmp/vse_bench_noisy"
     fast = dict(features=args.features, text_features=args.text_features, embed_dim=1024, batch_size=128,
                 val_every=0, noise_index=args.noise_index, run_dir=run_dir)
-    sgr = dict(features=args.grid, text_features=args.tokens, network="sgr", embed_dim=64,
-               network_options={"sim_dim": 16}, batch_size=64, val_every=0, noise_index=args.noise_index,
+    sgr = dict(features=args.grid, text_features=args.tokens, network="sgr", embed_dim=32,
+               network_options={"sim_dim": 8}, batch_size=32, val_every=0, noise_index=args.noise_index,
                run_dir=run_dir)
     cases = {f"fast/{m}": (dict(fast, loss=m), args.fast_steps)
              for m in ("mh", "csn", "infonce", "siglip", "rcl", "decl", "ncr")}
