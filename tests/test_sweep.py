@@ -166,3 +166,41 @@ def test_parallel_jobs_and_a_failing_run_do_not_stop_the_others(tmp_path, tiny_c
     detail = plan(load_sweep(path)).runs[0].detail
     assert result.output.splitlines() == [f"done       {runs[0].run_dir}  ({detail})",
                                           f"new        {runs[1].run_dir}"]
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_takes_its_workers_with_it(tmp_path, tiny_cache):
+    """`kill` (SIGTERM) of `vse sweep --jobs 2`: its worker processes stop too, and no run goes on
+    training in the background (joblib's workers used to outlive their parent)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    path = _sweep_file(tmp_path, tiny_cache, "  loss: [sh, mh]\n", base_extra="  epochs: 200\n")
+    process = subprocess.Popen([sys.executable, "-m", "cli.main", "sweep", str(path), "--jobs", "2"],
+                               cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list((tmp_path / "runs").glob("*/*/metrics.jsonl"))) < 2:
+        time.sleep(0.5)  # both runs have trained an epoch: the workers are busy
+    assert len(list((tmp_path / "runs").glob("*/*/metrics.jsonl"))) == 2
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=60)
+    deadline = time.time() + 30
+    alive = True
+    while alive and time.time() < deadline:
+        try:
+            os.killpg(process.pid, 0)  # anything left of the sweep's process group?
+            time.sleep(0.5)
+        except ProcessLookupError:
+            alive = False
+    if alive:
+        os.killpg(process.pid, signal.SIGKILL)
+    assert not alive, "the sweep's workers outlived it"
+    sizes = [p.stat().st_size for p in (tmp_path / "runs").glob("*/*/metrics.jsonl")]
+    time.sleep(2)
+    assert sizes == [p.stat().st_size for p in (tmp_path / "runs").glob("*/*/metrics.jsonl")]

@@ -28,6 +28,7 @@ epoch) continue with ``resume=True``, so a killed sweep goes on where it stopped
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import re
@@ -291,11 +292,34 @@ def run_sweep(sweep: Sweep, *, jobs: int = 1, resume: bool = False, echo=print,
         from joblib import Parallel, delayed
 
         threads = max(1, (os.cpu_count() or 1) // jobs)
-        outcomes = Parallel(n_jobs=jobs, backend="loky")(
-            delayed(_train_safely)(run, run_resume, threads, quiet_runs) for run, run_resume in tasks)
+        with _workers_die_with_the_sweep():
+            outcomes = Parallel(n_jobs=jobs, backend="loky")(
+                delayed(_train_safely)(run, run_resume, threads, quiet_runs) for run, run_resume in tasks)
     else:
         outcomes = [_train_safely(run, run_resume, None, quiet_runs) for run, run_resume in tasks]
     for run, (status, detail) in zip(todo, outcomes):
         run.status, run.detail = status, detail
         echo(f"{status}: {run.name} ({detail})")
     return sweep
+
+
+@contextlib.contextmanager
+def _workers_die_with_the_sweep():
+    """A sweep stopped by SIGTERM (``kill``) or Ctrl-C stops its worker processes too: without this,
+    joblib's loky workers outlive a SIGTERM'd parent and go on training (and locking) run folders
+    nobody asked for any more. SIGTERM becomes KeyboardInterrupt here; on it the workers are killed."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    except KeyboardInterrupt:
+        from joblib.externals.loky import get_reusable_executor
+
+        get_reusable_executor().shutdown(wait=False, kill_workers=True)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
