@@ -220,6 +220,7 @@ def test_map_at_r_by_hand():
     assert map_r.tolist() == pytest.approx([0.5, 0.0, 0.25])  # row 3: a match at 2 of R = 2 → (1/2) / 2
 
 
+@pytest.mark.filterwarnings("ignore:failed to import `ujson`")  # eccv_caption's import, harmless
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_map_at_r_and_r_precision_match_eccv_caption(seed):
     """Golden: ECCV Caption's own functions (eccv-caption 0.1.0, ``compute_eccv_metrics``) on the
