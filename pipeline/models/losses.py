@@ -133,6 +133,12 @@ class VseLoss(nn.Module):
                                  f"got {tuple(relevance.shape)}")
         else:
             relevance = None
+        same_image, negatives = self.pair_masks(size, image_ids, device)
+        return self.value(Batch(img, cap, scores, same_image, negatives, relevance))
+
+    def pair_masks(self, size: int, image_ids, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(same_image, negatives), both (B, B) bool: the pairs of one image (the diagonal
+        included), and the pairs that count as negatives (``mask_same_image``)."""
         positives = torch.eye(size, dtype=torch.bool, device=device)
         same_image = positives
         if image_ids is not None:
@@ -141,8 +147,7 @@ class VseLoss(nn.Module):
                 raise ValueError(f"image_ids must have shape ({size},), "
                                  f"got {tuple(image_ids.shape)}")
             same_image = (image_ids[:, None] == image_ids[None, :]) | positives
-        negatives = ~same_image if self.mask_same_image else ~positives
-        return self.value(Batch(img, cap, scores, same_image, negatives, relevance))
+        return same_image, (~same_image if self.mask_same_image else ~positives)
 
 
 # ---------------------------------------------------------------------------- hinge family

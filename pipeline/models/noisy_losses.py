@@ -221,19 +221,12 @@ class EvidentialLoss(NoisyPairLoss):
 
     # the division: each pair's uncertainty in its (fixed) batch
     def sample_statistic(self, scores, image_ids=None) -> torch.Tensor:
-        counted = _counted(self._negatives(scores[0], image_ids))
+        counted = _counted(self.pair_masks(scores.shape[1], image_ids, scores.device)[1])
         u = self.uncertainty(scores[0].double(), counted)
         return torch.stack([u, (u < u.mean()).to(u.dtype)])
 
     def begin_epoch(self, epoch, sample_ids, statistics, seed):
         return -statistics[0], statistics[1] > 0.5
-
-    def _negatives(self, scores, image_ids):
-        eye = torch.eye(len(scores), dtype=torch.bool, device=scores.device)
-        if image_ids is None or not self.mask_same_image:
-            return ~eye
-        ids = torch.as_tensor(image_ids, device=scores.device)
-        return ids[:, None] != ids[None, :]
 
 
 # ---------------------------------------------------------------------------- NCR
@@ -308,11 +301,9 @@ class NoisyCorrespondenceRectifier(NoisyPairLoss):
         return torch.where(w > self.p_threshold, w, predicted)
 
     def sample_statistic(self, scores, image_ids=None) -> torch.Tensor:
-        negatives = self._negatives(scores[0], image_ids)
+        negatives = self.pair_masks(scores.shape[1], image_ids, scores.device)[1]
         margins = torch.full((scores.shape[1],), self.margin, dtype=scores.dtype, device=scores.device)
         return torch.stack([_hardest_hinges(s, negatives, margins) for s in scores])
-
-    _negatives = EvidentialLoss._negatives
 
     def begin_epoch(self, epoch, sample_ids, statistics, seed):
         if epoch < self.warmup_epochs:
