@@ -28,11 +28,13 @@ from pipeline.training.trainer import Trainer
 
 def one_step(config: dict) -> dict:
     trainer = build_trainer(TrainConfig(**config), echo=lambda *a: None)
+    # a method's pass over every training pair (decl, ncr): the ranks share it, all get the whole
+    statistics = torch.from_numpy(trainer.sample_statistics()) if trainer.loss_traits.sample_pass else None
     loss = trainer.step(trainer.epoch_batches(0)[0])
     named = [(n, p) for n, p in trainer.model.named_parameters() if p.requires_grad]
     named += [(f"loss.{n}", p) for n, p in trainer.loss.named_parameters() if p.requires_grad]
     return {"loss": loss, "grads": {n: p.grad.detach().clone() for n, p in named},
-            "weights": {n: p.detach().clone() for n, p in named}}
+            "weights": {n: p.detach().clone() for n, p in named}, "statistics": statistics}
 
 
 def killed_run(config: dict, kill_after: int) -> None:

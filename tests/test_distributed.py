@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from rc_data import make_flickr8k
@@ -38,7 +39,7 @@ CACHED_LOSSES = {
     "infonce": {"loss": "infonce"},  # a learned logit scale (clamped after each step)
     "siglip": {"loss": "siglip"},    # a learned scale and bias
     "rcl": {"loss": "rcl"},
-    "decl": {"loss": "decl"},        # the epoch's pass over every pair, on every rank
+    "decl": {"loss": "decl"},        # the epoch's pass over every pair, shared by the ranks
     # a plug-in with a parameter of its own (a learnable temperature)
     "plugin": {"loss": str(ROOT / "examples" / "infonce_learnable_tau.py") + ":LearnableTemperatureInfoNCE"},
 }
@@ -151,6 +152,20 @@ def test_a_pairwise_step_under_torchrun_averages_the_ranks_local_batches(launche
         for name, p in named:
             torch.testing.assert_close(got["weights"][name], p.detach(), rtol=0, atol=1e-5,
                                        msg=f"{case} {name}")
+
+
+@pytest.mark.parametrize("case", ["decl", "local_ncr"])
+def test_the_pass_over_every_pair_is_shared_by_the_ranks_and_whole_on_each(launched, case, tmp_path):
+    """decl's and ncr's look at every training pair before an epoch: the ranks take turns with its
+    fixed cache-order batches, and each ends with the array one process makes (same weights)."""
+    trainer = build_trainer(TrainConfig(**{**launched["steps"][case], "run_dir": str(tmp_path)}),
+                            echo=lambda *a: None)
+    expected = trainer.sample_statistics()
+    assert expected.shape[1] == len(trainer.train_captions)
+    for rank, results in enumerate(launched["ranks"]):
+        got = results[case]["statistics"].numpy()
+        assert got.shape == expected.shape, rank
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=f"{case} rank {rank}")
 
 
 def test_killed_distributed_run_resumes_exactly_and_only_rank_0_writes(launched):

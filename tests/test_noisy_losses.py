@@ -159,6 +159,33 @@ def test_a_two_network_loss_takes_stacked_scores_only():
         loss(torch.zeros(3, 4), torch.zeros(3, 4))
 
 
+def test_ncr_refuses_sample_ids_outside_its_per_sample_state():
+    loss = build_loss("ncr", warmup_epochs=0)
+    stacked = torch.stack([random_case(0)[0], random_case(1)[0]])
+    with pytest.raises(ValueError, match=r"prepare\(num_captions\)"):
+        loss.scored(stacked, sample_ids=torch.arange(6))  # no buffers yet
+    loss.prepare(6)
+    with pytest.raises(ValueError, match=r"caption ids in \[0, 6\)"):
+        loss.scored(stacked, sample_ids=torch.arange(1, 7))
+    with pytest.raises(ValueError, match=r"sample_ids must have shape \(6,\)"):
+        loss.scored(stacked, sample_ids=torch.arange(5))
+
+
+def test_a_call_keeps_no_state_from_the_one_before():
+    """The ids and stacked scores travel in the call's Batch: a call without ids after one with
+    them is the plain (fixed-margin) loss, never the last batch's labels."""
+    loss = build_loss("ncr", warmup_epochs=0)
+    loss.prepare(6)
+    loss.clean_probability.fill_(0.0)  # every pair judged noisy: labels from the predictions
+    a, b = random_case(0)[0], random_case(1)[0]
+    with_ids = loss.scored(torch.stack([a, b]), image_ids=IDS, sample_ids=torch.arange(6)).item()
+    without = loss.scored(torch.stack([a, b]), image_ids=IDS).item()
+    mh = build_loss("mh", margin=0.2)
+    plain = mh.scored(a, image_ids=IDS) + mh.scored(b, image_ids=IDS)
+    assert without == pytest.approx(plain.item(), rel=TOL)
+    assert with_ids != pytest.approx(without, rel=1e-3)
+
+
 # ---------------------------------------------------------------------------- through the trainer
 
 

@@ -68,6 +68,8 @@ class Batch(NamedTuple):
     same_image: torch.Tensor   # (B, B) bool, pairs of the same image (diagonal included)
     negatives: torch.Tensor    # (B, B) bool, pairs that count as negatives
     relevance: torch.Tensor | None
+    sample_ids: torch.Tensor | None = None  # (B,) each pair's caption id, for a loss with per-sample state
+    stacked: torch.Tensor | None = None     # (k, B, B) the scores of k networks trained together
 
 
 class VseLoss(nn.Module):
@@ -99,18 +101,24 @@ class VseLoss(nn.Module):
         raise NotImplementedError
 
     def forward(self, img_emb, cap_emb, image_ids=None, relevance=None) -> torch.Tensor:
+        return self._embedded(img_emb, cap_emb, image_ids, relevance)
+
+    def _embedded(self, img_emb, cap_emb, image_ids, relevance, **extra) -> torch.Tensor:
         if img_emb.ndim != 2 or img_emb.shape != cap_emb.shape or len(img_emb) == 0:
             raise ValueError("img_emb and cap_emb must both be (B, D) with B >= 1, got "
                              f"{tuple(img_emb.shape)} and {tuple(cap_emb.shape)}")
         dtype = torch.float64 if img_emb.dtype == torch.float64 else torch.float32
         with torch.autocast(device_type=img_emb.device.type, enabled=False):
             img, cap = img_emb.to(dtype), cap_emb.to(dtype)
-            return self._value(self.score_matrix(img, cap), image_ids, relevance, img, cap)
+            return self._value(self.score_matrix(img, cap), image_ids, relevance, img, cap, **extra)
 
     def scored(self, scores, image_ids=None, relevance=None) -> torch.Tensor:
         """The loss of a batch given as its (B, B) score matrix ``S[i, j] = s(image_i, caption_j)``
         (a network that scores pairs jointly, ``models.network``). A loss that reads the
         embeddings themselves (``needs_embeddings``) cannot take one."""
+        return self._scored(scores, image_ids, relevance)
+
+    def _scored(self, scores, image_ids, relevance, stacked=None, **extra) -> torch.Tensor:
         if self.needs_embeddings:
             raise ValueError(f"loss {self.name or type(self).__name__} compares the embeddings themselves; "
                              "it cannot train on a score matrix")
@@ -118,9 +126,11 @@ class VseLoss(nn.Module):
             raise ValueError(f"scores must be (B, B) with B >= 1, got {tuple(scores.shape)}")
         dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
         with torch.autocast(device_type=scores.device.type, enabled=False):
-            return self._value(scores.to(dtype), image_ids, relevance)
+            stacked = stacked.to(dtype) if stacked is not None else None
+            return self._value(scores.to(dtype), image_ids, relevance, stacked=stacked, **extra)
 
-    def _value(self, scores, image_ids, relevance, img=None, cap=None) -> torch.Tensor:
+    def _value(self, scores, image_ids, relevance, img=None, cap=None, sample_ids=None,
+               stacked=None) -> torch.Tensor:
         """The checks and the masks every loss shares, then the subclass's ``value``."""
         size, device, dtype = len(scores), scores.device, scores.dtype
         if self.uses_relevance:
@@ -133,8 +143,12 @@ class VseLoss(nn.Module):
                                  f"got {tuple(relevance.shape)}")
         else:
             relevance = None
+        if sample_ids is not None:
+            sample_ids = torch.as_tensor(sample_ids, device=device)
+            if sample_ids.shape != (size,):
+                raise ValueError(f"sample_ids must have shape ({size},), got {tuple(sample_ids.shape)}")
         same_image, negatives = self.pair_masks(size, image_ids, device)
-        return self.value(Batch(img, cap, scores, same_image, negatives, relevance))
+        return self.value(Batch(img, cap, scores, same_image, negatives, relevance, sample_ids, stacked))
 
     def pair_masks(self, size: int, image_ids, device) -> tuple[torch.Tensor, torch.Tensor]:
         """(same_image, negatives), both (B, B) bool: the pairs of one image (the diagonal

@@ -61,18 +61,17 @@ class NoisyPairLoss(VseLoss):
             raise ValueError(f"loss {self.name} trains {self.networks} networks together: it takes their "
                              f"stacked scores ({self.networks}, B, B) through scored(), not one pair of "
                              "embeddings")
-        self.sample_ids = sample_ids
-        return super().forward(img_emb, cap_emb, image_ids, relevance)
+        return self._embedded(img_emb, cap_emb, image_ids, relevance, sample_ids=sample_ids)
 
     def scored(self, scores, image_ids=None, relevance=None, sample_ids=None) -> torch.Tensor:
+        """As ``VseLoss.scored``; with ``networks`` = k > 1, ``scores`` are the k networks' stacked
+        (k, B, B) score matrices (``Batch.stacked``; ``Batch.scores`` is the first network's)."""
         if self.networks == 1:
-            self.sample_ids = sample_ids
-            return super().scored(scores, image_ids, relevance)
-        if scores.ndim != 3 or scores.shape[0] != self.networks or scores.shape[1] != scores.shape[2]:
-            raise ValueError(f"scores must be ({self.networks}, B, B), got {tuple(scores.shape)}")
-        self.sample_ids = sample_ids
-        self.stacked = scores
-        return super().scored(scores[0], image_ids, relevance)
+            return self._scored(scores, image_ids, relevance, sample_ids=sample_ids)
+        if scores.ndim != 3 or scores.shape[0] != self.networks or scores.shape[1] != scores.shape[2] \
+                or scores.shape[1] == 0:
+            raise ValueError(f"scores must be ({self.networks}, B, B) with B >= 1, got {tuple(scores.shape)}")
+        return self._scored(scores[0], image_ids, relevance, stacked=scores, sample_ids=sample_ids)
 
 
 # ---------------------------------------------------------------------------- RCL
@@ -276,25 +275,32 @@ class NoisyCorrespondenceRectifier(NoisyPairLoss):
         return self.margin * (self.base ** labels - 1) / (self.base - 1)
 
     def value(self, batch: Batch) -> torch.Tensor:
-        stacked = self.stacked.to(batch.scores.dtype)
+        stacked = batch.stacked
         total = 0
         for k in range(self.networks):
             if self.epoch < self.warmup_epochs and self.warmup_sum:
                 to_captions, to_images = _hinge_costs(stacked[k], batch.negatives, self.margin)
                 total = total + to_captions.sum() + to_images.sum()
                 continue
-            if self.epoch < self.warmup_epochs or self.sample_ids is None:
+            if self.epoch < self.warmup_epochs or batch.sample_ids is None:
                 margins = torch.full((len(stacked[k]),), self.margin, dtype=stacked.dtype,
                                      device=stacked.device)
             else:
-                margins = self.soft_margin(self.labels(stacked, k, batch.negatives))
+                margins = self.soft_margin(self.labels(stacked, k, batch.sample_ids))
             total = total + _hardest_hinges(stacked[k], batch.negatives, margins).sum()
         return total
 
-    def labels(self, stacked, k: int, negatives) -> torch.Tensor:
-        """Network k's labels of the batch's pairs, from the other network's division."""
+    def labels(self, stacked, k: int, sample_ids) -> torch.Tensor:
+        """Network k's labels of the batch's pairs (their caption ids), from the other network's
+        division."""
         other = (k + 1) % self.networks
-        w = self.clean_probability[other, self.sample_ids.to(self.clean_probability.device)]
+        known = self.clean_probability.shape[1]
+        # on the CPU only: reading the range on a GPU would be a host sync every step
+        if known == 0 or (sample_ids.device.type == "cpu" and len(sample_ids)
+                          and not 0 <= int(sample_ids.min()) <= int(sample_ids.max()) < known):
+            raise ValueError(f"sample_ids must be caption ids in [0, {known}) "
+                             "(prepare(num_captions) sets the range)")
+        w = self.clean_probability[other, sample_ids.to(self.clean_probability.device)]
         w = w.to(device=stacked.device, dtype=stacked.dtype)
         with torch.no_grad():
             predicted = stacked.detach().diagonal(dim1=1, dim2=2).clamp(0, 1).mean(0)

@@ -119,6 +119,10 @@ class Trainer:
         if self.distributed:  # this rank's part of every global batch
             r, b = dist.rank(), self.cfg.batch_size
             slices = [slice(s.start + r * b, s.start + (r + 1) * b) for s in slices]
+        return self._pair_batches(order, slices, epoch)
+
+    def _pair_batches(self, order: np.ndarray, slices: list[slice], epoch: int) -> PairBatches:
+        """The training pairs ``order[s]`` for each slice s, as loader items."""
         return PairBatches(self.source.inputs, self.captions, self.train_captions, self.train_caption_image,
                            order, slices, epoch)
 
@@ -215,11 +219,14 @@ class Trainer:
 
     @torch.no_grad()
     def sample_statistics(self) -> np.ndarray:
-        """(rows, N): ``loss.sample_statistic`` of every training pair, in ``train_captions`` order."""
+        """(rows, N): ``loss.sample_statistic`` of every training pair, in ``train_captions`` order,
+        over fixed cache-order batches of the run's batch size. Under torchrun the batches are
+        dealt round-robin to the ranks and the results gathered, so every rank holds the same
+        array as one process would make, for 1/world of the work."""
         order = np.arange(len(self.train_captions))
         slices = batch_slices(len(order), self.cfg.batch_size, drop_last=False)
-        pairs = PairBatches(self.source.inputs, self.captions, self.train_captions, self.train_caption_image,
-                            order, slices, self.progress.epoch)
+        first, step = (dist.rank(), self.world) if self.distributed else (0, 1)
+        pairs = self._pair_batches(order, slices[first::step], self.progress.epoch)
         was_training = self.model.training
         self.model.eval()
         parts = []
@@ -234,10 +241,16 @@ class Trainer:
                     scores = out.float() if out.ndim == 3 else out.float()[None]
                 else:
                     scores = self.loss.score_matrix(out[0].float(), out[1].float())[None]
-                parts.append(self.loss.sample_statistic(scores, batch.image_ids).double().cpu())
+                parts.append(self.loss.sample_statistic(scores, batch.image_ids).double().cpu().numpy())
         finally:
             self.model.train(was_training)
-        return torch.cat(parts, dim=1).numpy()
+        if self.distributed:
+            ordered = [None] * len(slices)
+            for rank, theirs in enumerate(dist.all_gather_object(parts)):
+                for i, part in zip(range(rank, len(slices), self.world), theirs, strict=True):
+                    ordered[i] = part
+            parts = ordered
+        return np.concatenate(parts, axis=1)
 
     def step(self, batch: Batch) -> float:
         """One optimizer step; returns the loss.  One host sync: reading the loss after the
