@@ -174,6 +174,7 @@ f8k-saf-short: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
 	  --out $(SAF_SHORT_OUT)/results.csv
 	$(VSE) report $(SAF_SHORT_OUT)/results.csv --columns recall --epochs-to-best | tee $(SAF_SHORT_OUT)/table_recall.md
 	$(VSE) report $(SAF_SHORT_OUT)/results.csv --columns human | tee $(SAF_SHORT_OUT)/table_human.md
+	$(PY) bench/f8k_claims.py $(SAF_SHORT_OUT)/results.csv --claims saf_short | tee $(SAF_SHORT_OUT)/claims.json
 
 NOISY_OUT     = bench/results/f8k_noisy
 NOISY_SGR_OUT = bench/results/f8k_noisy_sgr

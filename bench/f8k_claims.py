@@ -3,6 +3,7 @@
     python bench/f8k_claims.py bench/results/f8k_fast/results.csv > bench/results/f8k_fast/claims.json
     python bench/f8k_claims.py bench/results/f8k_sets/results.csv --claims sets
     python bench/f8k_claims.py bench/results/f8k_vse_infty/results.csv --claims vse_infty
+    python bench/f8k_claims.py bench/results/f8k_saf_short/results.csv --claims saf_short
 
 A configuration is named by its loss, or by its run name without the seed (a sweep's grid
 point, e.g. ``image=grid-gpo``).
@@ -71,6 +72,8 @@ NOISY_CLAIMS = [
     *((f"{method} beats mh under {noise} noise", method.upper(), f"noise={noise},method={method}",
        f"noise={noise},method=mh", "rsum", False)
       for noise in NOISE_SETTINGS for method in ("rcl", "decl", "ncr")),
+    *((f"{method} beats mh without noise", method.upper(), f"noise=clean,method={method}",
+       "noise=clean,method=mh", "rsum", False) for method in ("rcl", "decl", "ncr")),
     *((f"siglip beats infonce at batch 128 under {noise} noise", "SigLIP", f"noise={noise},method=siglip",
        f"noise={noise},method=infonce", "rsum", False) for noise in NOISE_SETTINGS),
 ]
@@ -79,8 +82,18 @@ NOISY_SGR_CLAIMS = [
     ("rcl beats mh on SGR under image20 noise", "RCL", "method=rcl", "method=mh", "rsum", False),
     ("ncr beats mh on SGR under image20 noise", "NCR", "method=ncr", "method=mh", "rsum", False),
 ]
-CLAIM_SETS = {"fast": CLAIMS, "sets": SETS_CLAIMS, "vse_infty": VSE_INFTY_CLAIMS, "noisy": NOISY_CLAIMS,
-              "noisy_sgr": NOISY_SGR_CLAIMS}
+# Issue 28: the LSEH paper's claim on SAF, one epoch (experiments/f8k_saf_short.yaml)
+SAF_SHORT_CLAIMS = [
+    ("LSEH (SVD) beats MH on SAF (rsum), one epoch", "LSEH", "method=lseh-svd", "method=mh", "rsum", False),
+    ("LSEH (SVD) beats MH on SAF (caption R@1), one epoch", "LSEH", "method=lseh-svd", "method=mh", "i2t_r1",
+     False),
+    ("LSEH (SVD) orders judged captions more like people than MH on SAF (tau)", "human", "method=lseh-svd",
+     "method=mh", "human_i2t_tau", False),
+    ("LSEH (SVD) has the higher caption mAP@R (human) on SAF", "human", "method=lseh-svd", "method=mh",
+     "human_i2t_map@r", False),
+]
+CLAIM_SETS = {"fast": CLAIMS, "saf_short": SAF_SHORT_CLAIMS, "sets": SETS_CLAIMS,
+              "vse_infty": VSE_INFTY_CLAIMS, "noisy": NOISY_CLAIMS, "noisy_sgr": NOISY_SGR_CLAIMS}
 
 
 def _peaked_last(row: dict) -> bool:
@@ -102,6 +115,10 @@ def main(path: str, claims: str = "fast") -> dict:
             out.append({"claim": claim, "verdict": "not measured"})
             continue
         a, b = groups[better].samples[metric], groups[worse].samples[metric]
+        if min(len(a), len(b)) < 2:
+            out.append({"claim": claim, "verdict": f"not testable: {len(a)} and {len(b)} seeds (one seed is "
+                                                   "an anecdote)"})
+            continue
         sign = -1.0 if lower else 1.0
         p_claimed = welch_greater([sign * v for v in a], [sign * v for v in b])
         p_reverse = welch_greater([sign * v for v in b], [sign * v for v in a])

@@ -51,3 +51,10 @@ def test_one_run_that_peaked_early_makes_it_measurable(tmp_path, last):
     rows[3][4] = last  # lseh seed 0
     out = verdicts(write_results(tmp_path / "r.csv", rows))
     assert out[LSEH_FASTER].startswith("not measurable") == (last == 4)
+
+
+def test_one_seed_is_not_tested(tmp_path):
+    rows = [[f"mh,seed={s}", "mh", s, 6, 5, 280 + s] for s in range(3)]
+    rows += [["lseh,seed=0", "lseh", 0, 6, 2, 330]]  # far above, but one run
+    out = verdicts(write_results(tmp_path / "r.csv", rows))
+    assert out[LSEH_RSUM] == "not testable: 1 and 3 seeds (one seed is an anecdote)"
