@@ -2,10 +2,11 @@
 
     python -m torch.distributed.run --standalone --nproc-per-node N tests/distributed_worker.py SPEC.json OUT
 
-SPEC: {"steps": {name: TrainConfig dict}, "resume": {"config": {...}, "kill_after": k},
-       "cli": [arguments of `vse`]}.
+SPEC: {"steps": {name: TrainConfig dict}, "fits": {name: TrainConfig dict},
+       "resume": {"config": {...}, "kill_after": k}, "cli": [arguments of `vse`]}.
 - steps: one training step on the first global batch of epoch 1; every rank saves the loss,
   the gradients and the weights after the step to OUT/steps-rank<r>.pt.
+- fits: a whole run each, in OUT/<name>.
 - resume: an uninterrupted run (OUT/full) and one killed after k steps on every rank and
   resumed from its last.pt (OUT/cut); the ranks write nothing themselves.
 - cli: the `vse` command line, as `torchrun -m cli.main ...` runs it (in this launch because
@@ -30,11 +31,20 @@ def one_step(config: dict) -> dict:
     trainer = build_trainer(TrainConfig(**config), echo=lambda *a: None)
     # a method's pass over every training pair (decl, ncr): the ranks share it, all get the whole
     statistics = torch.from_numpy(trainer.sample_statistics()) if trainer.loss_traits.sample_pass else None
+    # a pairwise network's validation: the ranks share the score blocks, each gets the whole matrix
+    scores = None
+    if trainer.pairwise:
+        from pipeline.evaluation.inference import score_split
+
+        split = score_split(trainer.model, trainer.index, trainer.captions, "dev", trainer.device,
+                            image_block=3, caption_block=16)
+        scores = torch.from_numpy(split.captions.T.copy())
     loss = trainer.step(trainer.epoch_batches(0)[0])
     named = [(n, p) for n, p in trainer.model.named_parameters() if p.requires_grad]
     named += [(f"loss.{n}", p) for n, p in trainer.loss.named_parameters() if p.requires_grad]
     return {"loss": loss, "grads": {n: p.grad.detach().clone() for n, p in named},
-            "weights": {n: p.detach().clone() for n, p in named}, "statistics": statistics}
+            "weights": {n: p.detach().clone() for n, p in named}, "statistics": statistics,
+            "scores": scores}
 
 
 def killed_run(config: dict, kill_after: int) -> None:
@@ -59,6 +69,8 @@ def main(spec_path: str, out: str) -> None:
     spec, out = json.loads(Path(spec_path).read_text()), Path(out)
     results = {name: one_step(config) for name, config in spec.get("steps", {}).items()}
     torch.save(results, out / f"steps-rank{dist.rank()}.pt")
+    for name, config in spec.get("fits", {}).items():  # whole runs: validation under torchrun
+        build_trainer(TrainConfig(**{**config, "run_dir": str(out / name)}), echo=lambda *a: None).fit()
     if "resume" in spec:
         config = spec["resume"]["config"]
         build_trainer(TrainConfig(**{**config, "run_dir": str(out / "full")}),

@@ -86,7 +86,9 @@ def launched(tiny_cache, tmp_path_factory):
     command = ["train", "--rc", "--root", str(images), "--backbone", "tiny", "--finetune", "--run-dir",
                str(out / "cli"), "--epochs", "1", "--batch-size", "4", "--embed-dim", "16", "--word-dim", "8",
                "--min-word-count", "1", "--val-every", "0", "--workers", "1", "--device", "cpu"]
-    spec.write_text(json.dumps({"steps": steps, "resume": {"config": resume, "kill_after": 10},
+    # a pairwise network's whole run: its validations share the score blocks over the ranks
+    fits = {"fit_ncr": dict(features=str(tiny_cache), loss="ncr", epochs=1, batch_size=PER_RANK, **SMALL)}
+    spec.write_text(json.dumps({"steps": steps, "fits": fits, "resume": {"config": resume, "kill_after": 10},
                                 "cli": command}))
     torchrun(["tests/distributed_worker.py", str(spec), str(out)])
     ranks = [torch.load(out / f"steps-rank{r}.pt", weights_only=True) for r in range(WORLD)]
@@ -166,6 +168,41 @@ def test_the_pass_over_every_pair_is_shared_by_the_ranks_and_whole_on_each(launc
         got = results[case]["statistics"].numpy()
         assert got.shape == expected.shape, rank
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=f"{case} rank {rank}")
+
+
+def test_a_pairwise_networks_score_blocks_are_shared_by_the_ranks(launched, tmp_path):
+    """score_split under torchrun (validation of a pairwise network): blocks of 3 images dealt to
+    2 ranks (8 dev images: blocks 0, 2 on rank 0, 1 on rank 1), each rank ends with the whole
+    matrix one process computes from the same weights."""
+    from pipeline.evaluation.inference import score_split
+
+    trainer = build_trainer(TrainConfig(**{**launched["steps"]["local_ncr"], "run_dir": str(tmp_path)}),
+                            echo=lambda *a: None)
+    split = score_split(trainer.model, trainer.index, trainer.captions, "dev", trainer.device,
+                        image_block=3, caption_block=16)
+    expected = torch.from_numpy(split.captions.T.copy())
+    assert expected.shape == (8, 40)
+    for rank, results in enumerate(launched["ranks"]):
+        torch.testing.assert_close(results["local_ncr"]["scores"], expected, rtol=0, atol=1e-6,
+                                   msg=f"rank {rank}")
+
+
+def test_a_pairwise_run_under_torchrun_validates_as_one_process_would(launched, tiny_cache):
+    """The record of the run's last validation (blocks shared by 2 ranks) equals one process's
+    evaluation of the checkpoint saved with it."""
+    from pipeline.data.cache import FeatureCache
+    from pipeline.evaluation.inference import encode_split, load_model
+    from pipeline.evaluation.metrics import evaluate_embeddings
+
+    run = launched["out"] / "fit_ncr"
+    record = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    loaded = load_model(run / "last.pt", torch.device("cpu"))
+    cache = FeatureCache(tiny_cache)
+    emb = encode_split(loaded.model, cache, loaded.captions(cache), "dev", torch.device("cpu"))
+    metrics = evaluate_embeddings(emb.images, emb.captions, emb.caption_image, similarity=emb.similarity)
+    assert emb.pairwise and len(emb.image_rows) == 8
+    for name in ("rsum", "i2t_r1", "t2i_r1", "i2t_meanr", "t2i_meanr"):
+        assert record[name] == pytest.approx(metrics[name], abs=1e-6), name
 
 
 def test_killed_distributed_run_resumes_exactly_and_only_rank_0_writes(launched):

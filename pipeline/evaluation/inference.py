@@ -81,7 +81,13 @@ def score_split(model, cache: FeatureCache, captions: CaptionEncoder, split: str
                 image_block: int = IMAGE_BLOCK, caption_block: int = CAPTION_BLOCK) -> SplitEmbeddings:
     """A pairwise network's scores of every image × caption pair of ``split``, in blocks of
     ``image_block`` × ``caption_block`` (each side encoded once; the network chunks a block so
-    its intermediates stay within its memory budget), as ``SplitEmbeddings`` (I_N, Sᵀ)."""
+    its intermediates stay within its memory budget), as ``SplitEmbeddings`` (I_N, Sᵀ).
+
+    Under torchrun every rank must call it: the image blocks are dealt round-robin to the ranks,
+    each scores its blocks against every caption, and the rows are gathered, so every rank ends
+    with the whole S (the same numbers one process computes: a block's scores do not depend on
+    which process makes them)."""
+    from pipeline.core import distributed as dist
     from pipeline.core.progress import progress_bar
 
     was_training = model.training
@@ -89,23 +95,30 @@ def score_split(model, cache: FeatureCache, captions: CaptionEncoder, split: str
     try:
         image_rows, caption_rows, caption_image = cache.split_rows(split, max_images)
         n, m = len(image_rows), len(caption_rows)
+        rank, world = (dist.rank(), dist.world_size()) if dist.is_distributed() else (0, 1)
+        starts = list(range(0, n, image_block))[rank::world]  # this rank's image blocks
         blocks = []
-        for a in range(0, n, image_block):
+        for a in starts:
             feats = _image_features(cache, image_rows[a:a + image_block], split)
             with precision(device, amp):
                 blocks.append(model.encode_images(at_least_float32(torch.from_numpy(feats).to(device))))
-        scores = torch.empty(n, m, dtype=torch.float32)
-        with progress_bar(n * m, desc=f"scoring {split}", unit="pair", disable=not progress) as bar:
+        mine = {a: torch.empty(min(image_block, n - a), m, dtype=torch.float32) for a in starts}
+        total = sum(len(rows) for rows in mine.values()) * m
+        with progress_bar(total, desc=f"scoring {split}", unit="pair", disable=not progress) as bar:
             for b in range(0, m, caption_block):
                 text = captions.batch(caption_rows[b:b + caption_block])
                 with precision(device, amp):
                     encoded = model.encode_captions(text[0].to(device), *text[1:])
-                    for i, block in enumerate(blocks):
+                    for a, block in zip(starts, blocks, strict=True):
                         part = model.score(block, encoded).float().cpu()
-                        scores[i * image_block:i * image_block + len(part), b:b + part.shape[1]] = part
+                        mine[a][:, b:b + part.shape[1]] = part
                         bar.update(part.numel())
     finally:
         model.train(was_training)
+    scores = torch.empty(n, m, dtype=torch.float32)
+    for theirs in (dist.all_gather_object(mine) if world > 1 else [mine]):
+        for a, rows in theirs.items():
+            scores[a:a + len(rows)] = rows
     if not torch.isfinite(scores).all():
         raise VseError(f"the network's scores of split {split!r} hold NaN or Inf", cache.path)
     return SplitEmbeddings(np.eye(n, dtype=np.float32), scores.T.contiguous().numpy(), caption_image,

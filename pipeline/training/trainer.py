@@ -310,10 +310,17 @@ class Trainer:
         return loss
 
     # ----------------------------------------------------------------- validation, checkpoints
-    def validate(self) -> dict:
-        # in fp32 as `vse evaluate`: metrics.jsonl and an evaluation of best.pt agree
+    def validate(self) -> dict | None:
+        """The validation metrics (on rank 0; None on the others). In fp32 as `vse evaluate`:
+        metrics.jsonl and an evaluation of best.pt agree. Under torchrun a pairwise network's
+        score blocks are shared by the ranks (every rank calls this); a dual network's split is
+        encoded by rank 0 alone (one pass of each side, no pairs to share)."""
+        if not (dist.is_main() or self.pairwise):
+            return None
         emb = encode_split(self.model, self.index, self.captions, self.cfg.val_split, self.device,
                            max_images=self.cfg.val_images, batch_size=self.source.encode_batch_size)
+        if not dist.is_main():
+            return None
         return evaluate_embeddings(emb.images, emb.captions, emb.caption_image, similarity=emb.similarity)
 
     def _log_step(self, loss: float, steps_per_s: float) -> None:
@@ -327,7 +334,7 @@ class Trainer:
 
     def validate_and_save(self) -> None:
         p = self.progress
-        metrics = self.validate() if dist.is_main() else None
+        metrics = self.validate()
         rng = self.rng_state()  # every rank: it gathers each rank's CUDA generator
         if dist.is_main():
             epoch = p.epoch + (p.batch > 0)  # 1-based epoch this validation belongs to
