@@ -16,6 +16,8 @@
 #                      (experiments/f8k_sgraf.yaml; bench/results/f8k_sgraf/; about 10 h on 2 cores)
 #   make f8k-saf-short — its one-epoch SAF part (experiments/f8k_saf_short.yaml;
 #                      bench/results/f8k_saf_short/, about 1.5 h)
+#   make f8k-vsrn-short — MH vs LSEH (svd) on VSRN, one epoch, 3 seeds, human judgments
+#                      (experiments/f8k_vsrn_short.yaml; bench/results/f8k_vsrn_short/)
 #   make f8k-noisy   — training on noisy pairs, the fast loop: mh, csn, infonce, siglip, rcl, decl, ncr
 #                      at 20/50% caption- and image-level noise, 3 seeds (bench/results/f8k_noisy/)
 #   make f8k-noisy-sgr — SGR at 20% image-level noise: mh, rcl, ncr, 3 seeds, a small size
@@ -35,7 +37,7 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
 .PHONY: install demo test bench f8k-vsepp f8k-losses f8k-fast f8k-sets f8k-vse-infty f8k-text-pool f8k-sgraf \
-	f8k-saf-short f8k-noisy f8k-noisy-sgr clean
+	f8k-saf-short f8k-vsrn-short f8k-noisy f8k-noisy-sgr clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -175,6 +177,16 @@ f8k-saf-short: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
 	$(VSE) report $(SAF_SHORT_OUT)/results.csv --columns recall --epochs-to-best | tee $(SAF_SHORT_OUT)/table_recall.md
 	$(VSE) report $(SAF_SHORT_OUT)/results.csv --columns human | tee $(SAF_SHORT_OUT)/table_human.md
 	$(PY) bench/f8k_claims.py $(SAF_SHORT_OUT)/results.csv --claims saf_short | tee $(SAF_SHORT_OUT)/claims.json
+
+VSRN_SHORT_OUT = bench/results/f8k_vsrn_short
+
+f8k-vsrn-short: $(F8K_GRID) $(CACHE)/f8k_svd.h5
+	$(VSE) sweep experiments/f8k_vsrn_short.yaml --runs-dir $(F8K_RUNS)
+	$(VSE) evaluate --runs '$(F8K_RUNS)/vsrn_short/*' --split test --judgments $(JUDGMENTS) \
+	  --out $(VSRN_SHORT_OUT)/results.csv
+	$(VSE) report $(VSRN_SHORT_OUT)/results.csv --columns recall --epochs-to-best | tee $(VSRN_SHORT_OUT)/table_recall.md
+	$(VSE) report $(VSRN_SHORT_OUT)/results.csv --columns human | tee $(VSRN_SHORT_OUT)/table_human.md
+	$(PY) bench/f8k_claims.py $(VSRN_SHORT_OUT)/results.csv --claims vsrn_short | tee $(VSRN_SHORT_OUT)/claims.json
 
 NOISY_OUT     = bench/results/f8k_noisy
 NOISY_SGR_OUT = bench/results/f8k_noisy_sgr
