@@ -132,6 +132,23 @@ def test_a_run_from_before_an_option_reads_as_the_value_it_used(tmp_path):
     assert config_id(read_config(tmp_path)) != config_id({**new, "adam_kernel": "fused"})
 
 
+def test_a_run_saved_before_the_caption_branch_groups_with_todays_runs():
+    """SAF runs saved before --caption-loss-weight existed (no key: 0, off), by the version that
+    stored it unset (None) and by today's (0.0) are one configuration; VSRN's unset weight is its
+    branch on (1.0), not the branch off."""
+    today = TrainConfig(features="x.h5", run_dir="runs/a", network="saf").to_dict()
+    assert today["caption_loss_weight"] == 0.0
+    unset = {**today, "caption_loss_weight": None}
+    before = {k: v for k, v in today.items() if k != "caption_loss_weight"}
+    from pipeline.core.config import with_old_defaults
+
+    assert config_id(today) == config_id(unset) == config_id(with_old_defaults(before))
+    vsrn = TrainConfig(features="x.h5", run_dir="runs/a", network="vsrn").to_dict()
+    assert vsrn["caption_loss_weight"] == 1.0
+    assert config_id({**vsrn, "caption_loss_weight": None}) == config_id(vsrn)
+    assert config_id({**vsrn, "caption_loss_weight": 0.0}) != config_id(vsrn)
+
+
 # ---------------------------------------------------------------------------- sweep --seeds
 
 

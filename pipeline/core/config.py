@@ -220,6 +220,8 @@ class TrainConfig:
         for name, value in NETWORK_DEFAULTS.get(self.network, {}).items():  # e.g. VSE∞: GPO on both sides
             if getattr(self, name) == self.default(name):
                 setattr(self, name, value)
+        if self.caption_loss_weight is None:  # unset, and the network sets none: off, stored as such
+            self.caption_loss_weight = 0.0    # (one stored value per behaviour: config_id groups them)
 
     @property
     def pairwise(self) -> bool:

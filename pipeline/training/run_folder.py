@@ -23,7 +23,7 @@ import json
 import os
 from pathlib import Path
 
-from pipeline.core.config import identity_values, with_old_defaults
+from pipeline.core.config import TrainConfig, identity_values, with_old_defaults
 from pipeline.core.errors import VseError
 from pipeline.core.fsutil import atomic_path, file_sha256, remove_stale_temporaries, write_atomic
 from pipeline.core.runlock import RunLock
@@ -38,9 +38,16 @@ STAGED = (".last.pt.new", ".best.pt.new")  # an --overwrite run's first checkpoi
 
 def config_id(config: dict) -> str:
     """A short digest of a training config without the seed and the execution-only options:
-    equal for the seeds of one configuration, different when any other option differs."""
+    equal for the seeds of one configuration, different when any other option differs. The
+    config is read as TrainConfig reads it first (an option left unset, e.g. None for "the
+    network decides", counts as the value it resolves to), so a run saved by an older version
+    groups with today's runs of the same behaviour."""
     import hashlib
 
+    try:
+        config = TrainConfig.from_dict(config).to_dict()
+    except (VseError, TypeError):  # an option this version no longer has: the saved values as they are
+        pass
     kept = dict(sorted(identity_values(config).items()))
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
