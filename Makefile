@@ -19,7 +19,8 @@
 #   make f8k-vsrn-short — MH vs LSEH (svd) on VSRN, one epoch, 3 seeds, human judgments
 #                      (experiments/f8k_vsrn_short.yaml; bench/results/f8k_vsrn_short/)
 #   make f8k-noisy   — training on noisy pairs, the fast loop: mh, csn, infonce, siglip, rcl, decl, ncr
-#                      at 20/50% caption- and image-level noise, 3 seeds (bench/results/f8k_noisy/)
+#                      without noise and at 20/50% caption- and image-level noise, 3 seeds
+#                      (bench/results/f8k_noisy/)
 #   make f8k-noisy-sgr — SGR at 20% image-level noise: mh, rcl, ncr, 3 seeds, a small size
 #                      (experiments/f8k_noisy_sgr.yaml; bench/results/f8k_noisy_sgr/; then the claims)
 #   make f8k-text-pool — VSE++'s GRU vs VSE∞'s BiGRU + GPO caption encoder, one seed
