@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
-from benchkit import timed_command, trainer_steps, write_report  # noqa: E402
+from benchkit import one_step_checkpoint, timed_command, trainer_steps, write_report  # noqa: E402
 
 
 def scoring(network: str, args) -> dict:
@@ -83,15 +82,12 @@ def scoring(network: str, args) -> dict:
 
 def evaluation(network: str, args, work: Path) -> dict:
     """A checkpoint of one training step (so that it exists), then `vse evaluate` of the test split."""
-    run = work / f"eval_{network}"
+    checkpoint = one_step_checkpoint(ROOT, {
+        "features": args.grid, "text_features": args.tokens, "network": network, "embed_dim": args.embed_dim,
+        "network_options": {"sim_dim": args.sim_dim}, "batch_size": 8,
+        "run_dir": str(work / f"eval_{network}")})
     vse = [sys.executable, "-m", "cli.main"]
-    subprocess.run(vse + ["train", "--features", args.grid, "--text-features", args.tokens,
-                          "--network", network,
-                          "--embed-dim", str(args.embed_dim), "--network-option", f"sim_dim={args.sim_dim}",
-                          "--epochs", "1", "--val-every", "0", "--val-images", "2", "--train-split", "test",
-                          "--val-split", "test", "--batch-size", "8", "--run-dir", str(run), "--overwrite"],
-                   check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wall, rss = timed_command(vse + ["evaluate", "--checkpoint", str(run / "best.pt"),
+    wall, rss = timed_command(vse + ["evaluate", "--checkpoint", str(checkpoint),
                                      "--features", args.grid, "--split", "test", "--json"], ROOT)
     from pipeline.data.cache import FeatureCache
 

@@ -7,7 +7,8 @@ modules, a full test-split evaluation, training steps, and peak memory.
    against the encoder written the authors' way (tests/reference/vsrn_loop.py: 1 × 1 Conv1d on
    (B, E, K) tensors), the same weights, eval mode without autograd, interleaved over
    ``--rounds``, the best round of each; the ratio is ours ÷ bare (target ≥ 0.8).
-2. Evaluation: ``vse evaluate`` of a one-step checkpoint on the test split (wall time, peak RSS).
+2. Evaluation: ``vse evaluate`` of a one-step checkpoint (``benchkit.one_step_checkpoint``) on the
+   test split (wall time, peak RSS).
 3. Training: ``--train-steps`` steps of the Trainer at batch 128 and the epoch at that pace.
 
 Captions: VSE++'s GRU over word ids, as VSRN's. Writes bench/results/vsrn.json.
@@ -20,7 +21,6 @@ import copy
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
-from benchkit import timed_command, trainer_steps, write_report  # noqa: E402
+from benchkit import one_step_checkpoint, timed_command, trainer_steps, write_report  # noqa: E402
 
 
 def encoding(args) -> dict:
@@ -67,14 +67,11 @@ def encoding(args) -> dict:
 
 
 def evaluation(args, work: Path) -> dict:
-    run = work / "eval"
+    checkpoint = one_step_checkpoint(ROOT, {"features": args.grid, "network": "vsrn",
+                                            "embed_dim": args.embed_dim, "batch_size": 8,
+                                            "run_dir": str(work / "eval")})
     vse = [sys.executable, "-m", "cli.main"]
-    subprocess.run(vse + ["train", "--features", args.grid, "--network", "vsrn",
-                          "--embed-dim", str(args.embed_dim),
-                          "--epochs", "1", "--val-every", "0", "--val-images", "2", "--train-split", "test",
-                          "--val-split", "test", "--batch-size", "8", "--run-dir", str(run), "--overwrite"],
-                   check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wall, rss = timed_command(vse + ["evaluate", "--checkpoint", str(run / "best.pt"),
+    wall, rss = timed_command(vse + ["evaluate", "--checkpoint", str(checkpoint),
                                      "--features", args.grid, "--split", "test", "--json"], ROOT)
     return {"wall_s": round(wall, 1), "peak_rss_mb": round(rss)}
 
