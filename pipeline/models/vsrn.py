@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from pipeline.models.layers import pack_by_length
+from pipeline.text.vocabulary import PAD_ID
 
 
 def member_norm(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -103,9 +104,10 @@ class CaptionDecoder(nn.Module):
     (their ``S2VTAttModel``): a GRU encoder over the regions (E → ``hidden``), then a GRU decoder
     over the caption's words (teacher forcing) whose input at each step is the previous word's
     embedding (``word_dim``) and an attention context over the encoder's outputs
-    (``softmax(w · tanh(A [h_enc; h_dec]))``), and a linear map to the vocabulary. Its loss is the
-    cross-entropy of each next word, averaged over the real (non-padding) words of the batch
-    (their ``LanguageModelCriterion``). Padding regions are never attended to."""
+    (``softmax(w · tanh(A [h_enc; h_dec]))``), and a linear map to the vocabulary. Its loss is
+    their ``LanguageModelCriterion``: the cross-entropy of each next word after ``<start>``, through
+    ``<end>`` and one ``<pad>`` after it (their mask covers it), summed and divided by the batch
+    size (not by the number of words). Padding regions are never attended to."""
 
     def __init__(self, vocab_size: int, region_dim: int, hidden: int = 512, word_dim: int = 300):
         super().__init__()
@@ -118,9 +120,10 @@ class CaptionDecoder(nn.Module):
 
     def forward(self, regions: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor,
                 lengths: torch.Tensor, region_lengths: torch.Tensor | None = None) -> torch.Tensor:
-        """The mean cross-entropy of ``tokens[:, 1:]`` given ``tokens[:, :-1]`` (the <start>…<end>
-        tokens of each caption, ``lengths`` real ones) and the regions (B, K, E) with their mask
-        (and their counts on the CPU, ``region_lengths``; else counted from the mask)."""
+        """The summed cross-entropy of each caption's words after <start>, <end> and one <pad>
+        included, each given the words before it (``tokens``: <start>…<end>, ``lengths`` real ones,
+        padded with <pad>), over the batch size; the regions (B, K, E) with their mask (and their
+        counts on the CPU, ``region_lengths``; else counted from the mask)."""
         from torch.nn.utils.rnn import pad_packed_sequence
 
         if region_lengths is None:
@@ -131,7 +134,9 @@ class CaptionDecoder(nn.Module):
             packed, state = self.encoder(pack_by_length(regions.to(self.encoder.weight_ih_l0.dtype),
                                                         region_lengths))
             encoded, _ = pad_packed_sequence(packed, batch_first=True, total_length=regions.shape[1])
-            words = self.embed(tokens[:, :-1])                              # (B, T-1, word_dim)
+            # one <pad> column more: every caption, the longest too, has its <pad> after <end> to predict
+            tokens = torch.nn.functional.pad(tokens, (0, 1), value=PAD_ID)
+            words = self.embed(tokens[:, :-1])                              # (B, T, word_dim)
             # A [h_enc; h_dec] + a = (A_enc h_enc + a) + A_dec h_dec: the regions' half once, not per word
             hidden = encoded.shape[2]
             keys = torch.nn.functional.linear(encoded, self.attend.weight[:, :hidden], self.attend.bias)
@@ -143,9 +148,10 @@ class CaptionDecoder(nn.Module):
                 context = (weights[..., None] * encoded).sum(dim=1)         # (B, H)
                 step, state = self.decoder(torch.cat([words[:, t], context], dim=1)[:, None], state)
                 logits.append(self.out(step[:, 0]))
-            logits = torch.stack(logits, dim=1)                             # (B, T-1, vocab)
-            target = tokens[:, 1:]
-            steps = torch.arange(target.shape[1], device=tokens.device)
-            real = steps[None] < (lengths.to(tokens.device) - 1)[:, None]  # the words after <start>
+            logits = torch.stack(logits, dim=1)                             # (B, T, vocab)
+            steps = torch.arange(tokens.shape[1] - 1, device=tokens.device)
+            lengths = lengths.to(tokens.device)[:, None]
+            counted = steps[None] < lengths                       # the words after <start>, then a <pad>
+            target = tokens[:, 1:].masked_fill(steps[None] >= lengths - 1, PAD_ID)  # never what padding holds
             nll = -torch.log_softmax(logits, dim=2).gather(2, target[..., None])[..., 0]
-            return (nll * real).sum() / real.sum().clamp(min=1)
+            return (nll * counted).sum() / len(tokens)

@@ -20,6 +20,7 @@ from pipeline.core.fsutil import atomic_path
 
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
 SPECIALS = (PAD, START, END, UNK)
+PAD_ID = SPECIALS.index(PAD)  # 0: the id padding takes in every token tensor
 _TOKEN = re.compile(r"[a-z0-9]+")
 
 

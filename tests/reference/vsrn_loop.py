@@ -60,13 +60,14 @@ def image_embeddings(head, images):
 def caption_loss_loop(decoder, regions, mask, tokens, lengths):
     """VSRN's caption loss one caption at a time, the S2VT attention as written (the decoder state
     concatenated to every region's encoding, then the linear map), over only the caption's own
-    regions and words: Σ over every real next word of −log p / the number of them."""
-    total, count = 0.0, 0
+    regions and words: their LanguageModelCriterion, Σ of −log p of every word after <start>
+    through <end> and of the <pad> (id 0) after it, over the batch size."""
+    total = 0.0
     for b in range(len(tokens)):
         own = regions[b:b + 1, :int(mask[b].sum())]                    # its regions only
         encoded, state = decoder.encoder(own)
         n = int(lengths[b])
-        for t in range(n - 1):
+        for t in range(n):                                             # the last input is <end>
             word = decoder.embed(tokens[b:b + 1, t])                   # (1, word_dim)
             query = state[-1][:, None].expand(-1, encoded.shape[1], -1)
             energy = decoder.score(torch.tanh(decoder.attend(torch.cat([encoded, query], 2))))[..., 0]
@@ -74,6 +75,6 @@ def caption_loss_loop(decoder, regions, mask, tokens, lengths):
             context = (weights[..., None] * encoded).sum(1)
             out, state = decoder.decoder(torch.cat([word, context], 1)[:, None], state)
             log_p = torch.log_softmax(decoder.out(out[:, 0]), dim=1)
-            total = total - log_p[0, tokens[b, t + 1]]
-            count += 1
-    return total / count
+            target = int(tokens[b, t + 1]) if t + 1 < n else 0         # after <end>: <pad>, id 0
+            total = total - log_p[0, target]
+    return total / len(tokens)
