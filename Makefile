@@ -16,7 +16,7 @@
 #                      (experiments/f8k_sgraf.yaml; bench/results/f8k_sgraf/; about 10 h on 2 cores)
 #   make f8k-saf-short — its one-epoch SAF part (experiments/f8k_saf_short.yaml;
 #                      bench/results/f8k_saf_short/, about 1.5 h)
-#   make f8k-vsrn-short — MH vs LSEH (svd) on VSRN, one epoch, 3 seeds, human judgments
+#   make f8k-vsrn-short — MH vs LSEH (svd) on VSRN (embed 256, no caption branch), one epoch, 3 seeds
 #                      (experiments/f8k_vsrn_short.yaml; bench/results/f8k_vsrn_short/)
 #   make f8k-noisy   — training on noisy pairs, the fast loop: mh, csn, infonce, siglip, rcl, decl, ncr
 #                      without noise and at 20/50% caption- and image-level noise, 3 seeds
