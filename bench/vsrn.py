@@ -77,9 +77,11 @@ def evaluation(args, work: Path) -> dict:
 
 
 def training(args, work: Path) -> dict:
-    return trainer_steps(ROOT, {"features": args.grid, "network": "vsrn", "embed_dim": args.embed_dim,
-                                "batch_size": 128, "val_every": 0, "run_dir": str(work / "train")},
-                         args.train_steps)
+    config = {"features": args.grid, "network": "vsrn", "embed_dim": args.embed_dim, "batch_size": 128,
+              "val_every": 0, "run_dir": str(work / "train")}
+    if args.caption_loss_weight is not None:
+        config["caption_loss_weight"] = args.caption_loss_weight
+    return trainer_steps(ROOT, config, args.train_steps)
 
 
 def main(argv=None) -> int:
@@ -89,6 +91,9 @@ def main(argv=None) -> int:
     parser.add_argument("--block", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--train-steps", type=int, default=5)
+    parser.add_argument("--caption-loss-weight", type=float, default=None,
+                        help="training: the caption branch's weight (default: vsrn's, 1; 0: off)")
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: encoding,evaluation,training")
     parser.add_argument("--work", default="runs/bench_vsrn")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "vsrn.json"))
     args = parser.parse_args(argv)
@@ -96,10 +101,14 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     report = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
               "threads": torch.get_num_threads(), "torch": torch.__version__, "grid": args.grid,
-              "embed_dim": args.embed_dim}
+              "embed_dim": args.embed_dim,
+              "caption_loss_weight": 1.0 if args.caption_loss_weight is None else args.caption_loss_weight}
     parts = (("encoding", lambda: encoding(args)), ("evaluation", lambda: evaluation(args, work)),
              ("training", lambda: training(args, work)))
+    skipped = {part for part in args.skip.split(",") if part}
     for part, measure in parts:
+        if part in skipped:
+            continue
         report[part] = measure()
         print(part, json.dumps(report[part]), flush=True)
     write_report(report, Path(args.out))
