@@ -93,7 +93,8 @@ def main(argv=None) -> int:
     parser.add_argument("--train-steps", type=int, default=5)
     parser.add_argument("--caption-loss-weight", type=float, default=None,
                         help="training: the caption branch's weight (default: vsrn's, 1; 0: off)")
-    parser.add_argument("--skip", default="", help="comma list of parts to skip: encoding,evaluation,training")
+    parser.add_argument("--skip", default="",
+                        help="comma list of parts to skip: encoding,evaluation,training")
     parser.add_argument("--work", default="runs/bench_vsrn")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "vsrn.json"))
     args = parser.parse_args(argv)
