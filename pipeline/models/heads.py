@@ -28,6 +28,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from pipeline.core.errors import VseError
 from pipeline.core.plugin_import import check_spec, class_file, is_import_path, plugin_class
 from pipeline.core.registry import SET_POOLS, SET_PROJECTIONS
+from pipeline.core.tokens import PAD_ID
 from pipeline.models.layers import bigru_states, l2_normalize, load_word_vectors
 
 # VSE∞'s constants (lib/modules/aggr/gpo.py, lib/encoders.py)
@@ -271,7 +272,7 @@ class BiGRUTextEncoder(nn.Module):
                  pool: str | nn.Module, pool_options: dict | None = None, no_txtnorm: bool = False,
                  use_abs: bool = False):
         super().__init__()
-        self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
+        self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=PAD_ID)
         nn.init.uniform_(self.embed.weight, -WORD_INIT, WORD_INIT)
         self.rnn = nn.GRU(word_dim, embed_dim, num_layers, batch_first=True, bidirectional=True)
         self.pool = build_pool(pool, embed_dim, pool_options)

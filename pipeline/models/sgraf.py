@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipeline.core.tokens import PAD_ID
 from pipeline.models.layers import bigru_states
 from pipeline.models.network import NetworkConfig, PairwiseNetwork
 
@@ -210,7 +211,7 @@ class SGRAF(PairwiseNetwork):
         xavier_(self.img_fc)
         self.word_dropout = nn.Dropout(o.dropout)
         if config.vocab_size:  # EncoderText: embedding → dropout → BiGRU, directions averaged
-            self.embed = nn.Embedding(config.vocab_size, config.word_dim, padding_idx=0)
+            self.embed = nn.Embedding(config.vocab_size, config.word_dim, padding_idx=PAD_ID)
             nn.init.uniform_(self.embed.weight, -WORD_INIT, WORD_INIT)
             self.rnn = nn.GRU(config.word_dim, embed, 1, batch_first=True, bidirectional=True)
         else:  # cached token vectors: a per-token linear (this toolkit's fast loop)

@@ -19,6 +19,7 @@ from torch import nn
 
 from pipeline.core.errors import VseError
 from pipeline.core.registry import LAST, PROJECTIONS
+from pipeline.core.tokens import PAD_ID
 from pipeline.models.heads import GPO, BiGRUTextEncoder, SetImageHead, TokenSetTextEncoder
 from pipeline.models.layers import l2_normalize, load_word_vectors, pack_by_length
 from pipeline.models.set_augment import size_augment
@@ -170,7 +171,7 @@ class TextEncoder(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.word_dim, padding_idx=0)
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.word_dim, padding_idx=PAD_ID)
         nn.init.uniform_(self.embed.weight, -0.1, 0.1)
         self.rnn = nn.GRU(cfg.word_dim, cfg.embed_dim, cfg.num_layers, batch_first=True)
         self.head = (_projection(cfg.embed_dim, cfg.embed_dim, "mlp", cfg.mlp_hidden)

@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pipeline.core.tokens import PAD_ID
 from pipeline.models.layers import pack_by_length
-from pipeline.text.vocabulary import PAD_ID
 
 
 def member_norm(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -17,10 +17,8 @@ import torch
 
 from pipeline.core.errors import VseError
 from pipeline.core.fsutil import atomic_path
+from pipeline.core.tokens import END, SPECIALS, START, UNK
 
-PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
-SPECIALS = (PAD, START, END, UNK)
-PAD_ID = SPECIALS.index(PAD)  # 0: the id padding takes in every token tensor
 _TOKEN = re.compile(r"[a-z0-9]+")
 
 
