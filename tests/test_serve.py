@@ -416,6 +416,32 @@ def test_the_page_searches_and_shows_thumbnails_with_scores(browser, server, dem
     page.close()
 
 
+def test_an_older_search_answering_late_never_overwrites_a_newer_one(browser, server, demo):
+    """An image search held back, then a bad upload refused at once: the page shows the refusal,
+    and still does after the older search has answered (with 10 results)."""
+    from playwright.sync_api import expect
+
+    page = browser.new_page()
+    page.goto(server + "/")
+    expect(page.locator("#info")).to_contain_text("images")
+    held = []
+    page.route("**/api/search/image*", lambda route: held.append(route)
+               if b"PNG" in (route.request.post_data_buffer or b"") else route.continue_())
+    status, hits = page.locator("#status"), page.locator("#results .hit")
+    page.set_input_files("#image", files=[{"name": "q.png", "mimeType": "image/png", "buffer": png_bytes()}])
+    page.set_input_files("#image", files=[{"name": "q.txt", "mimeType": "text/plain", "buffer": b"text"}])
+    expect(status).to_contain_text("not an image")
+    assert len(held) == 1
+    with page.expect_response("**/api/search/image*") as late:
+        held[0].fulfill(response=held[0].fetch())  # the older search answers now
+    assert late.value.status == 200
+    page.wait_for_timeout(300)  # its answer handled by the page's script
+    expect(status).to_contain_text("not an image")
+    expect(status).to_have_class("error")
+    expect(hits).to_have_count(0)
+    page.close()
+
+
 def test_the_thumbnail_of_an_id_with_a_line_break_is_found(tmp_path, demo):
     """Starlette's path parameter stopped at a newline: such an id (from a CSV's id column) was a 404."""
     from urllib.parse import quote
