@@ -111,3 +111,17 @@ def all_gather_object(obj):
     out = [None] * world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+def dealt(count: int) -> range:
+    """This rank's share of ``count`` work items dealt round-robin (all of them in one process)."""
+    return range(rank(), count, world_size())
+
+
+def gather_dealt(mine: dict) -> dict:
+    """Every rank's ``{item: result}`` of its ``dealt`` share, merged: every rank gets them all
+    (one process: ``mine``). A collective under torchrun: every rank calls it."""
+    merged = {}
+    for theirs in all_gather_object(mine):
+        merged.update(theirs)
+    return merged

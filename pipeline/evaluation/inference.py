@@ -95,8 +95,7 @@ def score_split(model, cache: FeatureCache, captions: CaptionEncoder, split: str
     try:
         image_rows, caption_rows, caption_image = cache.split_rows(split, max_images)
         n, m = len(image_rows), len(caption_rows)
-        rank, world = (dist.rank(), dist.world_size()) if dist.is_distributed() else (0, 1)
-        starts = list(range(0, n, image_block))[rank::world]  # this rank's image blocks
+        starts = [i * image_block for i in dist.dealt(-(-n // image_block))]  # this rank's image blocks
         blocks = []
         for a in starts:
             feats = _image_features(cache, image_rows[a:a + image_block], split)
@@ -116,9 +115,8 @@ def score_split(model, cache: FeatureCache, captions: CaptionEncoder, split: str
     finally:
         model.train(was_training)
     scores = torch.empty(n, m, dtype=torch.float32)
-    for theirs in (dist.all_gather_object(mine) if world > 1 else [mine]):
-        for a, rows in theirs.items():
-            scores[a:a + len(rows)] = rows
+    for a, rows in dist.gather_dealt(mine).items():
+        scores[a:a + len(rows)] = rows
     if not torch.isfinite(scores).all():
         raise VseError(f"the network's scores of split {split!r} hold NaN or Inf", cache.path)
     return SplitEmbeddings(np.eye(n, dtype=np.float32), scores.T.contiguous().numpy(), caption_image,

@@ -225,8 +225,8 @@ class Trainer:
         array as one process would make, for 1/world of the work."""
         order = np.arange(len(self.train_captions))
         slices = batch_slices(len(order), self.cfg.batch_size, drop_last=False)
-        first, step = (dist.rank(), self.world) if self.distributed else (0, 1)
-        pairs = self._pair_batches(order, slices[first::step], self.progress.epoch)
+        mine = dist.dealt(len(slices))
+        pairs = self._pair_batches(order, [slices[i] for i in mine], self.progress.epoch)
         was_training = self.model.training
         self.model.eval()
         parts = []
@@ -244,13 +244,8 @@ class Trainer:
                 parts.append(self.loss.sample_statistic(scores, batch.image_ids).double().cpu().numpy())
         finally:
             self.model.train(was_training)
-        if self.distributed:
-            ordered = [None] * len(slices)
-            for rank, theirs in enumerate(dist.all_gather_object(parts)):
-                for i, part in zip(range(rank, len(slices), self.world), theirs, strict=True):
-                    ordered[i] = part
-            parts = ordered
-        return np.concatenate(parts, axis=1)
+        every = dist.gather_dealt(dict(zip(mine, parts, strict=True)))
+        return np.concatenate([every[i] for i in range(len(slices))], axis=1)
 
     def step(self, batch: Batch) -> float:
         """One optimizer step; returns the loss.  One host sync: reading the loss after the
