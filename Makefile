@@ -16,6 +16,9 @@
 #                      (experiments/f8k_sgraf.yaml; bench/results/f8k_sgraf/; about 10 h on 2 cores)
 #   make f8k-saf-short — its one-epoch SAF part (experiments/f8k_saf_short.yaml;
 #                      bench/results/f8k_saf_short/, about 1.5 h)
+#   make f8k-sgraf-short — after f8k-saf-short: the same on SGR, then the SGRAF rows (each SGR run's
+#                      scores averaged with the SAF run of its loss and seed; experiments/f8k_sgr_short.yaml;
+#                      bench/results/f8k_sgraf_short/)
 #   make f8k-vsrn-short — MH vs LSEH (svd) on VSRN (embed 256, no caption branch), one epoch, 3 seeds
 #                      (experiments/f8k_vsrn_short.yaml; bench/results/f8k_vsrn_short/)
 #   make f8k-noisy   — training on noisy pairs, the fast loop: mh, csn, infonce, siglip, rcl, decl, ncr
@@ -38,7 +41,7 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
 .PHONY: install demo test bench f8k-vsepp f8k-losses f8k-fast f8k-sets f8k-vse-infty f8k-text-pool f8k-sgraf \
-	f8k-saf-short f8k-vsrn-short f8k-noisy f8k-noisy-sgr clean
+	f8k-saf-short f8k-sgraf-short f8k-vsrn-short f8k-noisy f8k-noisy-sgr clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -165,9 +168,12 @@ f8k-vse-infty: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5 $(CACHE)/f8k_bert.h
 SGRAF_OUT = bench/results/f8k_sgraf
 SAF_SHORT_OUT = bench/results/f8k_saf_short
 
+# One sweep per network, the same grid in each, so that runs of one folder name pair up for SGRAF
 f8k-sgraf: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
-	$(VSE) sweep experiments/f8k_sgraf.yaml --runs-dir $(F8K_RUNS)
-	$(VSE) evaluate --runs '$(F8K_RUNS)/sgraf/*' --split test --judgments $(JUDGMENTS) --out $(SGRAF_OUT)/results.csv
+	$(VSE) sweep experiments/f8k_sgraf.yaml --network sgr --runs-dir $(F8K_RUNS)/sgr
+	$(VSE) sweep experiments/f8k_sgraf.yaml --network saf --runs-dir $(F8K_RUNS)/saf
+	$(VSE) evaluate --runs '$(F8K_RUNS)/sgr/sgraf/*' --average-with-runs $(F8K_RUNS)/saf/sgraf --split test \
+	  --judgments $(JUDGMENTS) --out $(SGRAF_OUT)/results.csv
 	$(VSE) report $(SGRAF_OUT)/results.csv --columns recall --epochs-to-best | tee $(SGRAF_OUT)/table_recall.md
 	$(VSE) report $(SGRAF_OUT)/results.csv --columns human | tee $(SGRAF_OUT)/table_human.md
 
@@ -178,6 +184,18 @@ f8k-saf-short: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
 	$(VSE) report $(SAF_SHORT_OUT)/results.csv --columns recall --epochs-to-best | tee $(SAF_SHORT_OUT)/table_recall.md
 	$(VSE) report $(SAF_SHORT_OUT)/results.csv --columns human | tee $(SAF_SHORT_OUT)/table_human.md
 	$(PY) bench/f8k_claims.py $(SAF_SHORT_OUT)/results.csv --claims saf_short | tee $(SAF_SHORT_OUT)/claims.json
+
+SGRAF_SHORT_OUT = bench/results/f8k_sgraf_short
+
+# f8k-saf-short's schedule on SGR, then each SGR run with the SAF run of its folder name: the SGR,
+# SAF and SGRAF (scores averaged) rows
+f8k-sgraf-short: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
+	$(VSE) sweep experiments/f8k_sgr_short.yaml --runs-dir $(F8K_RUNS)
+	$(VSE) evaluate --runs '$(F8K_RUNS)/sgr_short/*' --average-with-runs $(F8K_RUNS)/saf_short --split test \
+	  --judgments $(JUDGMENTS) --out $(SGRAF_SHORT_OUT)/results.csv
+	$(VSE) report $(SGRAF_SHORT_OUT)/results.csv --columns recall --epochs-to-best | tee $(SGRAF_SHORT_OUT)/table_recall.md
+	$(VSE) report $(SGRAF_SHORT_OUT)/results.csv --columns human | tee $(SGRAF_SHORT_OUT)/table_human.md
+	$(PY) bench/f8k_claims.py $(SGRAF_SHORT_OUT)/results.csv --claims sgraf_short | tee $(SGRAF_SHORT_OUT)/claims.json
 
 VSRN_SHORT_OUT = bench/results/f8k_vsrn_short
 

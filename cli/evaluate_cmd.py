@@ -30,6 +30,11 @@ def _parse_ks(ctx, param, value):
                    "SGRAF = the mean of an SGR and an SAF checkpoint's scores.")
 @click.option("--runs", "run_patterns", multiple=True,
               help="Run folders (glob, quoted: 'runs/*'), repeatable: one results row per run.")
+@click.option("--average-with-runs", "average_with_runs", multiple=True,
+              type=click.Path(file_okay=False, exists=True),
+              help="--runs: also average each run's scores with the run of the same folder name in this "
+                   "folder (repeatable), e.g. an SGR sweep with an SAF sweep = the SGRAF rows; the "
+                   "partner's row and the averaged row ('A + B') follow each run's.")
 @click.option("--features", type=click.Path(dir_okay=False),
               help="Feature cache for --checkpoint (for --runs: default the cache each run trained on).")
 @root_option(prefix="RC checkpoint (--rc run): embed this dataset's images with the run's own CNN. ")
@@ -55,9 +60,9 @@ def _parse_ks(ctx, param, value):
               help="--runs: which checkpoint of each run.")
 @judgment_options
 @click.option("--overwrite", is_flag=True, help="--out: replace a file that is not a vse results table.")
-def evaluate_command(embeddings, checkpoint, average_with, run_patterns, features, root, dataset_kind,
-                     dataset_options, text_features, split, protocol, order, relevance, cs_ks, device, amp,
-                     as_json, out, checkpoint_name, judgments, overwrite):
+def evaluate_command(embeddings, checkpoint, average_with, run_patterns, average_with_runs, features, root,
+                     dataset_kind, dataset_options, text_features, split, protocol, order, relevance, cs_ks,
+                     device, amp, as_json, out, checkpoint_name, judgments, overwrite):
     """Recall@K, median/mean rank and rsum (docs/PROTOCOL.md), both directions."""
     from pipeline.core.runtime import resolve_device
     from pipeline.data.cache import FeatureCache
@@ -79,9 +84,11 @@ def evaluate_command(embeddings, checkpoint, average_with, run_patterns, feature
         raise click.UsageError("--amp goes with --checkpoint (how the model embeds)")
     if average_with and not (checkpoint and features):
         raise click.UsageError("--average-with goes with --checkpoint and --features")
+    if average_with_runs and not run_patterns:
+        raise click.UsageError("--average-with-runs goes with --runs")
     if run_patterns:
         _evaluate_runs(run_patterns, features, split, protocol, relevance, cs_ks, dev, out, checkpoint_name,
-                       judgments, overwrite, text_features)
+                       judgments, overwrite, text_features, average_with_runs)
         return
     if out:
         raise click.UsageError("--out goes with --runs")
@@ -161,7 +168,7 @@ def _report_matched(metrics: dict, matched) -> dict:
 
 
 def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device, out, checkpoint_name,
-                   judgments=None, overwrite=False, text_features=None):
+                   judgments=None, overwrite=False, text_features=None, average_with_runs=()):
     from pipeline.core.fsutil import RESULTS_FORMAT, guard_output
     from pipeline.evaluation.evaluate import cs_note
     from pipeline.reports.batch_eval import evaluate_runs
@@ -178,7 +185,7 @@ def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device
                            relevance=relevance, cs_ks=cs_ks if relevance else (), checkpoint=checkpoint_name,
                            echo=lambda m: click.echo(m, err=True),
                            judgments=judgments.load() if judgments else None,
-                           text_features=text_features)
+                           text_features=text_features, average_with=average_with_runs)
     if not result.rows:
         raise click.ClickException(f"none of the {len(run_dirs)} runs could be evaluated")
     if relevance:
@@ -193,6 +200,8 @@ def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device
         click.echo(f"judgments: {first['human_pairs']:.0f} judged pairs in the split, "
                    f"{first['human_unmatched']:.0f} outside it (left out)", err=True)
     summary = f"{len(result.rows)} of {len(run_dirs)} runs evaluated"
+    if average_with_runs:
+        summary = f"{len(result.rows)} rows from {len(run_dirs)} runs, their partners and averages"
     if result.skipped:
         summary += f", {len(result.skipped)} skipped"
     click.echo(summary + (f" → {out}" if out else ""), err=True)

@@ -58,3 +58,21 @@ def test_one_seed_is_not_tested(tmp_path):
     rows += [["lseh,seed=0", "lseh", 0, 6, 2, 330]]  # far above, but one run
     out = verdicts(write_results(tmp_path / "r.csv", rows))
     assert out[LSEH_RSUM] == "not testable: 1 and 3 seeds (one seed is an anecdote)"
+
+
+def test_the_sgraf_claims_find_each_network_and_the_average_by_its_run_names(tmp_path):
+    """`vse evaluate --runs 'sgr_short/*' --average-with-runs saf_short` names its rows
+    ``sgr_short/method=M,seed=S``, ``saf_short/...`` and ``A + B``: each network's claim reads its own."""
+    rows = []
+    for s in range(3):
+        for method, gap in (("mh", 0), ("lseh-svd", 1)):
+            sgr, saf = f"sgr_short/method={method},seed={s}", f"saf_short/method={method},seed={s}"
+            loss = "lseh" if gap else "mh"
+            rows += [[sgr, loss, s, 1, 1, 100 + s + 50 * gap],             # SGR: LSEH far above
+                     [saf, loss, s, 1, 1, 100 + s],                       # SAF: equal
+                     [f"{sgr} + {saf}", loss, s, 1, 1, 100 + s - 50 * gap]]  # SGRAF: LSEH far below
+    claims = f8k_claims.main(str(write_results(tmp_path / "r.csv", rows)), "sgraf_short")["claims"]
+    rsum = {c["claim"]: c["verdict"] for c in claims if "(rsum)" in c["claim"]}
+    assert rsum == {"LSEH (SVD) beats MH on SGR (rsum), one epoch": "holds",
+                    "LSEH (SVD) beats MH on SAF (rsum), one epoch": "inside the seed noise",
+                    "LSEH (SVD) beats MH on SGRAF (SGR and SAF scores averaged) (rsum), one epoch": "reversed"}

@@ -38,6 +38,15 @@ def sgr_run(sets, tmp_path_factory) -> Path:
     return run
 
 
+@pytest.fixture(scope="module")
+def saf_run(sets, tmp_path_factory) -> Path:
+    """An SAF run of the same folder name as sgr_run's, in a folder of its own (two sweeps' layout)."""
+    run = tmp_path_factory.mktemp("saf") / "run"
+    result = vse("train", "--features", sets, "--run-dir", run, "--network", "saf", *PAIRWISE_TRAIN)
+    assert result.exit_code == 0, result.output
+    return run
+
+
 def _records(run: Path) -> list[dict]:
     return [{k: v for k, v in json.loads(line).items() if k != "time"}
             for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -164,7 +173,7 @@ def test_a_sweep_over_networks_and_a_users_network(sets, tmp_path):
         assert evaluated.exit_code == 0, evaluated.output
 
 
-def test_average_with_is_the_mean_of_the_scores(sgr_run, sets, tmp_path):
+def test_average_with_is_the_mean_of_the_scores(sgr_run, saf_run, sets, tmp_path):
     """SGRAF's rule: the mean of two checkpoints' split scores. A checkpoint averaged with itself is
     itself; with another run its scores are the mean of the two (checked through the metrics)."""
     from pipeline.evaluation.evaluate import average_scores, embed_checkpoint
@@ -175,10 +184,7 @@ def test_average_with_is_the_mean_of_the_scores(sgr_run, sets, tmp_path):
     doubled = vse("evaluate", "--checkpoint", sgr_run / "best.pt", "--average-with", sgr_run / "best.pt",
                   "--features", sets, "--json")
     assert own.exit_code == doubled.exit_code == 0 and json.loads(own.stdout) == json.loads(doubled.stdout)
-    other = tmp_path / "saf"
-    trained = vse("train", "--features", sets, "--run-dir", other, "--network", "saf", *PAIRWISE_TRAIN)
-    assert trained.exit_code == 0, trained.output
-    a, b = (embed_checkpoint(run / "best.pt", sets, "test", cpu) for run in (sgr_run, other))
+    a, b = (embed_checkpoint(run / "best.pt", sets, "test", cpu) for run in (sgr_run, saf_run))
     mean = average_scores([a, b], ["a", "b"])
     expected = ((a.captions.T.astype(np.float64) + b.captions.T) / 2).astype(np.float32)
     assert np.array_equal(mean.captions.T, expected)
@@ -187,6 +193,42 @@ def test_average_with_is_the_mean_of_the_scores(sgr_run, sets, tmp_path):
     refused = vse("evaluate", "--checkpoint", sgr_run / "best.pt", "--average-with", sgr_run / "best.pt",
                   "--features", sets, "--split", "dev", "--embeddings", "x.npz")
     assert refused.exit_code == 2
+
+
+def test_average_with_runs_gives_each_run_its_partner_and_their_average(sgr_run, saf_run, sets, tmp_path):
+    """`--runs A --average-with-runs DIR` pairs A with DIR/<A's folder name>: A's row, the partner's,
+    then the averaged row, whose metrics are `--checkpoint A --average-with B`'s and whose config id
+    is its own. A run without a partner keeps its row and its average is reported skipped."""
+    import csv
+
+    from pipeline.reports.report import seed_groups
+
+    out = tmp_path / "results.csv"
+    result = vse("evaluate", "--runs", sgr_run, "--average-with-runs", saf_run.parent, "--features", sets,
+                 "--out", out)
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader(out.open()))
+    assert [row["run"] for row in rows] == [f"{sgr_run.parent.name}/run", f"{saf_run.parent.name}/run",
+                                            f"{sgr_run.parent.name}/run + {saf_run.parent.name}/run"]
+    for row, checkpoints in zip(rows, ([sgr_run], [saf_run], [sgr_run, saf_run])):
+        args = ["--checkpoint", checkpoints[0] / "best.pt", "--features", sets, "--json"]
+        args += [a for c in checkpoints[1:] for a in ("--average-with", c / "best.pt")]
+        alone = json.loads(vse("evaluate", *args).stdout)
+        assert float(row["rsum"]) == pytest.approx(alone["rsum"], abs=1e-9)
+        assert float(row["i2t_r1"]) == pytest.approx(alone["i2t_r1"], abs=1e-9)
+    assert len({row["config_id"] for row in rows}) == 3 and rows[2]["loss"] == rows[0]["loss"]
+    assert [g.label for g in seed_groups(rows)] == [row["run"] for row in rows]
+
+    alone = tmp_path / "elsewhere" / "other"
+    alone.mkdir(parents=True)
+    for name in ("best.pt", "config.json", "metrics.jsonl"):
+        (alone / name).write_bytes((sgr_run / name).read_bytes())
+    lonely = vse("evaluate", "--runs", alone, "--average-with-runs", saf_run.parent, "--features", sets)
+    assert lonely.exit_code == 0, lonely.output
+    assert f"no run other in {saf_run.parent} to average with" in lonely.stderr
+    refused = vse("evaluate", "--checkpoint", sgr_run / "best.pt", "--features", sets,
+                  "--average-with-runs", saf_run.parent)
+    assert refused.exit_code == 2 and "--average-with-runs goes with --runs" in refused.output
 
 
 def test_vsrn_is_a_dual_network_that_embed_serves(sets, tmp_path):

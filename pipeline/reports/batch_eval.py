@@ -24,6 +24,7 @@ from pipeline.training.run_folder import (
     best_record,
     config_id,
     epochs_to_best,
+    is_run_dir,
     read_validation_log,
     run_names,
 )
@@ -127,9 +128,11 @@ class RunEvaluator:
 
     def evaluate(self, run_dir, checkpoint: str = "best.pt") -> dict:
         """The results row of one run (VseError when it cannot be evaluated)."""
-        run_dir = Path(run_dir)
-        emb, loaded, checkpoint_path, features = self.embed(run_dir, checkpoint)
-        train_config = loaded.train_config
+        return self.row(run_dir, *self.embed(run_dir, checkpoint))
+
+    def metrics(self, emb, features) -> dict:
+        """Retrieval metrics of split embeddings (or scores), with CS@K and the human columns
+        when this evaluator was given a relevance file and judgments."""
         cache = self.cache(features)
         relevance = self.relevance(cache) if self.relevance_path and self.cs_ks else None
         metrics = evaluate_split_embeddings(emb, self.protocol, self.device, relevance,
@@ -137,6 +140,13 @@ class RunEvaluator:
         metrics.pop("folds", None)
         if self.judgments is not None:
             metrics.update(self.judge(cache, emb))
+        return metrics
+
+    def row(self, run_dir, emb, loaded, checkpoint_path, features) -> dict:
+        """The results row of one run from its split embeddings (``embed``'s four values)."""
+        run_dir = Path(run_dir)
+        train_config = loaded.train_config
+        metrics = self.metrics(emb, features)
         records = read_validation_log(run_dir)
         best = best_record(records)
         source = loaded.state.get("feature_source") or {}
@@ -176,22 +186,83 @@ def describe_config(config: dict) -> dict:
 
 def evaluate_runs(run_dirs, *, device: torch.device, split: str = "test", protocol: str = "single",
                   features=None, relevance=None, cs_ks=(), checkpoint: str = "best.pt",
-                  echo=print, judgments=None, text_features=None) -> BatchResult:
-    """One row per run (``run`` = its short name); unusable runs are echoed and skipped."""
+                  echo=print, judgments=None, text_features=None, average_with=()) -> BatchResult:
+    """One row per run (``run`` = its short name); unusable runs are echoed and skipped.
+
+    ``average_with``: folders of other runs (e.g. a sweep of SAF beside one of SGR). Each run is
+    then averaged with the run of the same folder name in each of them, as SGRAF averages an SGR
+    and an SAF checkpoint's scores: the partner's own row follows the run's, then the averaged
+    row, named ``A + B``, with the members' loss, seed and options and a config id of its own
+    (``averaged_config_id``), so that report groups the seeds of one pairing. The two networks'
+    scores are computed once for the three rows."""
     result = BatchResult()
     run_dirs = [Path(p) for p in run_dirs]
+    partners = {run_dir: [Path(d) / run_dir.name for d in average_with] for run_dir in run_dirs}
+    members = list(dict.fromkeys([*run_dirs, *(p for ps in partners.values() for p in ps)]))
+    names = dict(zip(members, run_names(members))) if members else {}
     with RunEvaluator(device, split, protocol, features, relevance, cs_ks, judgments,
                       text_features) as evaluator:
-        for i, (run_dir, name) in enumerate(zip(run_dirs, run_names(run_dirs) if run_dirs else []), 1):
+        def evaluated(run_dir, i):
             try:
-                row = evaluator.evaluate(run_dir, checkpoint)
+                embedded = evaluator.embed(run_dir, checkpoint)
+                row = {"run": names[run_dir], **evaluator.row(run_dir, *embedded)}
             except VseError as exc:
                 result.skipped.append(Skipped(run_dir, str(exc)))
-                echo(f"[{i}/{len(run_dirs)}] skipped {name}: {exc}")
+                echo(f"[{i}/{len(run_dirs)}] skipped {names[run_dir]}: {exc}")
+                return None
+            result.rows.append(row)
+            echo(f"[{i}/{len(run_dirs)}] {row['run']}: rsum {row['rsum']:.1f}")
+            return embedded, row
+
+        for i, run_dir in enumerate(run_dirs, 1):
+            own = evaluated(run_dir, i)
+            if own is None or not partners[run_dir]:
                 continue
-            result.rows.append({"run": name, **row})
-            echo(f"[{i}/{len(run_dirs)}] {name}: rsum {row['rsum']:.1f}")
+            group = [own]
+            for partner in partners[run_dir]:
+                if not is_run_dir(partner):
+                    reason = f"no run {run_dir.name} in {partner.parent} to average with"
+                    result.skipped.append(Skipped(run_dir, reason))
+                    echo(f"[{i}/{len(run_dirs)}] skipped the average of {names[run_dir]}: {reason}")
+                    break
+                group.append(evaluated(partner, i))
+                if group[-1] is None:
+                    break
+            else:
+                try:
+                    row = averaged_row(evaluator, group)
+                except VseError as exc:
+                    result.skipped.append(Skipped(run_dir, str(exc)))
+                    echo(f"[{i}/{len(run_dirs)}] skipped the average of {names[run_dir]}: {exc}")
+                    continue
+                result.rows.append(row)
+                echo(f"[{i}/{len(run_dirs)}] {row['run']}: rsum {row['rsum']:.1f}")
     return result
+
+
+def averaged_config_id(config_ids) -> str:
+    """The config id of an average of runs: equal for the seeds of one pairing of configurations."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(["averaged", *config_ids]).encode()).hexdigest()[:12]
+
+
+def averaged_row(evaluator: RunEvaluator, group) -> dict:
+    """The results row of the mean of several runs' split scores. ``group``: (``embed``'s values,
+    row) of each run, the first one's features and description kept."""
+    from pipeline.evaluation.evaluate import average_scores
+
+    (first_embedded, first_row) = group[0]
+    checkpoints = [embedded[2] for embedded, _ in group]
+    emb = average_scores([embedded[0] for embedded, _ in group], checkpoints)
+    metrics = evaluator.metrics(emb, first_embedded[3])
+    described = {key: first_row.get(key) for key in RUN_COLUMNS
+                 if key not in ("run", "checkpoint", "checkpoint_iteration", "epochs_to_best",
+                                "best_val_mrecall", "config_id", "noise_true_rate")}
+    return {"run": " + ".join(row["run"] for _, row in group), **described,
+            "checkpoint": " + ".join(map(str, checkpoints)), "images": len(emb.images),
+            "config_id": averaged_config_id([row.get("config_id") for _, row in group]),
+            **{k: float(v) for k, v in metrics.items()}}
 
 
 def validation_rows(run_dirs) -> list[dict]:

@@ -214,6 +214,9 @@ def seed_groups(rows, label: str = "run") -> list[SeedGroup]:
 
 
 def _without_seed(name: str) -> str:
+    """A run name without its ``seed=N`` part; an average of runs ("A + B") without each one's."""
+    if " + " in name:
+        return " + ".join(map(_without_seed, name.split(" + ")))
     parts = [p for p in name.split(",") if not re.fullmatch(r"seed=\d+", p.strip())]
     return ",".join(parts) or name
 
