@@ -77,6 +77,7 @@ def evaluate_command(embeddings, checkpoint, average_with, run_patterns, average
     )
 
     dev = resolve_device(device)
+    _share_over_ranks(dev)
     if sum(map(bool, (embeddings, checkpoint, run_patterns))) != 1:
         raise click.UsageError("give one of --embeddings FILE.npz, --checkpoint FILE with --features, "
                                "or --runs 'runs/*'")
@@ -143,6 +144,24 @@ def evaluate_command(embeddings, checkpoint, average_with, run_patterns, average
         click.echo("\n".join(filter(None, [format_table(metrics, title), format_human(metrics)])))
 
 
+def _share_over_ranks(device) -> None:
+    """Under torchrun: join the process group, so a pairwise network's score blocks are dealt to
+    the ranks (pipeline.evaluation.inference.score_split); every rank then computes the same
+    metrics, and only rank 0 prints and writes (the other ranks' output goes to os.devnull)."""
+    import contextlib
+    import os
+
+    from pipeline.core import distributed
+
+    if not distributed.init_from_env(device) or distributed.is_main():
+        return
+    stack = contextlib.ExitStack()
+    devnull = stack.enter_context(open(os.devnull, "w"))
+    stack.enter_context(contextlib.redirect_stdout(devnull))
+    stack.enter_context(contextlib.redirect_stderr(devnull))
+    click.get_current_context().call_on_close(stack.close)
+
+
 def _judge_split(emb, judgments, features, root, dataset_kind, device, dataset_options=None) -> dict:
     """Human-judgment metrics of a checkpoint's split embeddings; caption keys are rebuilt from
     the cache (or dataset) order and checked against Flickr8k.token.txt when it is at hand."""
@@ -169,6 +188,7 @@ def _report_matched(metrics: dict, matched) -> dict:
 
 def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device, out, checkpoint_name,
                    judgments=None, overwrite=False, text_features=None, average_with_runs=()):
+    from pipeline.core import distributed
     from pipeline.core.fsutil import RESULTS_FORMAT, guard_output
     from pipeline.evaluation.evaluate import cs_note
     from pipeline.reports.batch_eval import evaluate_runs
@@ -192,7 +212,7 @@ def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device
         for note in dict.fromkeys(cs_note(cs_ks, row["images"], split) for row in result.rows):
             if note:
                 click.echo(note, err=True)
-    if out:
+    if out and distributed.is_main():
         write_results(result.rows, out)
     click.echo(format_results(result.rows, "md", "human" if judgments else "recall"))
     if judgments:

@@ -3,14 +3,14 @@
     python -m torch.distributed.run --standalone --nproc-per-node N tests/distributed_worker.py SPEC.json OUT
 
 SPEC: {"steps": {name: TrainConfig dict}, "fits": {name: TrainConfig dict},
-       "resume": {"config": {...}, "kill_after": k}, "cli": [arguments of `vse`]}.
+       "resume": {"config": {...}, "kill_after": k}, "cli": [[arguments of `vse`], ...]}.
 - steps: one training step on the first global batch of epoch 1; every rank saves the loss,
   the gradients and the weights after the step to OUT/steps-rank<r>.pt.
 - fits: a whole run each, in OUT/<name>.
 - resume: an uninterrupted run (OUT/full) and one killed after k steps on every rank and
   resumed from its last.pt (OUT/cut); the ranks write nothing themselves.
-- cli: the `vse` command line, as `torchrun -m cli.main ...` runs it (in this launch because
-  importing every command module costs seconds per process).
+- cli: `vse` command lines, one after another, as `torchrun -m cli.main ...` runs each (in this
+  launch because importing every command module costs seconds per process); after the fits.
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ def main(spec_path: str, out: str) -> None:
     if "cli" in spec:
         from cli.main import cli
 
-        cli.main(args=spec["cli"], prog_name="vse", standalone_mode=False)
+        for args in spec["cli"]:
+            cli.main(args=args, prog_name="vse", standalone_mode=False)
 
 
 if __name__ == "__main__":

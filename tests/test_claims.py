@@ -73,6 +73,7 @@ def test_the_sgraf_claims_find_each_network_and_the_average_by_its_run_names(tmp
                      [f"{sgr} + {saf}", loss, s, 1, 1, 100 + s - 50 * gap]]  # SGRAF: LSEH far below
     claims = f8k_claims.main(str(write_results(tmp_path / "r.csv", rows)), "sgraf_short")["claims"]
     rsum = {c["claim"]: c["verdict"] for c in claims if "(rsum)" in c["claim"]}
+    sgraf = "SGRAF (SGR and SAF scores averaged)"
     assert rsum == {"LSEH (SVD) beats MH on SGR (rsum), one epoch": "holds",
                     "LSEH (SVD) beats MH on SAF (rsum), one epoch": "inside the seed noise",
-                    "LSEH (SVD) beats MH on SGRAF (SGR and SAF scores averaged) (rsum), one epoch": "reversed"}
+                    f"LSEH (SVD) beats MH on {sgraf} (rsum), one epoch": "reversed"}

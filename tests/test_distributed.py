@@ -88,11 +88,16 @@ def launched(tiny_cache, tmp_path_factory):
                "--min-word-count", "1", "--val-every", "0", "--workers", "1", "--device", "cpu"]
     # a pairwise network's whole run: its validations share the score blocks over the ranks
     fits = {"fit_ncr": dict(features=str(tiny_cache), loss="ncr", epochs=1, batch_size=PER_RANK, **SMALL)}
+    # `vse evaluate` of that run's checkpoint: its score blocks shared by the ranks, reported by rank 0
+    evaluate = [["evaluate", "--runs", str(out / "fit_ncr"), "--checkpoint-name", "last.pt", "--split", "dev",
+                 "--out", str(out / "eval.csv"), "--device", "cpu"],
+                ["evaluate", "--checkpoint", str(out / "fit_ncr" / "last.pt"), "--features", str(tiny_cache),
+                 "--split", "dev", "--json", "--device", "cpu"]]
     spec.write_text(json.dumps({"steps": steps, "fits": fits, "resume": {"config": resume, "kill_after": 10},
-                                "cli": command}))
-    torchrun(["tests/distributed_worker.py", str(spec), str(out)])
+                                "cli": [command, *evaluate]}))
+    launch = torchrun(["tests/distributed_worker.py", str(spec), str(out)])
     ranks = [torch.load(out / f"steps-rank{r}.pt", weights_only=True) for r in range(WORLD)]
-    return {"out": out, "steps": steps, "ranks": ranks, "resume": resume}
+    return {"out": out, "steps": steps, "ranks": ranks, "resume": resume, "launch": launch}
 
 
 def _single_process_step(config: dict) -> dict:
@@ -203,6 +208,28 @@ def test_a_pairwise_run_under_torchrun_validates_as_one_process_would(launched, 
     assert emb.pairwise and len(emb.image_rows) == 8
     for name in ("rsum", "i2t_r1", "t2i_r1", "i2t_meanr", "t2i_meanr"):
         assert record[name] == pytest.approx(metrics[name], abs=1e-6), name
+
+
+def test_vse_evaluate_under_torchrun_reports_once_what_one_process_computes(launched, tiny_cache):
+    """`torchrun -m cli.main evaluate` of a pairwise checkpoint: the ranks share its score blocks
+    (score_split, tested above), rank 0 alone prints the table or the JSON and writes --out, and
+    the numbers are one process's. Both ranks printing would show two JSON lines."""
+    import csv
+
+    from conftest import vse
+
+    run = launched["out"] / "fit_ncr"
+    alone = vse("evaluate", "--checkpoint", run / "last.pt", "--features", tiny_cache, "--split", "dev",
+                "--json", "--device", "cpu")
+    assert alone.exit_code == 0, alone.output
+    expected = json.loads(alone.stdout)
+    printed = [json.loads(line) for line in launched["launch"].stdout.splitlines() if line.startswith("{")]
+    assert len(printed) == 1, launched["launch"].stdout[-2000:]
+    rows = list(csv.DictReader((launched["out"] / "eval.csv").open()))
+    assert len(rows) == 1 and launched["launch"].stderr.count("1 of 1 runs evaluated") == 1
+    for name in ("rsum", "i2t_r1", "t2i_r1", "i2t_meanr", "t2i_meanr"):
+        assert printed[0][name] == pytest.approx(expected[name], abs=1e-6), name
+        assert float(rows[0][name]) == pytest.approx(expected[name], abs=1e-6), name
 
 
 def test_killed_distributed_run_resumes_exactly_and_only_rank_0_writes(launched):
