@@ -28,6 +28,13 @@ def _parse_ks(ctx, param, value):
 @click.option("--average-with", "average_with", multiple=True, type=click.Path(dir_okay=False),
               help="--checkpoint: average its split scores with these checkpoints' (repeatable), e.g. "
                    "SGRAF = the mean of an SGR and an SAF checkpoint's scores.")
+@click.option("--shortlist", type=click.Path(dir_okay=False),
+              help="--checkpoint of a pairwise network: re-rank this dual checkpoint's top --shortlist-k of "
+                   "each query instead of scoring every pair (docs/PROTOCOL.md, 'Re-ranking a shortlist').")
+@click.option("--shortlist-features", type=click.Path(dir_okay=False),
+              help="--shortlist: the feature cache of the dual checkpoint (default: --features).")
+@click.option("--shortlist-k", type=click.IntRange(min=1), default=100, show_default=True,
+              help="--shortlist: candidates per query that the pairwise network scores.")
 @click.option("--runs", "run_patterns", multiple=True,
               help="Run folders (glob, quoted: 'runs/*'), repeatable: one results row per run.")
 @click.option("--average-with-runs", "average_with_runs", multiple=True,
@@ -60,9 +67,10 @@ def _parse_ks(ctx, param, value):
               help="--runs: which checkpoint of each run.")
 @judgment_options
 @click.option("--overwrite", is_flag=True, help="--out: replace a file that is not a vse results table.")
-def evaluate_command(embeddings, checkpoint, average_with, run_patterns, average_with_runs, features, root,
-                     dataset_kind, dataset_options, text_features, split, protocol, order, relevance, cs_ks,
-                     device, amp, as_json, out, checkpoint_name, judgments, overwrite):
+def evaluate_command(embeddings, checkpoint, average_with, shortlist, shortlist_features, shortlist_k,
+                     run_patterns, average_with_runs, features, root, dataset_kind, dataset_options,
+                     text_features, split, protocol, order, relevance, cs_ks, device, amp, as_json, out,
+                     checkpoint_name, judgments, overwrite):
     """Recall@K, median/mean rank and rsum (docs/PROTOCOL.md), both directions."""
     from pipeline.core.runtime import resolve_device
     from pipeline.data.cache import FeatureCache
@@ -87,6 +95,16 @@ def evaluate_command(embeddings, checkpoint, average_with, run_patterns, average
         raise click.UsageError("--average-with goes with --checkpoint and --features")
     if average_with_runs and not run_patterns:
         raise click.UsageError("--average-with-runs goes with --runs")
+    if shortlist:
+        alone = not (average_with or root or relevance or judgments or protocol == "5fold")
+        if not (checkpoint and features and alone):
+            raise click.UsageError("--shortlist goes with --checkpoint (a pairwise network) and --features, "
+                                   "without --average-with, --root, --relevance, --judgments or 5fold")
+        _evaluate_shortlist(checkpoint, features, text_features, shortlist, shortlist_features or features,
+                            shortlist_k, split, protocol, dev, amp, as_json)
+        return
+    if shortlist_features:
+        raise click.UsageError("--shortlist-features goes with --shortlist")
     if run_patterns:
         _evaluate_runs(run_patterns, features, split, protocol, relevance, cs_ks, dev, out, checkpoint_name,
                        judgments, overwrite, text_features, average_with_runs)
@@ -142,6 +160,36 @@ def evaluate_command(embeddings, checkpoint, average_with, run_patterns, average
         from pipeline.evaluation.judgments import format_human
 
         click.echo("\n".join(filter(None, [format_table(metrics, title), format_human(metrics)])))
+
+
+def _evaluate_shortlist(checkpoint, features, text_features, shortlist, shortlist_features, k, split,
+                        protocol, device, amp, as_json) -> None:
+    """A pairwise checkpoint re-ranking a dual checkpoint's top k (pipeline.evaluation.shortlist)."""
+    import time
+
+    from pipeline.data.cache import FeatureCache
+    from pipeline.evaluation.evaluate import embed_checkpoint, format_table, json_metrics
+    from pipeline.evaluation.inference import check_features_match, load_model
+    from pipeline.evaluation.shortlist import rerank_split
+
+    dual = embed_checkpoint(shortlist, shortlist_features, split, device, amp=amp)
+    loaded = load_model(checkpoint, device)
+    started = time.perf_counter()
+    with FeatureCache(features) as cache:
+        check_features_match(cache, loaded.model, loaded.state.get("feature_source", {}), checkpoint)
+        captions = loaded.captions(cache, text_features, checkpoint)
+        reranked = rerank_split(loaded.model, cache, captions, split, device, dual, k, amp=amp)
+    seconds = time.perf_counter() - started
+    metrics = reranked.metrics()
+    scored = (f"scored {reranked.pairs_scored:,} of {reranked.pairs:,} pairs "
+              f"({100 * reranked.pairs_scored / reranked.pairs:.1f}%) in {seconds:.1f} s")
+    if as_json:
+        click.echo(json.dumps({**json_metrics(metrics), "shortlist_k": k, "seconds": round(seconds, 2),
+                               "pairs_scored": reranked.pairs_scored, "pairs": reranked.pairs}))
+        return
+    click.echo(format_table(metrics, f"{checkpoint} re-ranking the top {k} of {shortlist} on {features} "
+                                     f"[{split}, {len(reranked.i2t)} images, {protocol}]"))
+    click.echo(scored)
 
 
 def _share_over_ranks(device) -> None:

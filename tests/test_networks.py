@@ -231,6 +231,82 @@ def test_average_with_runs_gives_each_run_its_partner_and_their_average(sgr_run,
     assert refused.exit_code == 2 and "--average-with-runs goes with --runs" in refused.output
 
 
+@pytest.fixture(scope="module")
+def dual_run(sets, tmp_path_factory) -> Path:
+    """A dual network (VSE∞'s GPO pools) on the same cache: the shortlist of the pairwise runs."""
+    run = tmp_path_factory.mktemp("dual") / "run"
+    result = vse("train", "--features", sets, "--run-dir", run, "--network", "vse-infty",
+                 *PAIRWISE_TRAIN[:-2])
+    assert result.exit_code == 0, result.output
+    return run
+
+
+def test_a_pairwise_network_reranks_a_dual_shortlist(sgr_run, dual_run, sets):
+    """k >= every candidate: every pair is scored once and the metrics are exhaustive scoring's;
+    k = 3: each query's first 3 are the dual network's top 3 (re-ordered); k = 1: R@1 is the dual's."""
+    from pipeline.data.cache import FeatureCache
+    from pipeline.evaluation.evaluate import embed_checkpoint
+    from pipeline.evaluation.inference import load_model
+    from pipeline.evaluation.metrics import evaluate_embeddings
+    from pipeline.evaluation.shortlist import rerank_split
+
+    cpu = torch.device("cpu")
+    dual = embed_checkpoint(dual_run / "best.pt", sets, "test", cpu)
+    exhaustive = embed_checkpoint(sgr_run / "best.pt", sets, "test", cpu)
+    loaded = load_model(sgr_run / "best.pt", cpu)
+    with FeatureCache(sets) as cache:
+        captions = loaded.captions(cache)
+        ranked = {k: rerank_split(loaded.model, cache, captions, "test", cpu, dual, k) for k in (40, 3, 1)}
+    scores = exhaustive.captions.T  # (8, 40)
+    assert ranked[40].pairs_scored == ranked[40].pairs == scores.size
+    expected = evaluate_embeddings(exhaustive.images, exhaustive.captions, exhaustive.caption_image)
+    assert ranked[40].metrics() == pytest.approx(expected, abs=1e-9)
+    assert np.array_equal(np.argsort(-ranked[40].i2t.numpy(), axis=1, kind="stable"),
+                          np.argsort(-scores.astype(np.float64), axis=1, kind="stable"))
+    dual_scores = dual.images @ dual.captions.T
+    top3 = np.sort(np.argsort(-dual_scores, axis=1)[:, :3], axis=1)
+    assert np.array_equal(np.sort(np.argsort(-ranked[3].i2t.numpy(), axis=1)[:, :3], axis=1), top3)
+    assert ranked[3].pairs_scored < scores.size
+    plain = evaluate_embeddings(dual.images, dual.captions, dual.caption_image)
+    one = ranked[1].metrics()
+    assert (one["i2t_r1"], one["t2i_r1"]) == (plain["i2t_r1"], plain["t2i_r1"])
+
+
+def test_a_shortlist_comes_first_in_pairwise_order_then_the_rest_in_dual_order():
+    """Hand-made: dual scores far above the pairwise ones, k = 2. Image 0's shortlist {0, 1} is
+    re-ordered by the pairwise scores (1, 0), then caption 2 by the dual score; caption 2's
+    shortlist {1, 0} (dual 4 > 3) is re-ordered by the pairwise scores (0: .9 > 1: .2)."""
+    from pipeline.evaluation.shortlist import rerank, shortlists
+
+    dual = torch.tensor([[5.0, 4.0, 3.0], [3.0, 5.0, 4.0]])
+    pairwise = torch.tensor([[0.1, 0.2, 0.9], [0.3, 0.1, 0.2]])
+    to_captions, to_images = shortlists(dual, 2)
+    assert to_captions.tolist() == [[True, True, False], [False, True, True]]
+    assert to_images.tolist() == [[True, True, True], [True, True, True]]
+    i2t, t2i = rerank(dual, pairwise, to_captions, to_images)
+    assert torch.argsort(i2t, dim=1, descending=True).tolist() == [[1, 0, 2], [2, 1, 0]]
+    assert torch.argsort(t2i, dim=0, descending=True).tolist() == [[1, 0, 0], [0, 1, 1]]
+    to_captions, to_images = shortlists(dual, 1)
+    i2t, _ = rerank(dual, pairwise, to_captions, to_images)
+    assert torch.argsort(i2t, dim=1, descending=True).tolist() == [[0, 1, 2], [1, 2, 0]]  # the dual's order
+
+
+def test_vse_evaluate_shortlist_and_its_refusals(sgr_run, dual_run, sets):
+    result = vse("evaluate", "--checkpoint", sgr_run / "best.pt", "--features", sets, "--shortlist",
+                 dual_run / "best.pt", "--shortlist-k", 2, "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["shortlist_k"] == 2 and 0 < out["pairs_scored"] < out["pairs"] == 8 * 40 and "rsum" in out
+    swapped = vse("evaluate", "--checkpoint", dual_run / "best.pt", "--features", sets, "--shortlist",
+                  sgr_run / "best.pt")
+    assert swapped.exit_code == 1 and "re-ranking takes a pairwise network" in swapped.output
+    both = vse("evaluate", "--checkpoint", sgr_run / "best.pt", "--features", sets, "--shortlist",
+               sgr_run / "best.pt")
+    assert both.exit_code == 1 and "the shortlist comes from a dual network" in both.output
+    assert vse("evaluate", "--checkpoint", sgr_run / "best.pt", "--features", sets, "--shortlist",
+               dual_run / "best.pt", "--shortlist-k", 0).exit_code == 2
+
+
 def test_vsrn_is_a_dual_network_that_embed_serves(sets, tmp_path):
     run = tmp_path / "vsrn"
     result = vse("train", "--features", sets, "--run-dir", run, "--network", "vsrn", *PAIRWISE_TRAIN[:-2])
