@@ -126,10 +126,6 @@ class RunEvaluator:
         embeddings = encode_split(loaded.model, cache, captions, self.split, self.device)
         return embeddings, loaded, checkpoint_path, features
 
-    def evaluate(self, run_dir, checkpoint: str = "best.pt") -> dict:
-        """The results row of one run (VseError when it cannot be evaluated)."""
-        return self.row(run_dir, *self.embed(run_dir, checkpoint))
-
     def metrics(self, emb, features) -> dict:
         """Retrieval metrics of split embeddings (or scores), with CS@K and the human columns
         when this evaluator was given a relevance file and judgments."""
