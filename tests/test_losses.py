@@ -352,6 +352,21 @@ def test_warmup_uses_sum_of_hinges_for_the_first_epochs():
     assert loss(img, cap, ids).item() == pytest.approx(mh)
 
 
+def test_lseh_warmup_sums_the_hinges_with_their_semantic_margins():
+    """By hand: S = [[.5, .4, .45], [.1, .3, 0], [0, 0, .6]], margin 0.1, lambda 0.2, relevance
+    0.5 between captions 0-1 and 1-2, 0 between 0-2 (margins 0.2, 0.2 and 0.1). Hinges to
+    captions: row 0 [0.1, 0.05], to images: column 1 [0.3], all others 0. Sum 0.45, hardest 0.4."""
+    scores = torch.tensor([[0.5, 0.4, 0.45], [0.1, 0.3, 0.0], [0.0, 0.0, 0.6]], dtype=torch.float64)
+    img, cap = torch.eye(3, dtype=torch.float64), scores.T.clone()  # img @ cap.T = scores
+    rel = torch.tensor([[1.0, 0.5, 0.0], [0.5, 1.0, 0.5], [0.0, 0.5, 1.0]], dtype=torch.float64)
+    ids = torch.tensor([0, 1, 2])
+    loss = build_loss("lseh", margin=0.1, lambda_=0.2, warmup_epochs=1)
+    assert loss(img, cap, ids, rel).item() == pytest.approx(0.45, abs=1e-12)
+    loss.set_epoch(1)
+    assert loss(img, cap, ids, rel).item() == pytest.approx(0.4, abs=1e-12)
+    assert build_loss("lseh", margin=0.1, lambda_=0.2)(img, cap, ids, rel).item() == pytest.approx(0.4)
+
+
 def test_ladder_three_levels_defaults():
     img, cap, ids, rel = random_batch(7)
     got = build_loss("ladder", levels=3)(img, cap, ids, rel).item()
@@ -375,6 +390,7 @@ def test_uses_relevance_flags():
     ("order", {"reduction": "mean"}, "reduction must be 'sum' or 'max'"),
     ("mh", {"negative_set_size": 0}, "negative_set_size must be None or an integer >= 1"),
     ("mh", {"warmup_epochs": -1}, "warmup_epochs must be an integer >= 0"),
+    ("lseh", {"warmup_epochs": 0.5}, "warmup_epochs must be an integer >= 0"),
     ("ladder", {"levels": 4}, "levels=4 has no defaults"),
     ("ladder", {"thetas": [0.6, 0.5]}, "levels=2 needs 1 thetas"),
     ("ladder", {"margins": 0.2}, "margins must be a list"),

@@ -359,8 +359,8 @@ class LossFlag:
 
 LOSS_FLAGS = {
     "negative_set_size": LossFlag("negative_set_size", int, "mh: hardest negative among k random negatives."),
-    "warmup_epochs": LossFlag("warmup_epochs", int, "mh: sum of hinges for the first E epochs (VSE∞'s "
-                                                    "--vse_mean_warmup_epochs)."),
+    "warmup_epochs": LossFlag("warmup_epochs", int, "mh, lseh: sum of hinges for the first E epochs "
+                                                    "(VSE∞'s --vse_mean_warmup_epochs)."),
     "tau": LossFlag("tau", float, "Temperature of the contrastive losses."),
     "lseh_lambda": LossFlag("lambda_", float, "lseh: weight of the semantic margin."),
     "ladder_levels": LossFlag("levels", int, "ladder: L (2 or 3)."),

@@ -181,7 +181,31 @@ class SumHingeLoss(VseLoss):
         return to_captions.sum() + to_images.sum()
 
 
-class MaxHingeLoss(VseLoss):
+class _HardestNegativeHinge(VseLoss):
+    """The hinge of the hardest negative per query, both directions, after an optional warm-up:
+    ``warmup_epochs=E`` sums the hinges over all negatives for epochs 0 … E-1 (``set_epoch``),
+    as VSE∞'s code does for its first epoch. Subclasses give the hinge costs."""
+
+    def __init__(self, warmup_epochs: int = 0, mask_same_image: bool = True):
+        super().__init__(mask_same_image)
+        if not _is_int_at_least(warmup_epochs, 0):
+            raise ValueError(f"warmup_epochs must be an integer >= 0, got {warmup_epochs!r}")
+        self.warmup_epochs = int(warmup_epochs)
+
+    def collapse_value(self, global_batch: int) -> float | None:
+        """Every hardest hinge is (about) the margin: 2 · B · margin (after any warm-up)."""
+        return 2 * global_batch * self.margin or None
+
+    def warming_up(self) -> bool:
+        return self.epoch < self.warmup_epochs
+
+    def reduce(self, to_captions: torch.Tensor, to_images: torch.Tensor) -> torch.Tensor:
+        if self.warming_up():
+            return to_captions.sum() + to_images.sum()
+        return to_captions.amax(dim=1).sum() + to_images.amax(dim=0).sum()
+
+
+class MaxHingeLoss(_HardestNegativeHinge):
     """``mh`` (VSE++): the hinge of the hardest negative per query, both directions.
 
     ``negative_set_size=k`` searches the hardest negative in a random subset of k of the
@@ -193,29 +217,20 @@ class MaxHingeLoss(VseLoss):
 
     def __init__(self, margin: float = 0.2, negative_set_size: int | None = None,
                  warmup_epochs: int = 0, mask_same_image: bool = True):
-        super().__init__(mask_same_image)
+        super().__init__(warmup_epochs, mask_same_image)
         self.margin = _finite(margin, "margin")
         if negative_set_size is not None and not _is_int_at_least(negative_set_size, 1):
             raise ValueError(f"negative_set_size must be None or an integer >= 1, "
                              f"got {negative_set_size!r}")
-        if not _is_int_at_least(warmup_epochs, 0):
-            raise ValueError(f"warmup_epochs must be an integer >= 0, got {warmup_epochs!r}")
         self.negative_set_size = negative_set_size
-        self.warmup_epochs = int(warmup_epochs)
-
-    def collapse_value(self, global_batch: int) -> float | None:
-        """Every hinge is the margin: 2 · B · margin (after any warm-up)."""
-        return 2 * global_batch * self.margin or None
 
     def value(self, batch: Batch) -> torch.Tensor:
         to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, self.margin)
-        if self.epoch < self.warmup_epochs:
-            return to_captions.sum() + to_images.sum()
-        if self.negative_set_size is not None:
+        if self.negative_set_size is not None and not self.warming_up():
             size = self.negative_set_size
             to_captions = to_captions.masked_fill(~_random_subset(batch.negatives, size), 0.0)
             to_images = to_images.masked_fill(~_random_subset(batch.negatives.T, size).T, 0.0)
-        return to_captions.amax(dim=1).sum() + to_images.amax(dim=0).sum()
+        return self.reduce(to_captions, to_images)
 
 
 class OrderLoss(VseLoss):
@@ -252,13 +267,14 @@ class OrderLoss(VseLoss):
         return to_captions.amax(dim=1).sum() + to_images.amax(dim=0).sum()
 
 
-class SemanticHardNegativeLoss(VseLoss):
+class SemanticHardNegativeLoss(_HardestNegativeHinge):
     """``lseh``: VSE++'s hardest-negative hinge with the per-pair margin
     ``margin + lambda_ * relevance[i, j]`` (relevance zeroed on same-image pairs).
 
     With ``mask_same_image=False`` same-image pairs are negatives with margin ``margin``;
     ``zero_margin_same_image=True`` (only with ``mask_same_image=False``) gives them margin 0
     — the whole per-pair margin zeroed, as the LSEH reference code does.
+    ``warmup_epochs=E`` sums the hinges (with their per-pair margins) for epochs 0 … E-1, as ``mh``.
     """
 
     name = "lseh"
@@ -266,8 +282,9 @@ class SemanticHardNegativeLoss(VseLoss):
     uses_relevance = True
 
     def __init__(self, margin: float = 0.185, lambda_: float = 0.025,
-                 zero_margin_same_image: bool = False, mask_same_image: bool = True):
-        super().__init__(mask_same_image)
+                 zero_margin_same_image: bool = False, warmup_epochs: int = 0,
+                 mask_same_image: bool = True):
+        super().__init__(warmup_epochs, mask_same_image)
         self.margin = _finite(margin, "margin")
         self.lambda_ = _finite(lambda_, "lambda_")
         if not isinstance(zero_margin_same_image, bool):
@@ -278,17 +295,12 @@ class SemanticHardNegativeLoss(VseLoss):
                              "same-image pairs are no negatives at all)")
         self.zero_margin_same_image = zero_margin_same_image
 
-    def collapse_value(self, global_batch: int) -> float | None:
-        """About 2 · B · margin (each hardest hinge is margin + lambda_ · relevance)."""
-        return 2 * global_batch * self.margin or None
-
     def value(self, batch: Batch) -> torch.Tensor:
         semantic = batch.relevance.masked_fill(batch.same_image, 0.0)
         margins = self.margin + self.lambda_ * semantic
         if self.zero_margin_same_image:
             margins = margins.masked_fill(batch.same_image, 0.0)
-        to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, margins)
-        return to_captions.amax(dim=1).sum() + to_images.amax(dim=0).sum()
+        return self.reduce(*_hinge_costs(batch.scores, batch.negatives, margins))
 
 
 class LadderLoss(VseLoss):
