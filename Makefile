@@ -17,7 +17,7 @@
 #   make f8k-saf-short — its one-epoch SAF part (experiments/f8k_saf_short.yaml;
 #                      bench/results/f8k_saf_short/, about 1.5 h)
 #   make f8k-sgraf-short — after f8k-saf-short: the same on SGR, then the SGRAF rows (each SGR run's
-#                      scores averaged with the SAF run of its loss and seed; experiments/f8k_sgr_short.yaml;
+#                      scores averaged with the SAF run of its loss and seed; f8k_saf_short.yaml with sgr;
 #                      bench/results/f8k_sgraf_short/)
 #   make f8k-vsrn-short — MH vs LSEH (svd) on VSRN (embed 256, no caption branch), one epoch, 3 seeds
 #                      (experiments/f8k_vsrn_short.yaml; bench/results/f8k_vsrn_short/)
@@ -170,9 +170,9 @@ SAF_SHORT_OUT = bench/results/f8k_saf_short
 
 # One sweep per network, the same grid in each, so that runs of one folder name pair up for SGRAF
 f8k-sgraf: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
-	$(VSE) sweep experiments/f8k_sgraf.yaml --network sgr --runs-dir $(F8K_RUNS)/sgr
-	$(VSE) sweep experiments/f8k_sgraf.yaml --network saf --runs-dir $(F8K_RUNS)/saf
-	$(VSE) evaluate --runs '$(F8K_RUNS)/sgr/sgraf/*' --average-with-runs $(F8K_RUNS)/saf/sgraf --split test \
+	$(VSE) sweep experiments/f8k_sgraf.yaml --network sgr --name sgraf_sgr --runs-dir $(F8K_RUNS)
+	$(VSE) sweep experiments/f8k_sgraf.yaml --network saf --name sgraf_saf --runs-dir $(F8K_RUNS)
+	$(VSE) evaluate --runs '$(F8K_RUNS)/sgraf_sgr/*' --average-with-runs $(F8K_RUNS)/sgraf_saf --split test \
 	  --judgments $(JUDGMENTS) --out $(SGRAF_OUT)/results.csv
 	$(VSE) report $(SGRAF_OUT)/results.csv --columns recall --epochs-to-best | tee $(SGRAF_OUT)/table_recall.md
 	$(VSE) report $(SGRAF_OUT)/results.csv --columns human | tee $(SGRAF_OUT)/table_human.md
@@ -190,7 +190,7 @@ SGRAF_SHORT_OUT = bench/results/f8k_sgraf_short
 # f8k-saf-short's schedule on SGR, then each SGR run with the SAF run of its folder name: the SGR,
 # SAF and SGRAF (scores averaged) rows
 f8k-sgraf-short: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
-	$(VSE) sweep experiments/f8k_sgr_short.yaml --runs-dir $(F8K_RUNS)
+	$(VSE) sweep experiments/f8k_saf_short.yaml --network sgr --name sgr_short --runs-dir $(F8K_RUNS)
 	$(VSE) evaluate --runs '$(F8K_RUNS)/sgr_short/*' --average-with-runs $(F8K_RUNS)/saf_short --split test \
 	  --judgments $(JUDGMENTS) --out $(SGRAF_SHORT_OUT)/results.csv
 	$(VSE) report $(SGRAF_SHORT_OUT)/results.csv --columns recall --epochs-to-best | tee $(SGRAF_SHORT_OUT)/table_recall.md

@@ -98,8 +98,9 @@ def _lseh_on(network: str, label: str = "method={0}", schedule: str = "one epoch
     ]
 
 
-CLAIM_SETS = {"fast": CLAIMS, "saf_short": _lseh_on("SAF"), "vsrn_short": [*_lseh_on("VSRN"), *_lseh_on("VSRN", "method={0}-warm",
-                                                                       "two epochs, the first warmed up")],
+CLAIM_SETS = {"fast": CLAIMS, "saf_short": _lseh_on("SAF"),
+              "vsrn_short": [*_lseh_on("VSRN"),
+                             *_lseh_on("VSRN", "method={0}-warm", "two epochs, the first warmed up")],
               "sgraf_short": [*_lseh_on("SGR", "sgr_short/method={0}"),
                               *_lseh_on("SAF", "saf_short/method={0}"),
                               *_lseh_on("SGRAF (SGR and SAF scores averaged)",

@@ -15,12 +15,14 @@ from cli.train_options import given_values, train_options
 @click.option("--resume", is_flag=True, help="Continue unfinished runs from their last.pt.")
 @click.option("--runs-dir", type=click.Path(file_okay=False), default=None,
               help="Parent of the sweep folder (default: the file's runs_dir, else runs).")
+@click.option("--name", default=None,
+              help="The sweep's folder under the runs dir (default: the file's name:, else its stem).")
 @click.option("--dry-run", is_flag=True, help="List the runs and their status; train nothing.")
 @click.option("--seeds", default=None, callback=lambda ctx, param, value: _int_list(value),
               help="Repeat every grid point with these seeds, e.g. 0,1,2,3,4 (or 0-4).")
 @train_options(exclude=("run_dir",))
 @click.pass_context
-def sweep_command(ctx, config, jobs, resume, runs_dir, dry_run, seeds, loss_option, **options):
+def sweep_command(ctx, config, jobs, resume, runs_dir, name, dry_run, seeds, loss_option, **options):
     """Train the grid of CONFIG (YAML: base: + grid:), skipping finished runs.
 
     Training options given here override the file's base: for every run (not a grid axis)."""
@@ -29,7 +31,7 @@ def sweep_command(ctx, config, jobs, resume, runs_dir, dry_run, seeds, loss_opti
     if jobs < 1:
         raise click.UsageError("--jobs must be at least 1")
     overrides, _ = given_values(ctx, options, loss_option)
-    sweep = load_sweep(config, runs_dir, seeds, overrides=overrides)
+    sweep = load_sweep(config, runs_dir, seeds, overrides=overrides, name=name)
     if dry_run:
         for run in plan(sweep).runs:
             click.echo(f"{run.status:10s} {run.run_dir}" + (f"  ({run.detail})" if run.detail else ""))

@@ -58,6 +58,22 @@ def test_bundles_set_a_loss_with_its_own_options(tmp_path, tiny_cache):
     assert runs[4].config["margin"] == 0.1
 
 
+def test_name_sweeps_one_grid_again_beside_the_first(tmp_path, tiny_cache):
+    """--name with an override (another loss here, another network in the Makefile): its own
+    folder, the file's runs untouched, and a bad name refused in one line."""
+    path = _sweep_file(tmp_path, tiny_cache, "  seed: [0, 1]\n", base_extra="  loss: mh\n")
+    first = CliRunner().invoke(cli, ["sweep", str(path), "--dry-run"])
+    again = CliRunner().invoke(cli, ["sweep", str(path), "--dry-run", "--name", "grid_sh", "--loss", "sh"])
+    assert first.exit_code == 0 and again.exit_code == 0, again.output
+    assert f"new        {tmp_path / 'runs' / 'grid' / 'seed=0'}" in first.output
+    assert f"new        {tmp_path / 'runs' / 'grid_sh' / 'seed=1'}" in again.output
+    assert "/grid/" not in again.output
+    runs = load_sweep(path, name="grid_sh", overrides={"loss": "sh"}).runs
+    assert [r.config["loss"] for r in runs] == ["sh", "sh"]
+    bad = CliRunner().invoke(cli, ["sweep", str(path), "--dry-run", "--name", "../x"])
+    assert bad.exit_code == 1 and "sweep name '../x' may hold only" in bad.output
+
+
 def test_param_strings_are_safe_folder_names():
     assert (param_string({"relevance": "cache/rel svd.h5", "margin": 0.2})
             == "relevance=cache_rel_svd.h5,margin=0.2")

@@ -64,13 +64,15 @@ class Sweep:
         return self.runs_dir / self.name
 
 
-def load_sweep(path, runs_dir=None, seeds=None, overrides=None) -> Sweep:
+def load_sweep(path, runs_dir=None, seeds=None, overrides=None, name=None) -> Sweep:
     """Parse a sweep file and expand its grid (VseError naming the file when it is wrong).
 
     ``seeds`` (or the file's ``seeds:`` list) repeats every grid point with each seed: the
     last grid axis, so a configuration's seeds are listed together and `vse report` shows
     their mean ± std. ``overrides`` (training options, e.g. the command line's) replace the
-    file's ``base:`` values (their loss options merge into base's); they may not set a grid axis."""
+    file's ``base:`` values (their loss options merge into base's); they may not set a grid axis.
+    ``name`` replaces the file's ``name:`` (the sweep's folder), so one grid can be swept again with
+    an override, e.g. another network, beside the first."""
     import yaml
 
     path = Path(path)
@@ -108,7 +110,7 @@ def load_sweep(path, runs_dir=None, seeds=None, overrides=None) -> Sweep:
     if "loss_options" in overrides:
         overrides["loss_options"] = {**(base.get("loss_options") or {}), **overrides["loss_options"]}
     base = {**base, **overrides}
-    name = str(spec.get("name") or path.stem)
+    name = str(name or spec.get("name") or path.stem)
     if not _SAFE_NAME.fullmatch(name):
         raise VseError(f"sweep name {name!r} may hold only letters, digits, '.', '_' and '-'", path)
     sweep = Sweep(name, Path(runs_dir or spec.get("runs_dir") or "runs"))
