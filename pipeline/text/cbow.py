@@ -30,17 +30,23 @@ def cbow_vectors(captions) -> tuple[np.ndarray, int]:
     return out, empty
 
 
-def _block_sums(captions, index, table) -> tuple[np.ndarray, int]:
+def _word_rows(captions, index) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, caption_of): each word of each caption, caption after caption, words in order: its
+    row of the GloVe table (-1: unknown) and the caption it belongs to."""
     tokens = [tokenize(c) for c in captions]
     lengths = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
     rows = np.fromiter((index.get(w, -1) for t in tokens for w in t), dtype=np.int64,
                        count=int(lengths.sum()))
-    caption_of = np.repeat(np.arange(len(tokens)), lengths)
+    return rows, np.repeat(np.arange(len(tokens)), lengths)
+
+
+def _block_sums(captions, index, table) -> tuple[np.ndarray, int]:
+    rows, caption_of = _word_rows(captions, index)
     known = rows >= 0
     used, column = np.unique(rows[known], return_inverse=True)
     # counts[c, u] = occurrences of used word u in caption c; sums = counts @ vectors
     counts = sp.csr_matrix((np.ones(int(known.sum()), dtype=np.float32),
-                            (caption_of[known], column)), shape=(len(tokens), len(used)))
+                            (caption_of[known], column)), shape=(len(captions), len(used)))
     sums = counts @ np.asarray(table[used], dtype=np.float32)
     return sums, int(np.count_nonzero(np.diff(counts.indptr) == 0))
 
@@ -52,14 +58,11 @@ def cbow_token_vectors(captions) -> tuple[np.ndarray, np.ndarray, int]:
     so every caption has a token and a mean; the mean of a caption's rows points where its
     ``cbow_vectors`` row does."""
     index, table = load_glove()
-    tokens = [tokenize(c) for c in captions]
-    lengths = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
-    rows = np.fromiter((index.get(w, -1) for t in tokens for w in t), dtype=np.int64,
-                       count=int(lengths.sum()))
-    caption_of = np.repeat(np.arange(len(tokens)), lengths)
+    captions = list(captions)
+    rows, caption_of = _word_rows(captions, index)
     known = rows >= 0
     rows, caption_of = rows[known], caption_of[known]
-    lengths = np.bincount(caption_of, minlength=len(tokens)).astype(np.int64)
+    lengths = np.bincount(caption_of, minlength=len(captions)).astype(np.int64)
     empty = np.flatnonzero(lengths == 0)
     rows = np.concatenate([rows, np.full(len(empty), -1)])  # -1: the zero vector
     order = np.argsort(np.concatenate([caption_of, empty]), kind="stable")  # words keep their order
