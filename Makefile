@@ -19,7 +19,8 @@
 #   make f8k-sgraf-short — after f8k-saf-short: the same on SGR, then the SGRAF rows (each SGR run's
 #                      scores averaged with the SAF run of its loss and seed; f8k_saf_short.yaml with sgr;
 #                      bench/results/f8k_sgraf_short/)
-#   make f8k-vsrn-short — MH vs LSEH (svd) on VSRN (embed 256, no caption branch), one epoch, 3 seeds
+#   make f8k-vsrn-short — MH vs LSEH (svd) on VSRN (embed 256, no caption branch), 3 seeds: one epoch,
+#                      and two with a summed-hinge warm-up (best.pt and last.pt)
 #                      (experiments/f8k_vsrn_short.yaml; bench/results/f8k_vsrn_short/)
 #   make f8k-noisy   — training on noisy pairs, the fast loop: mh, csn, infonce, siglip, rcl, decl, ncr
 #                      without noise and at 20/50% caption- and image-level noise, 3 seeds
@@ -206,6 +207,9 @@ f8k-vsrn-short: $(F8K_GRID) $(CACHE)/f8k_svd.h5
 	$(VSE) report $(VSRN_SHORT_OUT)/results.csv --columns recall --epochs-to-best | tee $(VSRN_SHORT_OUT)/table_recall.md
 	$(VSE) report $(VSRN_SHORT_OUT)/results.csv --columns human | tee $(VSRN_SHORT_OUT)/table_human.md
 	$(PY) bench/f8k_claims.py $(VSRN_SHORT_OUT)/results.csv --claims vsrn_short | tee $(VSRN_SHORT_OUT)/claims.json
+	$(VSE) evaluate --runs '$(F8K_RUNS)/vsrn_short/*-warm,seed=*' --checkpoint-name last.pt --split test \
+	  --judgments $(JUDGMENTS) --out $(VSRN_SHORT_OUT)/results_last.csv
+	$(PY) bench/f8k_claims.py $(VSRN_SHORT_OUT)/results_last.csv --claims vsrn_last | tee $(VSRN_SHORT_OUT)/claims_last.json
 
 NOISY_OUT     = bench/results/f8k_noisy
 NOISY_SGR_OUT = bench/results/f8k_noisy_sgr

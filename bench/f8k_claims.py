@@ -5,6 +5,7 @@
     python bench/f8k_claims.py bench/results/f8k_vse_infty/results.csv --claims vse_infty
     python bench/f8k_claims.py bench/results/f8k_saf_short/results.csv --claims saf_short
     python bench/f8k_claims.py bench/results/f8k_sgraf_short/results.csv --claims sgraf_short
+    python bench/f8k_claims.py bench/results/f8k_vsrn_short/results_last.csv --claims vsrn_last
 
 A configuration is named by its loss, or by its run name without the seed (a sweep's grid
 point, e.g. ``image=grid-gpo``).
@@ -101,6 +102,8 @@ def _lseh_on(network: str, label: str = "method={0}", schedule: str = "one epoch
 CLAIM_SETS = {"fast": CLAIMS, "saf_short": _lseh_on("SAF"),
               "vsrn_short": [*_lseh_on("VSRN"),
                              *_lseh_on("VSRN", "method={0}-warm", "two epochs, the first warmed up")],
+              # the same runs' last.pt (results_last.csv): the hardest-negative epoch, not the best one
+              "vsrn_last": _lseh_on("VSRN", "method={0}-warm", "two epochs, the first warmed up, last.pt"),
               "sgraf_short": [*_lseh_on("SGR", "sgr_short/method={0}"),
                               *_lseh_on("SAF", "saf_short/method={0}"),
                               *_lseh_on("SGRAF (SGR and SAF scores averaged)",

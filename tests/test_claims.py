@@ -77,3 +77,20 @@ def test_the_sgraf_claims_find_each_network_and_the_average_by_its_run_names(tmp
     assert rsum == {"LSEH (SVD) beats MH on SGR (rsum), one epoch": "holds",
                     "LSEH (SVD) beats MH on SAF (rsum), one epoch": "inside the seed noise",
                     f"LSEH (SVD) beats MH on {sgraf} (rsum), one epoch": "reversed"}
+
+
+def test_the_vsrn_claims_keep_the_warmed_up_pair_apart_from_the_one_epoch_pair(tmp_path):
+    """experiments/f8k_vsrn_short.yaml: ``method=mh`` / ``method=lseh-svd`` (one epoch) and
+    ``method=mh-warm`` / ``method=lseh-svd-warm`` (two): each schedule's claims read its own rows."""
+    rows = []
+    for s in range(3):
+        rows += [[f"method=mh,seed={s}", "mh", s, 1, 1, 4 + s],
+                 [f"method=lseh-svd,seed={s}", "lseh", s, 1, 1, 4 + s],
+                 [f"method=mh-warm,seed={s}", "mh", s, 2, 1, 40 + s],
+                 [f"method=lseh-svd-warm,seed={s}", "lseh", s, 2, 2, 60 + s]]
+    claims = f8k_claims.main(str(write_results(tmp_path / "r.csv", rows)), "vsrn_short")["claims"]
+    rsum = {c["claim"]: c["verdict"] for c in claims if "(rsum)" in c["claim"]}
+    assert rsum == {"LSEH (SVD) beats MH on VSRN (rsum), one epoch": "inside the seed noise",
+                    "LSEH (SVD) beats MH on VSRN (rsum), two epochs, the first warmed up": "holds"}
+    last = f8k_claims.main(str(write_results(tmp_path / "l.csv", rows)), "vsrn_last")["claims"]
+    assert [c["verdict"] for c in last if "(rsum)" in c["claim"]] == ["holds"]
