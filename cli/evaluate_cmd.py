@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -67,10 +68,13 @@ def _parse_ks(ctx, param, value):
               help="--runs: which checkpoint of each run.")
 @judgment_options
 @click.option("--overwrite", is_flag=True, help="--out: replace a file that is not a vse results table.")
+@click.option("--keep-evaluated", is_flag=True,
+              help="--out: a run whose row there has the same checkpoint bytes and evaluation options "
+                   "keeps it (not evaluated again), e.g. after adding seeds to a sweep.")
 def evaluate_command(embeddings, checkpoint, average_with, shortlist, shortlist_features, shortlist_k,
                      run_patterns, average_with_runs, features, root, dataset_kind, dataset_options,
                      text_features, split, protocol, order, relevance, cs_ks, device, amp, as_json, out,
-                     checkpoint_name, judgments, overwrite):
+                     checkpoint_name, judgments, overwrite, keep_evaluated):
     """Recall@K, median/mean rank and rsum (docs/PROTOCOL.md), both directions."""
     from pipeline.core.runtime import resolve_device
     from pipeline.data.cache import FeatureCache
@@ -95,6 +99,8 @@ def evaluate_command(embeddings, checkpoint, average_with, shortlist, shortlist_
         raise click.UsageError("--average-with goes with --checkpoint and --features")
     if average_with_runs and not run_patterns:
         raise click.UsageError("--average-with-runs goes with --runs")
+    if keep_evaluated and not (run_patterns and out) or keep_evaluated and average_with_runs:
+        raise click.UsageError("--keep-evaluated goes with --runs and --out, without --average-with-runs")
     if shortlist:
         alone = not (average_with or root or relevance or judgments or protocol == "5fold")
         if not (checkpoint and features and alone):
@@ -107,7 +113,7 @@ def evaluate_command(embeddings, checkpoint, average_with, shortlist, shortlist_
         raise click.UsageError("--shortlist-features goes with --shortlist")
     if run_patterns:
         _evaluate_runs(run_patterns, features, split, protocol, relevance, cs_ks, dev, out, checkpoint_name,
-                       judgments, overwrite, text_features, average_with_runs)
+                       judgments, overwrite, text_features, average_with_runs, keep_evaluated)
         return
     if out:
         raise click.UsageError("--out goes with --runs")
@@ -235,16 +241,18 @@ def _report_matched(metrics: dict, matched) -> dict:
 
 
 def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device, out, checkpoint_name,
-                   judgments=None, overwrite=False, text_features=None, average_with_runs=()):
+                   judgments=None, overwrite=False, text_features=None, average_with_runs=(),
+                   keep_evaluated=False):
     from pipeline.core import distributed
     from pipeline.core.fsutil import RESULTS_FORMAT, guard_output
     from pipeline.evaluation.evaluate import cs_note
     from pipeline.reports.batch_eval import evaluate_runs
-    from pipeline.reports.report import format_results, write_results
+    from pipeline.reports.report import format_results, read_results, write_results
     from pipeline.training.run_folder import find_runs
 
     if out:  # before hours of evaluation, not after
         guard_output(out, RESULTS_FORMAT, "a vse results table", overwrite)
+    kept = read_results(out) if keep_evaluated and Path(out).is_file() else ()
 
     run_dirs = find_runs(patterns)
     if not run_dirs:
@@ -253,7 +261,7 @@ def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device
                            relevance=relevance, cs_ks=cs_ks if relevance else (), checkpoint=checkpoint_name,
                            echo=lambda m: click.echo(m, err=True),
                            judgments=judgments.load() if judgments else None,
-                           text_features=text_features, average_with=average_with_runs)
+                           text_features=text_features, average_with=average_with_runs, kept=kept)
     if not result.rows:
         raise click.ClickException(f"none of the {len(run_dirs)} runs could be evaluated")
     if relevance:
@@ -268,6 +276,8 @@ def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device
         click.echo(f"judgments: {first['human_pairs']:.0f} judged pairs in the split, "
                    f"{first['human_unmatched']:.0f} outside it (left out)", err=True)
     summary = f"{len(result.rows)} of {len(run_dirs)} runs evaluated"
+    if keep_evaluated:
+        summary += f" ({result.kept} kept from {out})"
     if average_with_runs:
         summary = f"{len(result.rows)} rows from {len(run_dirs)} runs, their partners and averages"
     if result.skipped:

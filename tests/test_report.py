@@ -241,3 +241,55 @@ def test_epochs_to_best_column_fewest_in_bold():
     assert lines[0].endswith("| rsum | Epochs to best |")
     assert lines[2].endswith("| 292.5 | **7** |") and lines[3].endswith("| **301.0** | 12 |")
     assert "Epochs" not in format_results(rows, "md", "recall")
+
+
+def test_keep_evaluated_skips_unchanged_runs_and_evaluates_the_rest(runs, tmp_path):
+    """--keep-evaluated: a row whose checkpoint bytes and evaluation options are unchanged keeps its
+    numbers (shown by a value edited in the table surviving); a changed checkpoint, another split
+    or a table without the identity columns is evaluated again; and it is refused without --out."""
+    out = tmp_path / "results.csv"
+    pattern = str(runs / "[ms]h")
+    first = CliRunner().invoke(cli, ["evaluate", "--runs", pattern, "--split", "test", "--out", str(out),
+                                     "--keep-evaluated"])
+    assert first.exit_code == 0, first.output
+    assert "2 of 2 runs evaluated (0 kept from" in first.stderr
+    rows = read_results(out)
+    assert all(len(row["checkpoint_sha256"]) == 64 and len(row["evaluation_id"]) == 12 for row in rows)
+    true_rsum = {row["run"]: row["rsum"] for row in rows}
+    for row in rows:
+        row["rsum"] = 999.0
+    write_results(rows, out)
+
+    again = CliRunner().invoke(cli, ["evaluate", "--runs", pattern, "--split", "test", "--out", str(out),
+                                     "--keep-evaluated"])
+    assert again.exit_code == 0, again.output
+    assert "(2 kept from" in again.stderr and "sh: rsum 999.0 (kept" in again.stderr
+    assert {row["run"]: row["rsum"] for row in read_results(out)} == {"mh": 999.0, "sh": 999.0}
+
+    changed = tmp_path / "changed"  # sh's folder with mh's checkpoint: other bytes, evaluated again
+    shutil.copytree(runs / "sh", changed / "sh")
+    shutil.copy(runs / "mh" / "best.pt", changed / "sh" / "best.pt")
+    moved = read_results(out)
+    for row in moved:
+        row["checkpoint"] = row["checkpoint"].replace(str(runs), str(changed))
+    write_results(moved, out)
+    result = CliRunner().invoke(cli, ["evaluate", "--runs", str(changed / "sh"), "--split", "test",
+                                      "--out", str(out), "--keep-evaluated"])
+    assert result.exit_code == 0, result.output
+    assert read_results(out)[0]["rsum"] == pytest.approx(true_rsum["mh"])
+
+    write_results(rows, out)  # the 999 rows again, but evaluated on another split now
+    dev = CliRunner().invoke(cli, ["evaluate", "--runs", pattern, "--split", "dev", "--out", str(out),
+                                   "--keep-evaluated"])
+    assert dev.exit_code == 0 and "(0 kept from" in dev.stderr
+    assert all(row["rsum"] != 999.0 for row in read_results(out))
+
+    old = [{k: v for k, v in row.items() if k not in ("checkpoint_sha256", "evaluation_id")} for row in rows]
+    write_results(old, out)  # a table written before these columns existed: nothing is kept
+    result = CliRunner().invoke(cli, ["evaluate", "--runs", pattern, "--split", "test", "--out", str(out),
+                                      "--keep-evaluated"])
+    assert "(0 kept from" in result.stderr
+    assert {row["run"]: row["rsum"] for row in read_results(out)} == pytest.approx(true_rsum)
+
+    refused = CliRunner().invoke(cli, ["evaluate", "--runs", pattern, "--keep-evaluated"])
+    assert refused.exit_code == 2 and "--keep-evaluated goes with --runs and --out" in refused.output

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from pipeline.core.errors import VseError
+from pipeline.core.fsutil import file_sha256
 from pipeline.data.cache import FeatureCache
 from pipeline.data.captions import CaptionEncoder, caption_key
 from pipeline.evaluation.evaluate import evaluate_split_embeddings
@@ -25,6 +26,7 @@ from pipeline.training.run_folder import (
     config_id,
     epochs_to_best,
     is_run_dir,
+    read_config,
     read_validation_log,
     run_names,
 )
@@ -33,7 +35,7 @@ from pipeline.training.run_folder import (
 RUN_COLUMNS = ("run", "loss", "margin", "negative_set_size", "loss_options", "batch_size", "seed",
                "epochs", "backbone", "crops", "train_set", "features", "split", "protocol", "images",
                "checkpoint", "checkpoint_iteration", "epochs_to_best", "best_val_mrecall", "config_id",
-               "noise_true_rate")
+               "noise_true_rate", "checkpoint_sha256", "evaluation_id")
 
 
 @dataclass
@@ -46,6 +48,7 @@ class Skipped:
 class BatchResult:
     rows: list[dict] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    kept: int = 0            # rows kept from an earlier table (``evaluate_runs``'s ``kept``)
 
 
 class RunEvaluator:
@@ -108,6 +111,19 @@ class RunEvaluator:
         return human_metrics(emb.images, emb.captions, emb.caption_image, self._matched[key],
                              similarity=emb.similarity, device=self.device)
 
+    def evaluation_id(self, checkpoint: str) -> str:
+        """A digest of how this evaluator evaluates (split, protocol, caches given, relevance and
+        CS@K, the judgments file's bytes and threshold, the checkpoint name): two rows with equal
+        ids and equal checkpoint bytes hold the same numbers (``evaluate_runs``'s ``kept``)."""
+        import hashlib
+
+        judged = None
+        if self.judgments is not None:
+            judged = [file_sha256(self.judgments.path), self.judgments.format, self.judgments.threshold]
+        settings = [self.split, self.protocol, str(self.features or ""), str(self.text_features or ""),
+                    str(self.relevance_path or ""), list(self.cs_ks), judged, checkpoint]
+        return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:12]
+
     def embed(self, run_dir, checkpoint: str = "best.pt"):
         """(split embeddings, loaded model, checkpoint path, feature cache path) of one run."""
         run_dir = Path(run_dir)
@@ -158,6 +174,8 @@ class RunEvaluator:
             "best_val_mrecall": None if best is None else best["mrecall"],
             **{k: float(v) for k, v in metrics.items()},
             **_noise_columns(best),
+            "checkpoint_sha256": file_sha256(checkpoint_path),
+            "evaluation_id": self.evaluation_id(Path(checkpoint_path).name),
         }
 
 
@@ -182,8 +200,13 @@ def describe_config(config: dict) -> dict:
 
 def evaluate_runs(run_dirs, *, device: torch.device, split: str = "test", protocol: str = "single",
                   features=None, relevance=None, cs_ks=(), checkpoint: str = "best.pt",
-                  echo=print, judgments=None, text_features=None, average_with=()) -> BatchResult:
+                  echo=print, judgments=None, text_features=None, average_with=(), kept=()) -> BatchResult:
     """One row per run (``run`` = its short name); unusable runs are echoed and skipped.
+
+    ``kept``: rows of an earlier results table (``vse evaluate --keep-evaluated``). A run whose row
+    there has the same checkpoint bytes (``checkpoint_sha256``) and the same ``evaluation_id`` keeps
+    that row's numbers and is not evaluated again; its configuration columns (``config_id`` ...)
+    are read again from its config, so a row written by an older version groups with new ones.
 
     ``average_with``: folders of other runs (e.g. a sweep of SAF beside one of SGR). Each run is
     then averaged with the run of the same folder name in each of them, as SGRAF averages an SGR
@@ -193,12 +216,26 @@ def evaluate_runs(run_dirs, *, device: torch.device, split: str = "test", protoc
     scores are computed once for the three rows."""
     result = BatchResult()
     run_dirs = [Path(p) for p in run_dirs]
+    if kept and average_with:
+        raise VseError("keeping evaluated rows does not go with averaging runs: evaluate the pairs again")
+    kept = {row.get("run"): row for row in kept}
     partners = {run_dir: [Path(d) / run_dir.name for d in average_with] for run_dir in run_dirs}
     members = list(dict.fromkeys([*run_dirs, *(p for ps in partners.values() for p in ps)]))
     names = dict(zip(members, run_names(members))) if members else {}
     with RunEvaluator(device, split, protocol, features, relevance, cs_ks, judgments,
                       text_features) as evaluator:
+        evaluation_id = evaluator.evaluation_id(checkpoint)
+
         def evaluated(run_dir, i):
+            earlier = kept.get(names[run_dir])
+            if earlier is not None and _unchanged(earlier, run_dir / checkpoint, evaluation_id):
+                row = {**earlier, **describe_config(read_config(run_dir)),
+                       "epochs_to_best": epochs_to_best(read_validation_log(run_dir))}
+                result.rows.append(row)
+                result.kept += 1
+                echo(f"[{i}/{len(run_dirs)}] {row['run']}: rsum {row['rsum']:.1f} (kept: checkpoint and "
+                     "evaluation unchanged)")
+                return None
             try:
                 embedded = evaluator.embed(run_dir, checkpoint)
                 row = {"run": names[run_dir], **evaluator.row(run_dir, *embedded)}
@@ -236,6 +273,12 @@ def evaluate_runs(run_dirs, *, device: torch.device, split: str = "test", protoc
     return result
 
 
+def _unchanged(row: dict, checkpoint_path: Path, evaluation_id: str) -> bool:
+    """An earlier row still holds this checkpoint's numbers under this evaluation."""
+    return (row.get("evaluation_id") == evaluation_id and row.get("checkpoint") == str(checkpoint_path)
+            and checkpoint_path.is_file() and row.get("checkpoint_sha256") == file_sha256(checkpoint_path))
+
+
 def averaged_config_id(config_ids) -> str:
     """The config id of an average of runs: equal for the seeds of one pairing of configurations."""
     import hashlib
@@ -254,7 +297,7 @@ def averaged_row(evaluator: RunEvaluator, group) -> dict:
     metrics = evaluator.metrics(emb, first_embedded[3])
     described = {key: first_row.get(key) for key in RUN_COLUMNS
                  if key not in ("run", "checkpoint", "checkpoint_iteration", "epochs_to_best",
-                                "best_val_mrecall", "config_id", "noise_true_rate")}
+                                "best_val_mrecall", "config_id", "noise_true_rate", "checkpoint_sha256")}
     return {"run": " + ".join(row["run"] for _, row in group), **described,
             "checkpoint": " + ".join(map(str, checkpoints)), "images": len(emb.images),
             "config_id": averaged_config_id([row.get("config_id") for _, row in group]),

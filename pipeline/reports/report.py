@@ -28,12 +28,12 @@ from pipeline.evaluation.stats import ALPHA, mean_std, welch_greater
 from pipeline.reports.batch_eval import RUN_COLUMNS
 
 TEXT_COLUMNS = {"run", "loss", "loss_options", "backbone", "train_set", "features", "split",
-                "protocol", "checkpoint", "config_id"}
+                "protocol", "checkpoint", "config_id", "checkpoint_sha256", "evaluation_id"}
 FORMATS = ("md", "latex", "csv")
 BOLD_MODES = ("significant", "best", "none")
 # Columns that describe one run rather than its configuration: left out of a seed group's key.
 PER_RUN_COLUMNS = ("run", "seed", "checkpoint", "checkpoint_iteration", "epochs_to_best", "best_val_mrecall",
-                   "config_id", "images")
+                   "config_id", "images", "checkpoint_sha256")
 # Each layout's metrics (keys of pipeline.evaluation.metrics.METRICS; a family such as human_i2t_r@{k}
 # brings every K the rows have). Headers, groups, formats and which way is better come from
 # the metric table; CS@K columns follow when the rows have them.
