@@ -59,6 +59,7 @@ class RunEvaluator:
                  features=None, relevance=None, cs_ks=(), judgments=None, text_features=None):
         self.device, self.split, self.protocol = device, split, protocol
         self.judgments = judgments  # pipeline.evaluation.judgments.Judgments: adds the human_* columns
+        self._judged = None         # the judgments' identity in ``evaluation_id``
         self._matched: dict[Path, object] = {}
         self.features, self.text_features = features, text_features
         self.relevance_path, self.cs_ks = relevance, tuple(cs_ks)
@@ -117,11 +118,10 @@ class RunEvaluator:
         ids and equal checkpoint bytes hold the same numbers (``evaluate_runs``'s ``kept``)."""
         import hashlib
 
-        judged = None
-        if self.judgments is not None:
-            judged = [file_sha256(self.judgments.path), self.judgments.format, self.judgments.threshold]
+        if self._judged is None and self.judgments is not None:  # the file read once per evaluator
+            self._judged = [file_sha256(self.judgments.path), self.judgments.format, self.judgments.threshold]
         settings = [self.split, self.protocol, str(self.features or ""), str(self.text_features or ""),
-                    str(self.relevance_path or ""), list(self.cs_ks), judged, checkpoint]
+                    str(self.relevance_path or ""), list(self.cs_ks), self._judged, checkpoint]
         return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:12]
 
     def embed(self, run_dir, checkpoint: str = "best.pt"):
