@@ -250,7 +250,8 @@ class SGRAF(PairwiseNetwork):
         block's padding) and sized so a chunk's largest intermediate stays within the budget."""
         lengths = caption_block.lengths
         order = torch.argsort(lengths, descending=True, stable=True)
-        per_word = max(1, len(image_block.local) * self.config.embed_dim)
+        bi, members, embed = image_block.local.shape  # per word: the attention's K, the context's E
+        per_word = max(1, bi * max(members, embed))
         parts, start = [], 0
         while start < len(order):
             width = int(lengths[order[start]])
