@@ -99,7 +99,7 @@ def evaluate_command(embeddings, checkpoint, average_with, shortlist, shortlist_
         raise click.UsageError("--average-with goes with --checkpoint and --features")
     if average_with_runs and not run_patterns:
         raise click.UsageError("--average-with-runs goes with --runs")
-    if keep_evaluated and not (run_patterns and out) or keep_evaluated and average_with_runs:
+    if keep_evaluated and (not (run_patterns and out) or average_with_runs):
         raise click.UsageError("--keep-evaluated goes with --runs and --out, without --average-with-runs")
     if shortlist:
         alone = not (average_with or root or relevance or judgments or protocol == "5fold")

@@ -293,3 +293,33 @@ def test_keep_evaluated_skips_unchanged_runs_and_evaluates_the_rest(runs, tmp_pa
 
     refused = CliRunner().invoke(cli, ["evaluate", "--runs", pattern, "--keep-evaluated"])
     assert refused.exit_code == 2 and "--keep-evaluated goes with --runs and --out" in refused.output
+
+
+def test_evaluation_id_changes_with_every_option_that_changes_the_numbers(tmp_path):
+    """Each setting a kept row depends on (``--keep-evaluated``) moves the id: the split, protocol,
+    caches, relevance, CS@K, the judgments file's bytes, format and threshold, the checkpoint name."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from pipeline.reports.batch_eval import RunEvaluator
+
+    judged = tmp_path / "judged.txt"
+    judged.write_text("a\n")
+    judgments = SimpleNamespace(path=judged, format="flickr8k-crowdflower", threshold=2 / 3)
+    base = {"split": "test", "protocol": "single", "features": None, "relevance": None, "cs_ks": (),
+            "judgments": None, "text_features": None}
+
+    def ident(checkpoint="best.pt", **changes):
+        return RunEvaluator(torch.device("cpu"), **{**base, **changes}).evaluation_id(checkpoint)
+
+    variants = [ident(), ident("last.pt"), ident(split="dev"), ident(protocol="5fold"),
+                ident(features="a.h5"), ident(text_features="t.h5"), ident(relevance="r.h5"),
+                ident(relevance="r.h5", cs_ks=(1, 10)), ident(judgments=judgments),
+                ident(judgments=SimpleNamespace(**{**vars(judgments), "threshold": 0.5})),
+                ident(judgments=SimpleNamespace(**{**vars(judgments), "format": "flickr8k-expert"}))]
+    assert len(set(variants)) == len(variants)
+    assert ident() == ident()  # and stable
+    before = ident(judgments=judgments)
+    judged.write_text("b\n")  # the same path, other judgments
+    assert ident(judgments=judgments) != before
