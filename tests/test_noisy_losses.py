@@ -19,7 +19,8 @@ from pipeline.core.checkpoint import load_checkpoint
 from pipeline.core.config import TrainConfig
 from pipeline.data.cache import FeatureCache
 from pipeline.models.losses import build_loss
-from pipeline.models.noisy_losses import division_metrics, gmm_clean_probability
+from pipeline.models.ncr import gmm_clean_probability
+from pipeline.models.noisy_losses import division_metrics
 
 TOL = 1e-9  # float64, the batched formulas against the loops: only the order of sums differs
 IDS = torch.tensor([0, 0, 1, 2, 3, 3])  # pairs 0 and 1, 4 and 5 show the same image

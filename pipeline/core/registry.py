@@ -157,9 +157,9 @@ LOSSES = Registry("loss", {
     "mvn": "pipeline.models.losses:MultiViewNTXentLoss",      # multi-view NT-Xent
     "infonce": "pipeline.models.losses:CLIPInfoNCELoss",      # CLIP's loss, learned scale
     "siglip": "pipeline.models.losses:SigmoidPairLoss",       # SigLIP's sigmoid loss, learned scale + bias
-    "rcl": "pipeline.models.noisy_losses:ComplementaryContrastiveLoss",  # RCL: complementary contrastive
-    "decl": "pipeline.models.noisy_losses:EvidentialLoss",    # DECL: evidential learning, dynamic hinge
-    "ncr": "pipeline.models.noisy_losses:NoisyCorrespondenceRectifier",  # NCR: two networks co-teaching
+    "rcl": "pipeline.models.rcl:ComplementaryContrastiveLoss",  # RCL: complementary contrastive
+    "decl": "pipeline.models.decl:EvidentialLoss",    # DECL: evidential learning, dynamic hinge
+    "ncr": "pipeline.models.ncr:NoisyCorrespondenceRectifier",  # NCR: two networks co-teaching
 })
 
 # ---------------------------------------------------------------------------- networks

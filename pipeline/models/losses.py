@@ -48,9 +48,9 @@ LADDER_DEFAULTS = {  # levels → (thetas, margins, betas), from the CVSE++ pape
 def build_loss(name: str, **options) -> nn.Module:
     """The built-in loss ``name`` (one of ``LOSS_NAMES``) with its options; ValueError for
     unknowns."""
-    if name not in LOSSES:
+    if name not in LOSS_NAMES:
         raise ValueError(f"unknown loss {name!r} (known: {', '.join(LOSS_NAMES)})")
-    cls = LOSSES[name]
+    cls = registry.LOSSES.get_part(name)
     allowed = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
     unknown = sorted(set(options) - set(allowed))
     if unknown:
@@ -538,6 +538,13 @@ def _is_int_at_least(value, low: int) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low
 
 
-# the built-in losses by name, in the registry's order (pipeline.core.registry: the one list of names)
-LOSSES: dict[str, type[VseLoss]] = registry.LOSSES.resolved()
 LOSS_NAMES = registry.LOSSES.names
+
+
+def __getattr__(name: str):
+    """``LOSSES``: the built-in losses by name, in the registry's order (pipeline.core.registry: the one
+    list of names), resolved when first asked for, not at import: the losses in files of their own
+    (rcl, decl, ncr) import this module, so resolving here at import would be a cycle."""
+    if name == "LOSSES":
+        return registry.LOSSES.resolved()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
