@@ -319,3 +319,13 @@ class SAF(SGRAF):
 
     def after_chunks(self, order: torch.Tensor) -> None:
         self.SAF_module.update_running(order)
+
+
+def from_sgraf(img_enc: dict | None = None, txt_enc: dict | None = None, sim_enc: dict | None = None) -> dict:
+    """The state dicts of the authors' ``img_enc`` (EncoderImage), ``txt_enc`` (EncoderText, the
+    BiGRU) and ``sim_enc`` (EncoderSimilarity, SGR or SAF) — their checkpoint's ``model`` list —
+    as an ``SGR``'s or ``SAF``'s state dict (word ids: the BiGRU; same tensors, renamed)."""
+    out = {"img_fc." + k[len("fc."):]: v for k, v in (img_enc or {}).items()}
+    out.update({k.replace("cap_rnn.", "rnn.", 1): v for k, v in (txt_enc or {}).items()})
+    out.update(sim_enc or {})
+    return out

@@ -1,12 +1,9 @@
-"""SGRAF scored the authors' way, one caption at a time: a reference for the batched
-``pipeline.models.sgraf``, written from the published algorithm and
-shared/notes/golden-tests.md in the structure of the authors' ``EncoderSimilarity.forward``
-(each caption sliced to its length, repeated over the images, ``SCAN_attention``, one node
-vector per word, then SGR's steps or SAF's filtration). It is NOT the authors' file: it has not
-been run against Paranioar/SGRAF (docs/PROTOCOL.md, "Differences from the authors' code
-(SGRAF)"). It reads the weights of a batched model by name.
-
-It is also the "bare loop of the same modules" of bench/sgraf.py.
+"""SGRAF scored the authors' way, one caption at a time, in the structure of the authors'
+``EncoderSimilarity.forward`` (each caption sliced to its length, repeated over the images,
+``SCAN_attention``, one node vector per word, then SGR's steps or SAF's filtration), reading the
+weights of a batched ``pipeline.models.sgraf`` model by name. It is the "bare loop of the same
+modules" of bench/sgraf.py. The tests compare SGR and SAF with the authors' file itself
+(tests/test_sgraf_golden.py, bundles of Paranioar/SGRAF's model.py), not with this loop.
 """
 
 from __future__ import annotations
