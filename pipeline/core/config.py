@@ -140,9 +140,10 @@ class TrainConfig:
                                    "(pipeline/models/network.py). vse-infty pools sets with GPO unless "
                                    "--image-pool / --text-pool say otherwise; sgr and saf score each pair "
                                    "jointly over a cache of sets.", before="vse++")
-    network_options: dict = option(dict, "The network's own options (--network-option NAME=VALUE; sgr, saf: "
-                                          "docs/PROTOCOL.md).", cli=False, before={})
-    embed_dim: int = option(1024, "Joint space dimension.", minimum=1)
+    network_options: dict = option(dict, "The network's own options (--network-option NAME=VALUE; sgr, saf, "
+                                          "vsrn: docs/PROTOCOL.md).", cli=False, before={})
+    embed_dim: int | None = option(None, "Joint space dimension; unset: 1024 (2048 for --network vsrn, "
+                                         "theirs).", minimum=1)
     word_dim: int = option(300, "Word embedding size of the GRU caption encoder.", minimum=1)
     glove: bool = option(False, "Initialise word embeddings from GloVe 6B-50d (word dim 50).")
     min_word_count: int = option(4, "Words seen fewer times in the training captions are <unk>.", minimum=1)
@@ -222,6 +223,8 @@ class TrainConfig:
                 setattr(self, name, value)
         if self.caption_loss_weight is None:  # unset, and the network sets none: off, stored as such
             self.caption_loss_weight = 0.0    # (one stored value per behaviour: config_id groups them)
+        if self.embed_dim is None:  # unset, and the network sets none: VSE++'s 1024, stored as such
+            self.embed_dim = 1024
 
     @property
     def pairwise(self) -> bool:
@@ -282,7 +285,7 @@ class TrainConfig:
         elif self.network == "vsrn" and (self.image_pool != "vsrn" or self.text_pool != LAST):
             raise VseError("--network vsrn reasons over the members with its own pool and reads captions "
                            "with VSE++'s GRU: drop --image-pool and --text-pool")
-        elif self.network_options:
+        elif self.network_options and self.network != "vsrn":  # vsrn's: checked as its model is built
             raise VseError(f"--network {self.network} has no network options (its options are flags); "
                            f"got {', '.join(sorted(self.network_options))}")
         if self.caption_loss_weight and (self.image_pool != "vsrn" or self.text_features):

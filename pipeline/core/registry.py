@@ -179,7 +179,7 @@ DUAL_NETWORKS = ("vse++", "vse-infty", "vsrn")
 NETWORK_DEFAULTS = {
     "vse-infty": {"image_pool": "gpo", "text_pool": "gpo"},
     "vsrn": {"image_pool": "vsrn", "size_augment": "none",   # VSRN does not drop regions,
-             "caption_loss_weight": 1.0},                     # and writes captions from them
+             "caption_loss_weight": 1.0, "embed_dim": 2048},  # writes captions from them; train.py's size
 }
 
 # ---------------------------------------------------------------------------- image backbones

@@ -45,6 +45,7 @@ class ModelConfig:
     text_pool: str = LAST          # "last": the GRU's last state (or the caption vector); a set pool:
     pool_options: dict = field(default_factory=dict)  # BiGRU states or cached token vectors pooled
     caption_loss_weight: float = 0.0  # > 0: VSRN's caption branch (models.vsrn.CaptionDecoder) trains too
+    network_options: dict = field(default_factory=dict)  # VSRN's (models.vsrn.VSRNOptions, variant resolved)
 
     def __post_init__(self):
         if self.similarity not in SIMILARITIES:
@@ -152,12 +153,13 @@ class ImageEncoder(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         features = self.backbone(images) if self.backbone is not None else images
+        # in the head's precision: float32 (whatever the features' type), float64 in a .double() model
+        features = features.to(next((self.head if self.takes_sets else self.proj).parameters()).dtype)
         if not self.takes_sets:
-            emb = self.proj(features.float())
+            emb = self.proj(features)
             if self.normalize:
                 emb = l2_normalize(emb)
             return emb.abs() if self.use_abs else emb
-        features = features.float()
         lengths = torch.full((len(features),), features.shape[1], dtype=torch.int64)  # on the host
         if self.training and self.augment:
             # drawn from torch's generator: a checkpoint's RNG state makes a resumed run draw the same
@@ -182,8 +184,9 @@ class TextEncoder(nn.Module):
         """``lengths`` belong on the CPU, where the packing reads them (lengths on a GPU cost a
         host sync).  The GRU runs in fp32 even under autocast, which would cast a cuDNN RNN to
         fp16 — under bf16 autocast too — and its gradients could underflow."""
+        words = self.embed(tokens).to(self.rnn.weight_ih_l0.dtype)  # float64 in a .double() model
         with torch.autocast(device_type=tokens.device.type, enabled=False):
-            _, hidden = self.rnn(pack_by_length(self.embed(tokens).float(), lengths.cpu()))
+            _, hidden = self.rnn(pack_by_length(words, lengths.cpu()))
         emb = hidden[-1]  # (B, embed): the state after each caption's last real token
         if self.head is not None:
             emb = self.head(emb)
@@ -245,9 +248,14 @@ class VSEModel(nn.Module):
         self.caption_decoder = None
         self._auxiliary: dict = {}
         if cfg.caption_loss_weight:
-            from pipeline.models.vsrn import CaptionDecoder
+            from pipeline.models.vsrn import CaptionDecoder, vsrn_options
 
-            self.caption_decoder = CaptionDecoder(cfg.vocab_size, cfg.embed_dim)
+            options = vsrn_options(cfg.network_options)
+            self.caption_decoder = CaptionDecoder(
+                cfg.vocab_size, cfg.embed_dim, hidden=options.caption_hidden,
+                word_dim=options.caption_word_dim, max_len=options.caption_max_len,
+                dropout=options.caption_dropout)
+            self._listed_twice = options.caption_params_twice
 
     def forward(self, images, *captions):
         """``captions``: the caption input of the batch, (tokens, lengths) or (vectors,). In
@@ -258,6 +266,13 @@ class VSEModel(nn.Module):
             loss = self.caption_decoder(regions, mask, *captions, region_lengths=region_lengths)
             self._auxiliary = {"caption": self.config.caption_loss_weight * loss}
         return img, self.text_encoder(*captions)
+
+    def listed_twice(self) -> list:
+        """The parameters the optimizer's list holds a second time (factories.trainable_parameters):
+        VSRN's caption branch, as the authors' Adam list (``VSRNOptions.caption_params_twice``)."""
+        if self.caption_decoder is None or not self._listed_twice:
+            return []
+        return list(self.caption_decoder.parameters())
 
     def auxiliary_losses(self) -> dict:
         """The network's own loss terms of the last training forward (name → scalar): VSRN's
@@ -301,12 +316,14 @@ def model_of_checkpoint(state: dict, checkpoint, backbone: PixelBackbone | None 
             model = CoTrained([_model_of_config(config) for _ in range(int(config["co_trained"]))])
             model.load_state_dict(state["model"])
             return model
-        model = _model_of_config(config, backbone)
         if "network" in config:  # a pairwise network: no CNN inside
+            model = _model_of_config(config, backbone)
             model.load_state_dict(state["model"])
-        else:
+        else:  # VSRN's caption branch trains only: a model for inference is built without it
+            model = _model_of_config({**config, "caption_loss_weight": 0.0}, backbone)
             cnn = state["backbone"]["state"] if backbone is not None else None
-            model.load_state_dict(join_state(state["model"], cnn))
+            head = {k: v for k, v in state["model"].items() if not k.startswith("caption_decoder.")}
+            model.load_state_dict(join_state(head, cnn))
     except (TypeError, ValueError, RuntimeError, KeyError) as exc:
         raise VseError(f"checkpoint does not match the model it describes ({str(exc).splitlines()[0][:160]})",
                        checkpoint) from exc

@@ -1,31 +1,98 @@
-"""VSRN's image reasoning (Li et al., "Visual Semantic Reasoning for Image-Text Matching", ICCV
-2019) as a set pool: `--network vsrn` is the dual model whose image side is this pool over the
-projected members, with VSE++'s GRU caption encoder. Definitions: docs/PROTOCOL.md ("VSRN").
+"""VSRN (Li et al., "Visual Semantic Reasoning for Image-Text Matching", ICCV 2019) as the authors'
+code (github.com/KunpengLi1994/VSRN, model.py, GCN_lib/Rs_GCN.py, models/, misc/utils.py) has
+it: `--network vsrn` is the dual model whose image side is the set pool ``VSRNReasoning`` over
+the projected members, with VSE++'s GRU caption encoder, and whose caption-generation branch
+(``CaptionDecoder``) trains with it. Definitions: docs/PROTOCOL.md ("VSRN"); pinned against their
+code by tests/test_vsrn_golden.py (scripts/golden_vsrn.py made the bundles).
 
 ``VSRNReasoning(x (B, K, E), lengths)`` → (B, E):
 
-1. ``x ← x / ‖x‖`` over the members axis (the authors' ``l2norm`` runs over dim 1 of a (B, K, E)
-   tensor: the region axis, with no eps), for every dataset but f30k_precomp;
+1. ``x ← x / ‖x‖`` over the members axis (their ``l2norm`` runs over dim 1 of a (B, K, E)
+   tensor: the region axis, with no eps), unless ``region_norm=False`` (their f30k_precomp);
 2. four region-relationship GCN layers (their ``Rs_GCN``): ``R = θ(v)ᵀ φ(v) / K`` (no softmax),
    ``v ← BN(W (R g(v))) + v``; θ, φ, g, W are 1 × 1 convolutions (linear maps of each member),
    the BatchNorm1d over the E channels, initialised at γ = β = 0 (so each layer starts as the
    identity);
 3. the GCN output normalised over the members axis again, then a GRU over the members in their
-   stored order; the pool's output is the GRU's last hidden state (``SetImageHead`` then
-   L2-normalises it over E).
+   stored order; the pool's output is the GRU's last hidden state, through a BatchNorm1d when
+   ``image_bn=True`` (their f30k_precomp) (``SetImageHead`` then L2-normalises it over E).
 
 Padding (members past a set's length) is never read: the affinity, its 1/K (K = the set's own
 length), both member-axis norms, the BatchNorm statistics (train mode: over the members only)
-and the GRU (packed) all leave it out.
+and the GRUs (packed) all leave it out. The authors' sets are always full (36 regions).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import types
+
 import torch
 from torch import nn
 
-from pipeline.core.tokens import PAD_ID
+from pipeline.core.tokens import END, PAD_ID, SPECIALS
 from pipeline.models.layers import pack_by_length
+
+END_ID = SPECIALS.index(END)
+
+# The two image encoders of their EncoderImagePrecompAttn (model.py:200-280), by their data_name:
+# f30k_precomp has no norm after fc and a BatchNorm1d on the image vector; every other name
+# (coco_precomp, f8k_precomp, ...) normalises the fc output over the regions and has no BatchNorm.
+VARIANTS = {"f30k": {"region_norm": False, "image_bn": True},
+            "coco": {"region_norm": True, "image_bn": False}}
+
+
+@dataclasses.dataclass(frozen=True)
+class VSRNOptions:
+    """`--network vsrn`'s own options (``--network-option NAME=VALUE``); the defaults are the
+    authors' (train.py's and their README's)."""
+
+    variant: str = "auto"              # f30k | coco | auto (f30k for imported region sets, unless
+                                       # their folder names COCO; coco for CNN grids: ``resolve_variant``)
+    caption_max_len: int = 60          # --max_len: captions cut to this many tokens in the caption branch
+    caption_dropout: float = 0.2       # --input_dropout_p: after the caption encoder's input map, and on
+                                       # the decoder's inputs at every step
+    caption_hidden: int = 512          # --dim_hidden: the caption encoder's and decoder's GRUs
+    caption_word_dim: int = 300        # --dim_word: the decoder's word embeddings
+    caption_params_twice: bool = True  # their Adam list holds the caption model twice (model.py:456-460)
+
+    def __post_init__(self):
+        if self.variant not in ("auto", *VARIANTS):
+            raise ValueError(f"variant must be auto, {' or '.join(VARIANTS)}, got {self.variant!r}")
+        if self.caption_max_len < 2 or self.caption_hidden < 1 or self.caption_word_dim < 1:
+            raise ValueError("caption_max_len must be >= 2, caption_hidden and caption_word_dim >= 1")
+        if not 0 <= self.caption_dropout < 1:
+            raise ValueError(f"caption_dropout must be in [0, 1), got {self.caption_dropout}")
+
+
+def vsrn_options(given: dict | None) -> VSRNOptions:
+    """``VSRNOptions`` from ``--network-option`` values, checked (VseError naming the options)."""
+    from pipeline.models.network import network_options
+
+    return network_options(types.SimpleNamespace(Options=VSRNOptions, __name__="vsrn"), given, "vsrn")
+
+
+def resolve_variant(variant: str, set_kind: str | None, dataset_names=()) -> str:
+    """The image encoder of ``variant`` for this data. ``auto``: the authors choose by their data
+    name (``data_name == 'f30k_precomp'``: f30k; coco_precomp and every other: coco). A cache
+    does not hold that name, so: precomputed region sets (``set_kind`` "regions", SCAN's precomp
+    folders) get f30k unless one of ``dataset_names`` (the cache's dataset and the folder it was
+    imported from) contains "coco"; CNN grids (no data name of theirs) get coco, their rule for
+    every name but f30k_precomp."""
+    if variant != "auto":
+        return variant
+    if set_kind == "regions" and not any("coco" in str(name).lower() for name in dataset_names):
+        return "f30k"
+    return "coco"
+
+
+def model_fields(given: dict | None, set_kind: str | None, dataset_names=()) -> dict:
+    """The ``ModelConfig`` fields `--network vsrn` sets: its pool options (the variant's) and its
+    network options with the variant resolved (kept in checkpoints)."""
+    options = vsrn_options(given)
+    variant = resolve_variant(options.variant, set_kind, dataset_names)
+    return {"pool_options": dict(VARIANTS[variant]),
+            "network_options": dataclasses.asdict(dataclasses.replace(options, variant=variant))}
 
 
 def member_norm(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -76,13 +143,16 @@ class RegionGCN(nn.Module):
 
 
 class VSRNReasoning(nn.Module):
-    """VSRN's GCN reasoning then GRU over the members: a set pool (``registry.SET_POOLS``)."""
+    """VSRN's GCN reasoning then GRU over the members: a set pool (``registry.SET_POOLS``).
+    ``region_norm`` / ``image_bn``: the two image encoders of theirs (``VARIANTS``); the
+    defaults are their coco_precomp one."""
 
-    def __init__(self, dim: int, layers: int = 4, region_norm: bool = True):
+    def __init__(self, dim: int, layers: int = 4, region_norm: bool = True, image_bn: bool = False):
         super().__init__()
         self.region_norm = bool(region_norm)
         self.gcn = nn.ModuleList(RegionGCN(dim) for _ in range(int(layers)))
         self.rnn = nn.GRU(dim, dim, 1, batch_first=True)
+        self.image_bn = nn.BatchNorm1d(dim) if image_bn else None
         self.last_regions = None  # (GCN output, member mask, lengths) of the last call: the caption branch's
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -96,62 +166,157 @@ class VSRNReasoning(nn.Module):
         dtype = self.rnn.weight_ih_l0.dtype  # the GRU in its own precision, autocast off (as the text GRU)
         with torch.autocast(device_type=x.device.type, enabled=False):
             _, hidden = self.rnn(pack_by_length(v.to(dtype), lengths.cpu()))
-        return hidden[-1].to(x.dtype)
+            out = hidden[-1]
+            if self.image_bn is not None:
+                out = self.image_bn(out)
+        return out.to(x.dtype)
 
 
 class CaptionDecoder(nn.Module):
-    """VSRN's caption-generation branch: the caption written from the reasoned regions, S2VT-style
-    (their ``S2VTAttModel``): a GRU encoder over the regions (E → ``hidden``), then a GRU decoder
-    over the caption's words (teacher forcing) whose input at each step is the previous word's
-    embedding (``word_dim``) and an attention context over the encoder's outputs
-    (``softmax(w · tanh(A [h_enc; h_dec]))``), and a linear map to the vocabulary. Its loss is
-    their ``LanguageModelCriterion``: the cross-entropy of each next word after ``<start>``, through
-    ``<end>`` and one ``<pad>`` after it (their mask covers it), summed and divided by the batch
-    size (not by the number of words). Padding regions are never attended to."""
+    """VSRN's caption-generation branch, their ``S2VTAttModel(EncoderRNN, DecoderRNN)``: the
+    reasoned regions (B, K, E) → ``vid2hid`` (E → ``hidden``, Xavier-normal weight) → dropout →
+    a GRU encoder; then a GRU decoder over the caption's words, teacher-forced, whose input at
+    each step is ``dropout([embedding of the word; attention context])`` — the context
+    ``Σ_k softmax_k(w · tanh(A [enc_k; h]))·enc_k`` over the encoder's outputs, h the decoder's
+    state — and a linear map to the vocabulary (Xavier-normal weight). The decoder starts from
+    the encoder's last state. Captions are cut to ``max_len`` tokens (the last one made <end>),
+    as their data.py; at most ``max_len - 1`` words are predicted.
 
-    def __init__(self, vocab_size: int, region_dim: int, hidden: int = 512, word_dim: int = 300):
+    Its loss is their ``LanguageModelCriterion``: the cross-entropy of each next word after
+    <start>, through <end> and the one <pad> after it (their data.py's mask covers it), summed
+    and divided by the batch size (not by the number of words). Padding regions are never read
+    (their sets have none)."""
+
+    def __init__(self, vocab_size: int, region_dim: int, hidden: int = VSRNOptions.caption_hidden,
+                 word_dim: int = VSRNOptions.caption_word_dim, max_len: int = VSRNOptions.caption_max_len,
+                 dropout: float = VSRNOptions.caption_dropout):
         super().__init__()
-        self.encoder = nn.GRU(region_dim, hidden, 1, batch_first=True)
+        self.max_len = int(max_len)
+        self.vid2hid = nn.Linear(region_dim, hidden)
+        self.dropout = nn.Dropout(dropout)
+        self.encoder = nn.GRU(hidden, hidden, 1, batch_first=True)
         self.embed = nn.Embedding(vocab_size, word_dim)
         self.attend = nn.Linear(2 * hidden, hidden)
         self.score = nn.Linear(hidden, 1, bias=False)
         self.decoder = nn.GRU(word_dim + hidden, hidden, 1, batch_first=True)
         self.out = nn.Linear(hidden, vocab_size)
+        nn.init.xavier_normal_(self.vid2hid.weight)  # EncoderRNN._init_hidden
+        nn.init.xavier_normal_(self.out.weight)      # DecoderRNN._init_weights (Attention: torch's init)
+
+    def cut(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Captions longer than ``max_len`` tokens cut to ``max_len``, the last one <end> (their
+        PrecompDataset.__getitem__)."""
+        if tokens.shape[1] <= self.max_len:
+            return tokens, lengths
+        long = (lengths > self.max_len).to(tokens.device)
+        tokens = tokens[:, :self.max_len].clone()
+        tokens[:, -1] = torch.where(long, torch.full_like(tokens[:, -1], END_ID), tokens[:, -1])
+        return tokens, lengths.clamp(max=self.max_len)
 
     def forward(self, regions: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor,
                 lengths: torch.Tensor, region_lengths: torch.Tensor | None = None) -> torch.Tensor:
-        """The summed cross-entropy of each caption's words after <start>, <end> and one <pad>
-        included, each given the words before it (``tokens``: <start>…<end>, ``lengths`` real ones,
-        padded with <pad>), over the batch size; the regions (B, K, E) with their mask (and their
-        counts on the CPU, ``region_lengths``; else counted from the mask)."""
+        """The loss of writing each caption (``tokens``: <start>…<end>, ``lengths`` real ones,
+        padded) from its regions (B, K, E) with their mask (and their counts on the CPU,
+        ``region_lengths``; else counted from the mask)."""
         from torch.nn.utils.rnn import pad_packed_sequence
 
         if region_lengths is None:
             region_lengths = mask.sum(dim=1).cpu()
+        tokens, lengths = self.cut(tokens, lengths)
         with torch.autocast(device_type=regions.device.type, enabled=False):
             # in the decoder's own precision (float32 under autocast, as the GRUs here; float64 in tests),
             # packed: the encoder's last state is each set's own, after its last real region
-            packed, state = self.encoder(pack_by_length(regions.to(self.encoder.weight_ih_l0.dtype),
-                                                        region_lengths))
+            inputs = self.dropout(self.vid2hid(regions.to(self.vid2hid.weight.dtype)))
+            packed, state = self.encoder(pack_by_length(inputs, region_lengths))
             encoded, _ = pad_packed_sequence(packed, batch_first=True, total_length=regions.shape[1])
             # one <pad> column more: every caption, the longest too, has its <pad> after <end> to predict
             tokens = torch.nn.functional.pad(tokens, (0, 1), value=PAD_ID)
-            words = self.embed(tokens[:, :-1])                              # (B, T, word_dim)
+            steps = min(tokens.shape[1] - 1, self.max_len - 1)
+            words = self.embed(tokens[:, :steps])                            # (B, T, word_dim)
             # A [h_enc; h_dec] + a = (A_enc h_enc + a) + A_dec h_dec: the regions' half once, not per word
             hidden = encoded.shape[2]
             keys = torch.nn.functional.linear(encoded, self.attend.weight[:, :hidden], self.attend.bias)
             logits = []
-            for t in range(words.shape[1]):
+            for t in range(steps):
                 query = torch.nn.functional.linear(state[-1], self.attend.weight[:, hidden:])  # (B, H)
                 weights = self.score(torch.tanh(keys + query[:, None]))[..., 0]
                 weights = torch.softmax(weights.masked_fill(~mask, -torch.inf), dim=1)
                 context = (weights[..., None] * encoded).sum(dim=1)         # (B, H)
-                step, state = self.decoder(torch.cat([words[:, t], context], dim=1)[:, None], state)
+                step_input = self.dropout(torch.cat([words[:, t], context], dim=1))
+                step, state = self.decoder(step_input[:, None], state)
                 logits.append(self.out(step[:, 0]))
             logits = torch.stack(logits, dim=1)                             # (B, T, vocab)
-            steps = torch.arange(tokens.shape[1] - 1, device=tokens.device)
+            position = torch.arange(steps, device=tokens.device)[None]
             lengths = lengths.to(tokens.device)[:, None]
-            counted = steps[None] < lengths                       # the words after <start>, then a <pad>
-            target = tokens[:, 1:].masked_fill(steps[None] >= lengths - 1, PAD_ID)  # never what padding holds
+            counted = position < lengths                          # the words after <start>, then a <pad>
+            # the <pad> after <end> as PAD_ID, never what the batch's padding holds
+            target = tokens[:, 1:steps + 1].masked_fill(position >= lengths - 1, PAD_ID)
             nll = -torch.log_softmax(logits, dim=2).gather(2, target[..., None])[..., 0]
             return (nll * counted).sum() / len(tokens)
+
+
+class AdamListingTwice(torch.optim.Adam):
+    """Adam as the authors' list makes it (model.py:456-460: the caption encoder and decoder are
+    in it twice): every parameter takes Adam's step, then those of ``twice`` take a second one
+    with the same gradient and the state the first left — what PyTorch's Adam does, one tensor
+    at a time, with a parameter listed twice — here in any of its kernels, each parameter once
+    in the groups (the state dict, the loss scaler's unscaling)."""
+
+    def __init__(self, params, twice, **kwargs):
+        super().__init__(params, **kwargs)
+        self.twice = list(twice)
+        self._step_supports_amp_scaling = False  # a GradScaler unscales first, then calls step()
+
+    def step(self, closure=None):
+        loss = super().step(closure)
+        twice = {id(q) for q in self.twice}
+        held = [(q, q.grad) for group in self.param_groups for q in group["params"]
+                if id(q) not in twice and q.grad is not None]
+        for q, _ in held:
+            q.grad = None
+        try:
+            super().step()
+        finally:
+            for q, grad in held:
+                q.grad = grad
+        return loss
+
+
+def listed_twice(params: list) -> tuple[list, list]:
+    """(each parameter once, in order; those that ``params`` lists twice)."""
+    seen, twice = {}, {}
+    for q in params:
+        if id(q) in seen:
+            twice[id(q)] = q
+        seen.setdefault(id(q), q)
+    return list(seen.values()), list(twice.values())
+
+
+def from_vsrn(img_enc: dict | None = None, txt_enc: dict | None = None,
+              caption_model: dict | None = None) -> dict:
+    """The state dicts of their ``img_enc`` (EncoderImagePrecompAttn), ``txt_enc`` (EncoderText)
+    and ``caption_model`` (S2VTAttModel) — a checkpoint of theirs holds the first two — as a
+    ``VSEModel``'s state dict (1 × 1 convolutions as linear maps)."""
+    out = {}
+    head, pool = "image_encoder.head.", "image_encoder.head.pool."
+    for key, value in (img_enc or {}).items():
+        if key.startswith("Rs_GCN_"):
+            layer, rest = key[len("Rs_GCN_"):].split(".", 1)
+            rest = rest.replace("W.0.", "W.").replace("W.1.", "bn.")
+            if value.ndim == 3:
+                value = value[..., 0]
+            out[f"{pool}gcn.{int(layer) - 1}.{rest}"] = value
+        elif key.startswith("img_rnn."):
+            out[pool + "rnn." + key[len("img_rnn."):]] = value
+        elif key.startswith("bn."):
+            out[pool + "image_bn." + key[len("bn."):]] = value
+        else:
+            out[head + key] = value
+    out.update({"text_encoder." + k: v for k, v in (txt_enc or {}).items()})
+    names = {"encoder.vid2hid.": "vid2hid.", "encoder.rnn.": "encoder.", "decoder.embedding.": "embed.",
+             "decoder.attention.linear1.": "attend.", "decoder.attention.linear2.": "score.",
+             "decoder.rnn.": "decoder.", "decoder.out.": "out."}
+    for key, value in (caption_model or {}).items():
+        prefix = next(p for p in names if key.startswith(p))
+        out["caption_decoder." + names[prefix] + key[len(prefix):]] = value
+    return out

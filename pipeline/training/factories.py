@@ -87,11 +87,13 @@ def _create_network(cfg: TrainConfig, source: PairSource, captions: CaptionEncod
                     distributed: bool) -> torch.nn.Module:
     if cfg.pairwise:
         return create_pairwise_network(cfg, source, captions, traits).to(device)
+    own = vsrn_fields(cfg, source) if cfg.network == "vsrn" else {"pool_options": {}}
     model_config = ModelConfig(  # the loss declares the similarity its scores use
         feature_dim=source.feature_dim, embed_dim=cfg.embed_dim, img_norm=cfg.img_norm,
         similarity=traits.similarity, projection=cfg.projection, **image_fields(cfg, source),
-        text_pool=cfg.text_pool, pool_options=cfg.pool_options, **captions.model_fields(cfg),
-        caption_loss_weight=cfg.caption_loss_weight or 0.0)
+        text_pool=cfg.text_pool, **captions.model_fields(cfg),
+        caption_loss_weight=cfg.caption_loss_weight or 0.0,
+        **{**own, "pool_options": {**own["pool_options"], **cfg.pool_options}})
     if not cfg.img_norm and traits.similarity != "cosine":
         raise VseError(f"--no-img-norm: loss {cfg.loss!r} scores by {traits.similarity}, which needs "
                        "normalised images; drop --no-img-norm")
@@ -124,6 +126,16 @@ def create_pairwise_network(cfg: TrainConfig, source: PairSource, captions: Capt
     return build_network(NetworkConfig(network=cfg.network, feature_dim=source.feature_dim,
                                        set_size=int(source.index.set_size), embed_dim=cfg.embed_dim,
                                        options=dict(cfg.network_options), **text))
+
+
+def vsrn_fields(cfg: TrainConfig, source: PairSource) -> dict:
+    """`--network vsrn`'s pool options (its image encoder variant, chosen from the data when
+    ``auto``: models.vsrn.resolve_variant) and its own options, checked."""
+    from pipeline.models.vsrn import model_fields
+
+    attrs = getattr(getattr(source, "index", None), "attrs", {})
+    names = [attrs.get("dataset", ""), str(attrs.get("dataset_root", "")).rstrip("/").rsplit("/", 1)[-1]]
+    return model_fields(cfg.network_options, source.set_kind, names)
 
 
 def image_fields(cfg: TrainConfig, source: PairSource) -> dict:
@@ -188,7 +200,8 @@ def trainable_parameters(model: VSEModel, loss: torch.nn.Module) -> tuple[list, 
     """(everything the optimizer updates, the loss's own parameters among them): a loss's own
     parameters (e.g. a learnable temperature) train with the head."""
     loss_parameters = [q for q in loss.parameters() if q.requires_grad]
-    return [q for q in model.parameters() if q.requires_grad] + loss_parameters, loss_parameters
+    twice = [q for q in getattr(model, "listed_twice", list)() if q.requires_grad]  # VSRN's Adam list
+    return [q for q in model.parameters() if q.requires_grad] + twice + loss_parameters, loss_parameters
 
 
 def param_groups(cfg: TrainConfig, model: VSEModel, trainable: list) -> list[dict]:
@@ -202,9 +215,15 @@ def param_groups(cfg: TrainConfig, model: VSEModel, trainable: list) -> list[dic
 
 
 def create_optimizer(cfg: TrainConfig, model: VSEModel, trainable: list) -> torch.optim.Optimizer:
-    """Adam (VSE++), with the kernel of ``adam_kernel`` (registry.ADAM_KERNELS)."""
-    return torch.optim.Adam(param_groups(cfg, model, trainable), lr=cfg.lr,
-                            fused=cfg.adam_kernel == "fused" or None)
+    """Adam (VSE++), with the kernel of ``adam_kernel`` (registry.ADAM_KERNELS); parameters that
+    ``trainable`` lists twice (VSRN's caption branch, as the authors' list) take two steps."""
+    from pipeline.models.vsrn import AdamListingTwice, listed_twice
+
+    unique, twice = listed_twice(trainable)
+    kwargs = {"lr": cfg.lr, "fused": cfg.adam_kernel == "fused" or None}
+    if twice:
+        return AdamListingTwice(param_groups(cfg, model, unique), twice, **kwargs)
+    return torch.optim.Adam(param_groups(cfg, model, trainable), **kwargs)
 
 
 def create_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer):

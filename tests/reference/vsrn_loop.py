@@ -1,8 +1,8 @@
-"""VSRN's image encoder the authors' way: a reference for ``pipeline.models.vsrn``, written from
-the published method and shared/notes/golden-tests.md in the structure of their
+"""VSRN's image encoder (their coco_precomp one) in the structure of their
 ``EncoderImagePrecompAttn.forward`` and ``GCN_lib/Rs_GCN.py`` (1 × 1 Conv1d on (B, E, K)
-tensors, their no-eps ``l2norm`` over dim 1). It is NOT the authors' file and has not been run
-against KunpengLi1994/VSRN (docs/PROTOCOL.md, "VSRN").
+tensors, their no-eps ``l2norm`` over dim 1), for bench/vsrn.py's timing of the authors' form.
+It is NOT the authors' file: tests/test_vsrn_golden.py compares ``pipeline.models.vsrn`` with
+their code itself (tests/golden/vsrn_*.npz).
 It reads the weights of a ``SetImageHead`` whose pool is ``VSRNReasoning``.
 """
 
@@ -56,25 +56,3 @@ def image_embeddings(head, images):
     _, hidden_state = pool.rnn(gcn)
     return l2norm(hidden_state[0])
 
-
-def caption_loss_loop(decoder, regions, mask, tokens, lengths):
-    """VSRN's caption loss one caption at a time, the S2VT attention as written (the decoder state
-    concatenated to every region's encoding, then the linear map), over only the caption's own
-    regions and words: their LanguageModelCriterion, Σ of −log p of every word after <start>
-    through <end> and of the <pad> (id 0) after it, over the batch size."""
-    total = 0.0
-    for b in range(len(tokens)):
-        own = regions[b:b + 1, :int(mask[b].sum())]                    # its regions only
-        encoded, state = decoder.encoder(own)
-        n = int(lengths[b])
-        for t in range(n):                                             # the last input is <end>
-            word = decoder.embed(tokens[b:b + 1, t])                   # (1, word_dim)
-            query = state[-1][:, None].expand(-1, encoded.shape[1], -1)
-            energy = decoder.score(torch.tanh(decoder.attend(torch.cat([encoded, query], 2))))[..., 0]
-            weights = torch.softmax(energy, dim=1)
-            context = (weights[..., None] * encoded).sum(1)
-            out, state = decoder.decoder(torch.cat([word, context], 1)[:, None], state)
-            log_p = torch.log_softmax(decoder.out(out[:, 0]), dim=1)
-            target = int(tokens[b, t + 1]) if t + 1 < n else 0         # after <end>: <pad>, id 0
-            total = total - log_p[0, target]
-    return total / len(tokens)
