@@ -160,10 +160,12 @@ SLOW_REFERENCES = {
     "infonce": lambda i, c, s, ids, r, m: slow_infonce(s, ids, m),
     "siglip": lambda i, c, s, ids, r, m: slow_siglip(s, ids, m),
     # the noisy-pair losses' loops (tests/reference/noisy_loop.py); ncr at epoch 0 (its warm-up) on
-    # two identical networks: each one's max of hinges
+    # two identical networks: each one's mean hinges (their mode "warmup")
     "rcl": lambda i, c, s, ids, r, m: noisy_loop.rcl(s, negatives(s, ids, m), 0.05),
-    "decl": lambda i, c, s, ids, r, m: noisy_loop.decl(s, negatives(s, ids, m), 0.05, 0.2, 0, 10, 1, 0.5),
-    "ncr": lambda i, c, s, ids, r, m: 2 * slow_hinge(s, ids, m, 0.2, "max"),
+    # decl at its first step: neg = int(B − 0.025) = B − 1, every pair clean (its warm-up)
+    "decl": lambda i, c, s, ids, r, m: noisy_loop.decl(s, negatives(s, ids, m), 0.1, 0.2, 0.8, 0.1,
+                                                       len(s) - 1, [True] * len(s)),
+    "ncr": lambda i, c, s, ids, r, m: 2 * noisy_loop.ncr_warmup(s, negatives(s, ids, m), 0.2),
 }
 
 

@@ -56,15 +56,26 @@ class CoTrained(nn.Module):
         self.member_kind = network_kind(members[0])
         self.config = CoTrainedConfig(len(members), members[0].config)
 
-    def forward(self, images: torch.Tensor, *captions) -> torch.Tensor:
-        """(k, B, B): each copy's score matrix of the batch."""
+    def forward(self, images: torch.Tensor, *captions, member: int | None = None) -> torch.Tensor:
+        """(k, B, B): each copy's score matrix of the batch; (B, B): copy ``member``'s alone (a
+        phase of NCR's schedule, which runs one network at a time)."""
+        if member is not None:
+            return self._scores(self.members[member], images, captions)
+        return torch.stack([self._scores(m, images, captions) for m in self.members])
+
+    def _scores(self, member: nn.Module, images: torch.Tensor, captions: tuple) -> torch.Tensor:
         if self.member_kind == "pairwise":
-            return torch.stack([member(images, *captions) for member in self.members])
-        scores = []
-        for member in self.members:
-            img, cap = member(images, *captions)
-            scores.append(image_caption_scores(img.float(), cap.float(), member.config.similarity))
-        return torch.stack(scores)
+            return member(images, *captions)
+        img, cap = member(images, *captions)
+        return image_caption_scores(img.float(), cap.float(), member.config.similarity)
+
+    def train_member(self, member: int) -> "CoTrained":
+        """Copy ``member`` in train mode, the others fixed in eval mode (NCR: ``net.train_start()``,
+        ``net2.val_start()``)."""
+        self.train()
+        for k, copy in enumerate(self.members):
+            copy.train(k == member)
+        return self
 
     def encode_images(self, images: torch.Tensor) -> list:
         if self.member_kind == "pairwise":
@@ -87,10 +98,13 @@ class CoTrained(nn.Module):
             total = part if total is None else total + part
         return total / len(self.members)
 
-    def auxiliary_losses(self) -> dict:
+    def auxiliary_losses(self, member: int | None = None) -> dict:
+        """The copies' own loss terms of their last forward (``NAME/k``); only copy ``member``'s."""
         terms = {}
-        for k, member in enumerate(self.members):
-            own = getattr(member, "auxiliary_losses", None)
+        for k, member_net in enumerate(self.members):
+            if member is not None and k != member:
+                continue
+            own = getattr(member_net, "auxiliary_losses", None)
             for name, term in (own() if own is not None else {}).items():
                 terms[f"{name}/{k}"] = term
         return terms

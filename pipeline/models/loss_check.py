@@ -18,6 +18,7 @@ so its draws are the same where the batch is; permuting the batch changes them.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import tempfile
 import time
@@ -57,7 +58,12 @@ def run_contract(spec: str, options: dict | None = None, *, distributed: bool = 
         _guarded("finite scalar", lambda: _finite_scalar(loss, inputs, seed)),
         _guarded("float64 gradcheck", lambda: _gradcheck(double, inputs, seed)),
         _guarded("same-image pairs never negatives",
-                 lambda: _same_image_not_negative(double, traits.similarity != "cosine", seed)),
+                 lambda: _same_image_not_negative(double, traits.similarity != "cosine", seed))
+        if not _authors_count_same_image(loss) else
+        CheckResult("same-image pairs never negatives", None,
+                    "not applicable: this loss's authors count same-image pairs as negatives (only the "
+                    "diagonal is masked) and so does its default; --loss-option mask_same_image=true "
+                    "masks them"),
         _guarded("invariant to permuting the batch", lambda: _permutation(double, inputs, seed)),
     ]
     if distributed and traits.networks > 1:
@@ -122,6 +128,16 @@ def _gradcheck(loss, inputs, seed) -> CheckResult:
     ok = torch.autograd.gradcheck(lambda a, b: call(loss, a, b, ids, relevance, seed), (img, cap),
                                   raise_exception=False)
     return CheckResult("", bool(ok), "" if ok else "analytic and numerical gradients differ")
+
+
+def _authors_count_same_image(loss) -> bool:
+    """The loss leaves same-image pairs among the negatives because its declared default does (the
+    authors' code of rcl, decl and ncr masks only the diagonal); a loss told so by its user, against
+    its default, is checked and fails."""
+    if getattr(loss, "mask_same_image", True):
+        return False
+    default = inspect.signature(type(loss).__init__).parameters.get("mask_same_image")
+    return default is not None and default.default is False
 
 
 def _same_image_not_negative(loss, order: bool, seed) -> CheckResult:

@@ -203,6 +203,7 @@ class SGRAF(PairwiseNetwork):
 
     Options = SGRAFOptions
     module_name = ""
+    score_activation = "sigmoid"  # scores are σ(raw): decl reads raw back (training.factories)
 
     def __init__(self, config: NetworkConfig):
         super().__init__(config)

@@ -68,6 +68,16 @@ def create_loss(cfg: TrainConfig, device: torch.device):
     return loss, loss_traits(loss, cfg.loss)
 
 
+def tell_loss_the_scores(cfg: TrainConfig, loss: torch.nn.Module, model: torch.nn.Module) -> None:
+    """A network whose scores are σ(raw) (``score_activation = "sigmoid"``: SGR, SAF) tells a loss
+    that reads the raw score (``score_is_sigmoid``: decl, whose authors take tanh and the evidence of
+    SGRAF's raw score) so, unless the run's loss options say otherwise."""
+    networks = getattr(model, "members", None) or [model]
+    sigmoid = all(getattr(n, "score_activation", None) == "sigmoid" for n in networks)
+    if sigmoid and hasattr(loss, "score_is_sigmoid") and "score_is_sigmoid" not in cfg.loss_options:
+        loss.score_is_sigmoid = True
+
+
 def create_model(cfg: TrainConfig, source: PairSource, captions: CaptionEncoder, traits, device,
                  distributed: bool) -> torch.nn.Module:
     """The network of ``cfg.network``: the dual VSE model, or a pairwise network; k copies of it
@@ -239,8 +249,11 @@ def wrap_ddp(model: VSEModel, cfg: TrainConfig, distributed: bool):
     """The model the step runs: DDP under torchrun, else the model itself. No device_ids: DDP
     would move every input to the GPU, the caption lengths too, which pack_padded_sequence then
     copies back (a host sync); the batch is on its device already. Buffers change only in
-    BatchNorm layers that train their statistics."""
+    BatchNorm layers that train their statistics. Co-trained networks may train one at a time
+    (NCR's phases, ``CoTrained.train_member``): DDP then looks for the parameters a step did not
+    use, and leaves their gradients None, so the fixed network does not move."""
     if not distributed:
         return model
     return DistributedDataParallel(model, device_ids=None,
-                                   forward_sync_buffers=cfg.finetune and not cfg.freeze_bn)
+                                   forward_sync_buffers=cfg.finetune and not cfg.freeze_bn,
+                                   find_unused_parameters=hasattr(model, "train_member"))

@@ -169,7 +169,8 @@ class Trainer:
             self.loss.set_epoch(p.epoch)
         if self.loss_traits.sample_pass and p.batch == 0:  # mid-epoch, the checkpoint holds its result
             self.begin_epoch()
-        pairs = self.epoch_batches(p.epoch)
+        plan = self.epoch_plan()
+        pairs = self.epoch_batches(p.epoch) if plan is None else self.planned_batches(plan)
         bar = _progress_bar(len(pairs), p.batch, f"epoch {p.epoch + 1}/{cfg.epochs}")
         started, seen = time.perf_counter(), 0
         logged = (started, p.iteration)
@@ -180,7 +181,7 @@ class Trainer:
             self.monitor.update(loss)
             p.batch += 1
             p.iteration += 1
-            seen += len(batch.caption_ids) * self.world
+            seen += _pairs_in(batch) * self.world
             if bar is not None:
                 bar.update(1)
             if p.iteration % cfg.log_every == 0:
@@ -193,7 +194,52 @@ class Trainer:
                 self.validate_and_save()
         if bar is not None:
             bar.close()
+        if plan is not None:
+            self.model.train()  # a phase left the fixed networks in eval mode
         return seen
+
+    def epoch_plan(self) -> list | None:
+        """The loss's phases of this epoch (``NoisyPairLoss.epoch_plan``: which network trains, on
+        which streams of pairs), or None: every step trains the whole model on a batch of every
+        pair. A plan trains one of the co-trained networks at a time (``CoTrained.train_member``)."""
+        planner = getattr(self.loss, "epoch_plan", None)
+        plan = planner(self.progress.epoch, self.cfg.epochs, self.train_captions) if planner else None
+        if plan is not None and not hasattr(self.model, "train_member"):
+            raise VseError(f"loss {self.cfg.loss} plans its epochs network by network, but the model is "
+                           "not co-trained networks (declare networks >= 2)")
+        return plan
+
+    def planned_batches(self, plan: list) -> PlannedBatches:
+        """The steps of a plan's phases, one after another (``PlannedBatches``)."""
+        phases = []
+        for p, phase in enumerate(plan):
+            first = self._stream(phase.streams[0], p, 0, 1) if len(phase.streams) else None
+            steps = len(first[1]) if first is not None else 0
+            later = [self._stream(positions, p, s, steps) for s, positions in enumerate(phase.streams) if s]
+            phases.append([None if stream is None else self._pair_batches(*stream, self.progress.epoch)
+                           for stream in (first, *later)])
+        return PlannedBatches(plan, phases)
+
+    def _stream(self, positions: np.ndarray, phase: int, stream: int, steps: int):
+        """(order, slices) of one stream of a phase, or None (no batch): the positions in an order
+        drawn from (seed, epoch, phase, stream, cycle), in batches of the global batch (this rank's
+        part under torchrun); stream 0 once, a later one as many times over as ``steps`` take, each
+        time drawn afresh."""
+        positions, epoch = np.asarray(positions), self.progress.epoch
+        n = len(positions)
+        cycle = batch_slices(n, self.cfg.batch_size * self.world, drop_last=self.distributed)
+        if not cycle:
+            return None
+        if self.distributed:  # this rank's part of every global batch
+            r, b = dist.rank(), self.cfg.batch_size
+            cycle = [slice(s.start + r * b, s.start + (r + 1) * b) for s in cycle]
+        cycles = 1 if stream == 0 else max(1, -(-steps // len(cycle)))
+        orders, slices = [], []
+        for c in range(cycles):
+            rng = np.random.default_rng([self.cfg.seed, epoch, 2000 + phase, stream, c])
+            orders.append(positions[rng.permutation(n)])
+            slices += [slice(s.start + c * n, s.stop + c * n) for s in cycle]
+        return np.concatenate(orders), slices
 
     def begin_epoch(self) -> None:
         """A method's look at every training pair before the epoch (``sample_pass``: NCR's
@@ -220,10 +266,15 @@ class Trainer:
     @torch.no_grad()
     def sample_statistics(self) -> np.ndarray:
         """(rows, N): ``loss.sample_statistic`` of every training pair, in ``train_captions`` order,
-        over fixed cache-order batches of the run's batch size. Under torchrun the batches are
-        dealt round-robin to the ranks and the results gathered, so every rank holds the same
-        array as one process would make, for 1/world of the work."""
-        order = np.arange(len(self.train_captions))
+        over batches of the run's batch size: fixed cache-order batches, or, for a loss that declares
+        ``sample_pass_shuffled`` (NCR's pass reads the shuffled training loader), batches of an order
+        drawn from (seed, epoch). Under torchrun the batches are dealt round-robin to the ranks and
+        the results gathered, so every rank holds the same array as one process would make, for
+        1/world of the work."""
+        n = len(self.train_captions)
+        shuffled = bool(getattr(self.loss, "sample_pass_shuffled", False))
+        order = (np.random.default_rng([self.cfg.seed, self.progress.epoch, 1000]).permutation(n) if shuffled
+                 else np.arange(n))
         slices = batch_slices(len(order), self.cfg.batch_size, drop_last=False)
         mine = dist.dealt(len(slices))
         pairs = self._pair_batches(order, [slices[i] for i in mine], self.progress.epoch)
@@ -245,12 +296,19 @@ class Trainer:
         finally:
             self.model.train(was_training)
         every = dist.gather_dealt(dict(zip(mine, parts, strict=True)))
-        return np.concatenate([every[i] for i in range(len(slices))], axis=1)
+        gathered = np.concatenate([every[i] for i in range(len(slices))], axis=1)
+        if not shuffled:
+            return gathered
+        statistics = np.empty_like(gathered)
+        statistics[:, order] = gathered
+        return statistics
 
     def step(self, batch: Batch) -> float:
         """One optimizer step; returns the loss.  One host sync: reading the loss after the
         optimizer step, which also tells whether it was finite — a non-finite loss stops the
         run right there, before anything (validation, checkpoint) sees the weights it made."""
+        if isinstance(batch, PlannedStep):
+            return self._planned_step(batch)
         batch = batch.to(self.device)  # the lengths stay on the CPU
         with autocast(self.device, self.train_dtype is not None, self.train_dtype):
             out = self.ddp_model(batch.images, *batch.captions)
@@ -265,7 +323,6 @@ class Trainer:
             loss, world = self.loss(img, cap, image_ids=image_ids, relevance=relevance, **ids), self.world
             own = getattr(self.model, "auxiliary_losses", None)
             self.auxiliary = own() if own is not None else {}  # VSRN's caption branch: train/aux/NAME
-        self.optimizer.zero_grad(set_to_none=True)
         # DDP averages gradients over ranks; every rank computed the loss of the whole global
         # batch, so scaling by the world size gives the gradient of that one loss. A pairwise
         # network's loss is its rank's own batch (``_pairwise_loss``): the mean over the ranks,
@@ -274,6 +331,13 @@ class Trainer:
         if not self.pairwise and self.auxiliary:
             own_terms = sum(self.auxiliary.values())
             total, loss = total + own_terms, loss + own_terms
+        return self._update(total, loss)
+
+    def _update(self, total: torch.Tensor, loss: torch.Tensor) -> float:
+        """One optimizer step on the gradient of ``total``; returns ``loss``, checked finite. Only
+        the parameters with a gradient move (``zero_grad`` sets the others' to None: a network
+        that did not run, as NCR's fixed one, keeps its weights and its Adam state)."""
+        self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(total).backward()
         if self.world > 1:  # the loss's own parameters: every rank holds world × the full gradient
             for q in self.loss_parameters:
@@ -292,6 +356,25 @@ class Trainer:
                            f"{self.progress.iteration + 1}; lower --lr, or check the features for NaNs "
                            f"(`vse info` checks a cache)", self.source.location)
         return value
+
+    def _planned_step(self, item: PlannedStep) -> float:
+        """A step of a phase (``epoch_plan``): ``planned_step`` with this run's model, DDP wrapper,
+        loss, autocast and optimizer step."""
+        def forward(images, *captions, member):
+            with autocast(self.device, self.train_dtype is not None, self.train_dtype):
+                return self.ddp_model(images, *captions, member=member).float()
+
+        def predict(images, *captions, member):
+            with autocast(self.device, self.train_dtype is not None, self.train_dtype):
+                return self.model(images, *captions, member=member).float()
+
+        def update(loss: torch.Tensor) -> float:
+            self.auxiliary = self.model.auxiliary_losses(member=item.phase.member)
+            for term in self.auxiliary.values():  # a network's own terms (VSRN's captions)
+                loss = loss + term
+            return self._update(loss, loss)
+
+        return planned_step(self.model, self.loss, item.to(self.device), update, forward, predict)
 
     def _pairwise_loss(self, scores: torch.Tensor, batch: Batch) -> torch.Tensor:
         """The loss of a pairwise network's (B, B) scores: each rank's local batch is its own
@@ -408,6 +491,84 @@ class CollapseMonitor:
                        f"sum-of-hinges: --warmup-epochs 1 (or 2)")
             warnings.warn(message, stacklevel=2)
             self.echo("warning: " + message)
+
+
+@dataclass
+class PlannedStep:
+    """One step of a phase (``PlannedBatches``): the phase and a batch of each of its streams."""
+
+    phase: object            # noisy_losses.Phase
+    batches: list            # Batch per stream; None where the stream has no pairs
+
+    def pin_memory(self) -> "PlannedStep":
+        return PlannedStep(self.phase, [b.pin_memory() if b is not None else None for b in self.batches])
+
+    def to(self, device) -> "PlannedStep":
+        return PlannedStep(self.phase, [b.to(device) if b is not None else None for b in self.batches])
+
+
+class PlannedBatches(torch.utils.data.Dataset):
+    """The steps of an epoch's phases, one phase after another: step t of a phase takes batch t of
+    each stream (a later stream's batches run over as many cycles as needed). A phase ends at its
+    first step with a batch of one pair (NCR's co_train.py breaks there)."""
+
+    def __init__(self, plan: list, phases: list[list[PairBatches | None]]):
+        self.plan, self.phases = plan, phases
+        self.items = []
+        for p, streams in enumerate(phases):
+            if streams[0] is None:
+                continue
+            for t in range(len(streams[0])):
+                sizes = [s.slices[t].stop - s.slices[t].start for s in streams if s is not None]
+                if min(sizes) == 1:
+                    break
+                self.items.append((p, t))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> PlannedStep | LoadFailure:
+        p, t = self.items[i]
+        batches = [s[t] if s is not None else None for s in self.phases[p]]
+        failed = [b for b in batches if isinstance(b, LoadFailure)]
+        return failed[0] if failed else PlannedStep(self.plan[p], batches)
+
+
+def planned_step(model, loss, item: PlannedStep, update, forward=None, predict=None) -> float:
+    """One step of a phase (NCR's co_train.py ``train``, one iteration): the loss's targets first,
+    from the co-trained networks in eval mode without gradient (``phase_targets``); then, for each
+    update, the phase's network alone in train mode, the others fixed in eval mode
+    (``CoTrained.train_member``), on its stream's batch: ``update(phase_loss)`` takes the
+    optimizer step and returns the loss. ``forward`` / ``predict`` (default: the model) run
+    network ``member`` with and without gradient. Returns the sum of the updates' losses."""
+    phase, batches = item.phase, item.batches
+    forward = forward or model
+    predict_forward = predict or model
+    predicted: dict = {}
+
+    def predict_scores(member: int, stream: int) -> torch.Tensor:
+        if (member, stream) not in predicted:
+            b = batches[stream]
+            predicted[member, stream] = predict_forward(b.images, *b.captions, member=member)
+        return predicted[member, stream]
+
+    model.eval()
+    with torch.no_grad():
+        updates = loss.phase_targets(
+            phase, [(b.caption_ids, b.image_ids) if b is not None else None for b in batches], predict_scores)
+    model.train_member(phase.member)
+    total = 0.0
+    for stream, target in updates:
+        b = batches[stream]
+        scores = forward(b.images, *b.captions, member=phase.member)
+        total += update(loss.phase_loss(phase, scores, target, image_ids=b.image_ids))
+    return total
+
+
+def _pairs_in(item) -> int:
+    if isinstance(item, PlannedStep):
+        return sum(len(b.caption_ids) for b in item.batches if b is not None)
+    return len(item.caption_ids)
 
 
 def _gather_ids(ids: torch.Tensor) -> torch.Tensor:
