@@ -176,15 +176,19 @@ def _evaluate_shortlist(checkpoint, features, text_features, shortlist, shortlis
     from pipeline.data.cache import FeatureCache
     from pipeline.evaluation.evaluate import embed_checkpoint, format_table, json_metrics
     from pipeline.evaluation.inference import check_features_match, load_model
-    from pipeline.evaluation.shortlist import rerank_split
+    from pipeline.evaluation.shortlist import check_kinds, rerank_split
+    from pipeline.models.network import network_kind
 
+    loaded = load_model(checkpoint, device)  # each checkpoint's kind before the split is embedded
+    check_kinds(loaded.model, network_kind(load_model(shortlist, device).model) == "pairwise", checkpoint,
+                shortlist)
     dual = embed_checkpoint(shortlist, shortlist_features, split, device, amp=amp)
-    loaded = load_model(checkpoint, device)
     started = time.perf_counter()
     with FeatureCache(features) as cache:
         check_features_match(cache, loaded.model, loaded.state.get("feature_source", {}), checkpoint)
         captions = loaded.captions(cache, text_features, checkpoint)
-        reranked = rerank_split(loaded.model, cache, captions, split, device, dual, k, amp=amp)
+        reranked = rerank_split(loaded.model, cache, captions, split, device, dual, k, amp=amp,
+                                model_path=checkpoint, dual_path=shortlist)
     seconds = time.perf_counter() - started
     metrics = reranked.metrics()
     scored = (f"scored {reranked.pairs_scored:,} of {reranked.pairs:,} pairs "

@@ -16,8 +16,9 @@ ALIASES = {"check-head": "check-pool"}
 
 
 class VseGroup(click.Group):
-    """A click group that turns ``VseError`` into one line on stderr and exit status 1, and
-    takes the old names of ``ALIASES``."""
+    """A click group that turns ``VseError`` (and an exception raised inside a user's plug-in:
+    ``plugin_import.user_code_error``) into one line on stderr and exit status 1, and takes the
+    old names of ``ALIASES``."""
 
     def get_command(self, ctx, name):
         if name in ALIASES:
@@ -31,6 +32,14 @@ class VseGroup(click.Group):
             return super().invoke(ctx)
         except VseError as exc:
             click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except Exception as exc:  # the user's plug-in raised it: one line; a bug of vse: its traceback
+            from pipeline.core.plugin_import import user_code_error
+
+            error = user_code_error(exc)
+            if error is None:
+                raise
+            click.echo(f"error: {error}", err=True)
             sys.exit(1)
 
 

@@ -22,13 +22,14 @@ from pipeline.core.registry import NOISE_MODES
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="The .npy file to write.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing file.")
 def noise_index_command(features, mode, rate, seed, split, out, overwrite):
-    """Draw a noise index (NCR's procedure, a seeded RandomState) and say its true rate and sha256."""
+    """Draw a noise index (NCR's procedure, a seeded RandomState) and say its true rate and sha256.
+    Beside it, OUT.json says what it is and the training split it was drawn for (`vse train
+    --noise-index` refuses it for another split)."""
     import numpy as np
 
     from pipeline.core.errors import VseError
-    from pipeline.core.fsutil import atomic_path
     from pipeline.data.cache import FeatureCache
-    from pipeline.data.noise import NoiseIndex
+    from pipeline.data.noise import NoiseIndex, drawn_for, sidecar
 
     if not 0 <= rate < 1:
         raise VseError(f"--rate must be in [0, 1), got {rate}")
@@ -41,9 +42,9 @@ def noise_index_command(features, mode, rate, seed, split, out, overwrite):
         train = np.flatnonzero(np.isin(cache.caption_image, rows))
         images = np.unique(cache.caption_image[train])
         local = np.searchsorted(images, cache.caption_image[train])
-    noise = NoiseIndex.make(mode, rate, seed, local, len(images))
-    with atomic_path(out) as tmp:
-        with open(tmp, "wb") as fh:
-            np.save(fh, noise.entries.astype("<i8"), allow_pickle=False)
-    click.echo(f"wrote {out}: {mode}-level, {len(noise.entries)} entries ({len(local)} training captions, "
-               f"{len(images)} images), true rate {noise.true_rate():.4f}, sha256 {noise.sha256()}")
+        made_for = drawn_for(split, [cache.captions[i] for i in train], len(images))
+    noise = NoiseIndex.make(mode, rate, seed, local, len(images), made_for)
+    noise.write(out)
+    click.echo(f"wrote {out} and {sidecar(out).name}: {mode}-level, {len(noise.entries)} entries "
+               f"({len(local)} training captions, {len(images)} images), true rate {noise.true_rate():.4f}, "
+               f"sha256 {noise.sha256()}")

@@ -326,6 +326,12 @@ class TrainConfig:
             raise VseError(f"--noise-rate must be below 1, got {self.noise_rate}")
         if self.noise_index and self.noise_rate:
             raise VseError("give --noise-rate (a drawn index) or --noise-index FILE, not both")
+        # the file's layout and draw are its own: a value here would be recorded and split config ids
+        drawing = [flag_name(name) for name in ("noise_mode", "noise_seed")
+                   if getattr(self, name) != self.default(name)]
+        if self.noise_index and drawing:
+            raise VseError(f"{' and '.join(drawing)} describe the draw of --noise-rate; --noise-index FILE "
+                           "is read as it is (its layout from its note or its length): give one or the other")
         if self.text_features and self.glove:
             raise VseError("--glove initialises the GRU's word embeddings; with --text-features "
                            "there is no GRU")

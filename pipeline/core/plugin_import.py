@@ -3,15 +3,20 @@ the one import machinery of every plug-in kind (losses: ``loss_plugins``; set po
 ``heads``).  Torch-free at import: only ``plugin_class`` asks torch, to check the class.
 
 Errors are one line (``VseError``) naming the file and, with ``what``, the kind of plug-in:
-``no such loss file``, ``has no 'X' (the pool 'f.py:X')``.
+``no such loss file``, ``has no 'X' (the pool 'f.py:X')``. An exception raised inside a
+plug-in's own code, wherever vse called it (building it, a training step, an evaluation, a
+contract check), is the user's: ``user_code_error`` says it in one line naming the plug-in's
+file and line; an exception raised in vse's own code is a bug of vse and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import re
 import sys
+import traceback
 from pathlib import Path
 
 from pipeline.core.errors import VseError
@@ -42,6 +47,7 @@ def plugin_class(spec: str, what: str) -> type:
     module_part, _, class_name = spec.rpartition(":")
     module = import_file(module_part, what) if is_file(module_part) else import_module(module_part)
     where = getattr(module, "__file__", None) or module_part
+    _remember(module)
     cls = getattr(module, class_name, None)
     if cls is None:
         raise VseError(f"has no {class_name!r} (the {what} {spec!r})", where)
@@ -86,6 +92,47 @@ def import_module(name: str):
         return importlib.import_module(name)
     except Exception as exc:  # ModuleNotFoundError, or the module's own error
         raise VseError(f"cannot import module {name!r} ({one_line(exc)})") from exc
+
+
+# ---------------------------------------------------------------------------- the user's exceptions
+_VSE_FOLDERS = tuple(str(Path(__file__).resolve().parents[i] / name) + os.sep
+                     for i, name in ((1, ""), (2, "cli")))  # pipeline/ and cli/: vse's own code
+_PLUGIN_FILES: set[str] = set()  # the resolved files of the plug-in modules imported so far
+
+
+def _remember(module) -> None:
+    file = getattr(module, "__file__", None)
+    if file and not _is_vse_file(os.path.realpath(file)):  # pipeline.x:Class names vse's own code
+        _PLUGIN_FILES.add(os.path.realpath(file))
+
+
+def _is_vse_file(path: str) -> bool:
+    return path.startswith(_VSE_FOLDERS)
+
+
+def user_frame(exc: BaseException) -> traceback.FrameSummary | None:
+    """The plug-in's frame where ``exc`` was raised, or None when vse's own code raised it. From
+    the innermost frame outwards, the first frame that is vse's or a plug-in's decides: a library
+    the plug-in called (torch, numpy) counts as the plug-in's code."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = os.path.realpath(frame.filename)
+        if path in _PLUGIN_FILES:
+            return frame
+        if _is_vse_file(path):
+            return None
+    return None
+
+
+def user_code_error(exc: BaseException, doing: str = "") -> VseError | None:
+    """``exc`` in one line naming the plug-in file, its line and function, when it was raised
+    inside a plug-in's code (``user_frame``); None otherwise (a bug of vse: keep the traceback)."""
+    if isinstance(exc, VseError):
+        return exc
+    frame = user_frame(exc)
+    if frame is None:
+        return None
+    return VseError(f"{doing + ': ' if doing else ''}{one_line(exc)} (line {frame.lineno}, in {frame.name})",
+                    frame.filename)
 
 
 def one_line(exc: BaseException) -> str:

@@ -69,15 +69,13 @@ def shortlists(dual_scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
 
 @torch.no_grad()
 def rerank_split(model, cache: FeatureCache, captions: CaptionEncoder, split: str, device: torch.device,
-                 dual: SplitEmbeddings, k: int, amp: bool = False) -> Reranked:
+                 dual: SplitEmbeddings, k: int, amp: bool = False, model_path=None,
+                 dual_path=None) -> Reranked:
     """The pairwise ``model`` re-ranking the top ``k`` of the dual split ``dual`` (the same rows of
     ``split``; see the module's text). Each image is encoded once and scored against the captions
-    of its pairs, in chunks of ``CAPTION_BLOCK``."""
-    if network_kind(model) != "pairwise":
-        raise VseError("re-ranking takes a pairwise network (sgr, saf, ...); this checkpoint is a dual one",
-                       cache.path)
-    if dual.pairwise:
-        raise VseError("the shortlist comes from a dual network's vectors; this one is pairwise", cache.path)
+    of its pairs, in chunks of ``CAPTION_BLOCK``. ``model_path``, ``dual_path``: the checkpoints, named
+    by an error about them (the cache otherwise)."""
+    check_kinds(model, dual.pairwise, model_path or cache.path, dual_path or cache.path)
     image_rows, caption_rows, caption_image = cache.split_rows(split)
     if not (np.array_equal(dual.image_rows, image_rows) and np.array_equal(dual.caption_rows, caption_rows)):
         raise VseError(f"the shortlist's network was evaluated on other rows of split {split!r}: give both "
@@ -105,8 +103,19 @@ def rerank_split(model, cache: FeatureCache, captions: CaptionEncoder, split: st
     finally:
         model.train(was_training)
     if not torch.isfinite(scores[needed]).all():
-        raise VseError(f"the network's scores of split {split!r} hold NaN or Inf", cache.path)
+        raise VseError(f"the network's scores of split {split!r} hold NaN or Inf", model_path or cache.path)
     return Reranked(*rerank(dual_scores, scores, to_captions, to_images), caption_image, int(needed.sum()), k)
+
+
+def check_kinds(model, dual_is_pairwise: bool, model_path, dual_path) -> None:
+    """VseError naming the checkpoint at fault unless ``model`` is a pairwise network and the
+    shortlist's network a dual one (before the split is embedded)."""
+    if network_kind(model) != "pairwise":
+        raise VseError("re-ranking takes a pairwise network (sgr, saf, ...); this checkpoint is a dual one",
+                       model_path)
+    if dual_is_pairwise:
+        raise VseError("the shortlist comes from a dual network's vectors; this checkpoint is a pairwise one",
+                       dual_path)
 
 
 def rerank(dual_scores: torch.Tensor, scores: torch.Tensor, to_captions: torch.Tensor,

@@ -18,6 +18,7 @@ sit on the CPU (the GRUs pack there, as ``models.TextEncoder``) or on the device
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -26,7 +27,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from pipeline.core.errors import VseError
-from pipeline.core.plugin_import import check_spec, class_file, is_import_path, plugin_class
+from pipeline.core.plugin_import import check_spec, class_file, is_import_path, plugin_class, user_code_error
 from pipeline.core.registry import SET_POOLS, SET_PROJECTIONS
 from pipeline.core.tokens import PAD_ID
 from pipeline.models.layers import bigru_states, l2_normalize, load_word_vectors
@@ -179,11 +180,32 @@ def build_pool(pool: str | nn.Module, dim: int, options: dict | None = None) -> 
             raise ValueError(f"pool options {options} given with a pool module")
         return pool
     cls = pool_class(pool)
+    users = is_import_path(pool)
     try:
-        return cls(dim=dim, **options)
-    except (TypeError, ValueError) as exc:
-        where = class_file(cls, pool) if is_import_path(pool) else None
+        built = cls(dim=dim, **options)
+    except Exception as exc:  # a user's class: whatever its own code raised, said in one line
+        doing = f"cannot build the pool {pool} with options {options}"
+        error = user_code_error(exc, doing) if users else None
+        if error is not None:
+            raise error from exc
+        if not isinstance(exc, (TypeError, ValueError)):
+            raise
+        where = class_file(cls, pool) if users else None
         raise VseError(f"cannot build the pool {pool} with options {options} ({exc})", where) from exc
+    if users:
+        built.register_forward_hook(functools.partial(_check_pooled, pool, class_file(cls, pool), dim))
+    return built
+
+
+def _check_pooled(spec: str, where: str, dim: int, module, args, pooled) -> None:
+    """A forward hook on a user's pool: ``pool(x (B, K, E), lengths)`` gives (B, E); anything else
+    is a VseError naming the pool and what it returned."""
+    batch = len(args[0]) if args and isinstance(args[0], torch.Tensor) else None
+    if isinstance(pooled, torch.Tensor) and tuple(pooled.shape) == (batch, dim):
+        return
+    got = f"shape {tuple(pooled.shape)}" if isinstance(pooled, torch.Tensor) else type(pooled).__name__
+    raise VseError(f"the pool {spec} returned {got} for {batch} sets of members of size {dim}; "
+                   f"pool(x, lengths) must give ({batch}, {dim})", where)
 
 
 # ---------------------------------------------------------------------------- image side

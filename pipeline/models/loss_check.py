@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline.core.plugin_import import user_code_error
 from pipeline.models.loss_plugins import loss_traits, make_loss
 
 CONTRACT_BATCH = 8          # even: the distributed check splits it over 2 processes
@@ -270,7 +271,10 @@ def _guarded(name: str, check) -> CheckResult:
     """A check that raises fails, with the error in one line."""
     try:
         result = check()
-    except Exception as exc:  # the loss under test is any code
+    except Exception as exc:  # the code under test is any code: where it raised, if it is the user's
+        error = user_code_error(exc)
+        if error is not None and error is not exc:
+            return CheckResult(name, False, str(error))
         text = str(exc).strip().splitlines()
         return CheckResult(name, False, f"{type(exc).__name__}: {text[0] if text else ''}")
     result.check = name

@@ -14,13 +14,15 @@ checkpoint holds the model, so evaluation never needs the loss.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import NamedTuple
 
+import torch
 from torch import nn
 
 from pipeline.core.errors import VseError
-from pipeline.core.plugin_import import class_file, is_import_path, plugin_class
+from pipeline.core.plugin_import import class_file, is_import_path, plugin_class, user_code_error
 from pipeline.core.registry import LOSSES
 from pipeline.models.losses import build_loss
 from pipeline.models.similarity import SIMILARITIES
@@ -58,11 +60,32 @@ def make_loss(spec: str, options: dict | None = None) -> nn.Module:
     cls = loss_class(spec)
     try:
         loss = cls(**options)
-    except (TypeError, ValueError) as exc:
+    except Exception as exc:  # the user's class: whatever its own code raised, said in one line
+        error = user_code_error(exc, f"cannot build {spec} with options {options}")
+        if error is not None:
+            raise error from exc
+        if not isinstance(exc, (TypeError, ValueError)):
+            raise
         raise VseError(f"cannot build {spec} with options {options} ({exc})",
                        class_file(cls, spec)) from exc
-    loss_traits(loss, spec)  # fail now on a bad declaration, not after an epoch
+    try:
+        loss_traits(loss, spec)  # fail now on a bad declaration, not after an epoch
+    except Exception as exc:  # a declaration that is a property of the user's code
+        error = user_code_error(exc, f"loss {spec}")
+        if error is None:
+            raise
+        raise error from exc
+    loss.register_forward_hook(functools.partial(_check_scalar, spec, class_file(cls, spec)))
     return loss
+
+
+def _check_scalar(spec: str, where: str, module, args, value) -> None:
+    """A forward hook on a user's loss: the trainer backpropagates a 0-d tensor; anything else is
+    a VseError naming the loss and what it returned (``VseLoss`` checks its own ``value``)."""
+    if isinstance(value, torch.Tensor) and value.ndim == 0:
+        return
+    got = f"shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+    raise VseError(f"loss {spec} returned {got}, not a 0-d tensor (a scalar)", where)
 
 
 def loss_traits(loss: nn.Module, spec: str = "") -> LossTraits:

@@ -37,6 +37,8 @@ import torch
 from torch import nn
 
 from pipeline.core import registry
+from pipeline.core.errors import VseError
+from pipeline.core.plugin_import import class_file
 from pipeline.models.similarity import image_caption_scores
 
 LADDER_DEFAULTS = {  # levels → (thetas, margins, betas), from the CVSE++ paper
@@ -148,7 +150,10 @@ class VseLoss(nn.Module):
             if sample_ids.shape != (size,):
                 raise ValueError(f"sample_ids must have shape ({size},), got {tuple(sample_ids.shape)}")
         same_image, negatives = self.pair_masks(size, image_ids, device)
-        return self.value(Batch(img, cap, scores, same_image, negatives, relevance, sample_ids, stacked))
+        value = self.value(Batch(img, cap, scores, same_image, negatives, relevance, sample_ids, stacked))
+        if not (isinstance(value, torch.Tensor) and value.ndim == 0):
+            raise _not_a_scalar(self, value)
+        return value
 
     def pair_masks(self, size: int, image_ids, device) -> tuple[torch.Tensor, torch.Tensor]:
         """(same_image, negatives), both (B, B) bool: the pairs of one image (the diagonal
@@ -174,7 +179,7 @@ class SumHingeLoss(VseLoss):
 
     def __init__(self, margin: float = 0.2, mask_same_image: bool = True):
         super().__init__(mask_same_image)
-        self.margin = _finite(margin, "margin")
+        self.margin = _within(margin, "margin", low=0)
 
     def value(self, batch: Batch) -> torch.Tensor:
         to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, self.margin)
@@ -218,7 +223,7 @@ class MaxHingeLoss(_HardestNegativeHinge):
     def __init__(self, margin: float = 0.2, negative_set_size: int | None = None,
                  warmup_epochs: int = 0, mask_same_image: bool = True):
         super().__init__(warmup_epochs, mask_same_image)
-        self.margin = _finite(margin, "margin")
+        self.margin = _within(margin, "margin", low=0)
         if negative_set_size is not None and not _is_int_at_least(negative_set_size, 1):
             raise ValueError(f"negative_set_size must be None or an integer >= 1, "
                              f"got {negative_set_size!r}")
@@ -255,7 +260,7 @@ class OrderLoss(VseLoss):
             raise ValueError(f"reduction must be 'sum' or 'max', got {reduction!r}")
         if not isinstance(squared, bool):
             raise ValueError(f"squared must be true or false, got {squared!r}")
-        self.margin = _finite(margin, "margin")
+        self.margin = _within(margin, "margin", low=0)
         self.reduction = reduction
         self.squared = squared
         self.similarity = "order" if squared else "order-norm"
@@ -285,8 +290,8 @@ class SemanticHardNegativeLoss(_HardestNegativeHinge):
                  zero_margin_same_image: bool = False, warmup_epochs: int = 0,
                  mask_same_image: bool = True):
         super().__init__(warmup_epochs, mask_same_image)
-        self.margin = _finite(margin, "margin")
-        self.lambda_ = _finite(lambda_, "lambda_")
+        self.margin = _within(margin, "margin", low=0)
+        self.lambda_ = _within(lambda_, "lambda_", low=0)
         if not isinstance(zero_margin_same_image, bool):
             raise ValueError(f"zero_margin_same_image must be true or false, "
                              f"got {zero_margin_same_image!r}")
@@ -334,9 +339,9 @@ class LadderLoss(VseLoss):
             raise ValueError(f"levels={levels} has no defaults: give thetas, margins and betas")
         given = (thetas, margins, betas)
         thetas, margins, betas = (
-            _finite_list(default if value is None else value, name)
-            for name, value, default in zip(("thetas", "margins", "betas"), given,
-                                            defaults or given))
+            _finite_list(default if value is None else value, name, *bounds)
+            for name, value, default, bounds in zip(("thetas", "margins", "betas"), given, defaults or given,
+                                                    ((-1, 1), (0, None), (0, None))))
         if (len(thetas), len(margins), len(betas)) != (levels - 1, levels, levels):
             raise ValueError(f"levels={levels} needs {levels - 1} thetas, {levels} margins and "
                              f"{levels} betas, got {len(thetas)}, {len(margins)}, {len(betas)}")
@@ -385,7 +390,7 @@ class HardestNegativeContrastiveLoss(VseLoss):
 
     def __init__(self, margin: float = 0.2, tau: float = 0.1, mask_same_image: bool = True):
         super().__init__(mask_same_image)
-        self.margin = _finite(margin, "margin")
+        self.margin = _within(margin, "margin", low=0)
         self.tau = _positive(tau, "tau")
 
     def value(self, batch: Batch) -> torch.Tensor:
@@ -435,15 +440,16 @@ class CLIPInfoNCELoss(VseLoss):
     """``infonce`` (CLIP; open_clip's ``ClipLoss``): the mean of the two directions' cross-entropy
     of ``exp(t) · S`` with the diagonal as labels. The log-scale ``t`` is learned, starts at
     log(1/0.07) and is clamped to [0, log 100] after every optimiser step (``after_step``), as
-    open_clip's training loop does. Same-image pairs are left out of the softmax unless
+    open_clip's training loop does (``max_scale`` >= 1, and 1 <= ``init_scale`` <= ``max_scale``).
+    Same-image pairs are left out of the softmax unless
     ``mask_same_image=False`` (open_clip: they are negatives)."""
 
     name = "infonce"
 
     def __init__(self, init_scale: float = 1 / 0.07, max_scale: float = 100.0, mask_same_image: bool = True):
         super().__init__(mask_same_image)
-        self.max_log_scale = math.log(_positive(max_scale, "max_scale"))
-        self.logit_scale = nn.Parameter(torch.tensor(math.log(_positive(init_scale, "init_scale"))))
+        self.max_log_scale, init_log_scale = _clamped_log_scale(init_scale, max_scale)
+        self.logit_scale = nn.Parameter(torch.tensor(init_log_scale))
 
     def after_step(self) -> None:
         """After each optimiser step: the scale back into [1, max_scale]."""
@@ -469,8 +475,8 @@ class SigmoidPairLoss(VseLoss):
     def __init__(self, init_scale: float = 10.0, init_bias: float = -10.0, max_scale: float = 100.0,
                  mask_same_image: bool = True):
         super().__init__(mask_same_image)
-        self.max_log_scale = math.log(_positive(max_scale, "max_scale"))
-        self.logit_scale = nn.Parameter(torch.tensor(math.log(_positive(init_scale, "init_scale"))))
+        self.max_log_scale, init_log_scale = _clamped_log_scale(init_scale, max_scale)
+        self.logit_scale = nn.Parameter(torch.tensor(init_log_scale))
         self.logit_bias = nn.Parameter(torch.tensor(_finite(init_bias, "init_bias")))
 
     after_step = CLIPInfoNCELoss.after_step
@@ -515,16 +521,43 @@ def _with_positives(negatives):
     return negatives | torch.eye(len(negatives), dtype=torch.bool, device=negatives.device)
 
 
+def _not_a_scalar(loss: VseLoss, value) -> Exception:
+    """What a loss whose ``value`` is not a 0-d tensor raises: a user's subclass, one line naming its
+    file (``VseError``); a built-in one, a bug of vse (ValueError, with its traceback)."""
+    got = f"shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+    message = f"loss {loss.name or type(loss).__name__}: value() returned {got}, not a 0-d tensor (a scalar)"
+    if type(loss).__module__.split(".")[0] == "pipeline":
+        return ValueError(message)
+    return VseError(message, class_file(type(loss), type(loss).__name__))
+
+
 def _finite(value, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     return float(value)
 
 
-def _finite_list(values, name: str) -> list[float]:
+def _finite_list(values, name: str, low=None, high=None) -> list[float]:
     if not isinstance(values, (list, tuple)):
         raise ValueError(f"{name} must be a list of numbers, got {values!r}")
-    return [_finite(value, name) for value in values]
+    return [_within(value, name, low, high) for value in values]
+
+
+def _within(value, name: str, low=None, high=None) -> float:
+    """A finite number in [low, high] (either bound may be None: open on that side)."""
+    value = _finite(value, name)
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = (f"in [{low:g}, {high:g}]" if low is not None and high is not None
+                  else f">= {low:g}" if low is not None else f"<= {high:g}")
+        raise ValueError(f"{name} must be {bounds}, got {value!r}")
+    return value
+
+
+def _clamped_log_scale(init_scale, max_scale) -> tuple[float, float]:
+    """(log max_scale, log init_scale) of a learned logit scale kept in [1, max_scale] (``after_step``):
+    max_scale >= 1, and init_scale inside that range (one outside it would be moved after the first step)."""
+    max_scale = _within(max_scale, "max_scale", low=1)
+    return math.log(max_scale), math.log(_within(init_scale, "init_scale", low=1, high=max_scale))
 
 
 def _positive(value, name: str) -> float:

@@ -26,13 +26,14 @@ encoder (``vocab_size > 0``), or ``(token vectors (B, T, d), lengths)`` of `vse 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import asdict, dataclass, field, fields
 
 import torch
 from torch import nn
 
 from pipeline.core.errors import VseError
-from pipeline.core.plugin_import import class_file, is_import_path, plugin_class
+from pipeline.core.plugin_import import class_file, is_import_path, plugin_class, user_code_error
 from pipeline.core.registry import NETWORK_KINDS, NETWORKS
 
 
@@ -176,16 +177,34 @@ def build_network(config: NetworkConfig) -> nn.Module:
     if getattr(cls, "kind", "dual") != "pairwise":
         raise VseError(f"network {config.network} is not a pairwise network (kind "
                        f"{getattr(cls, 'kind', 'dual')!r}); a dual network is built from a ModelConfig")
+    users = is_import_path(config.network)
     try:
         model = cls(config)
-    except VseError:
-        raise
-    except (TypeError, ValueError, RuntimeError) as exc:
-        where = class_file(cls, config.network) if is_import_path(config.network) else None
+    except Exception as exc:  # a user's class: whatever its own code raised, said in one line
+        error = user_code_error(exc, f"cannot build network {config.network}") if users else None
+        if error is not None:
+            raise error from exc
+        if not isinstance(exc, (TypeError, ValueError, RuntimeError)):
+            raise
         raise VseError(f"cannot build network {config.network} ({str(exc).splitlines()[0][:160]})",
-                       where) from exc
+                       class_file(cls, config.network) if users else None) from exc
     for name in ("encode_images", "encode_captions", "score"):
         if not callable(getattr(model, name, None)):
             raise VseError(f"network {config.network} has no {name}(): a pairwise network encodes "
                            "images and captions into blocks and scores every pair of two blocks")
+    if users:  # what the loss and the metrics read, checked where the user's network hands it over
+        model.register_forward_hook(functools.partial(_check_score_matrix, config.network,
+                                                      class_file(cls, config.network)))
     return model
+
+
+def _check_score_matrix(spec: str, where: str, module, args, scores) -> None:
+    """A forward hook on a user's network: ``forward(images, captions, lengths)`` gives the batch's
+    (B, B) score matrix; anything else is a VseError naming the network and what it returned
+    (a module-level function with no model inside, so a copy of the network checks itself)."""
+    batch = len(args[0]) if args and isinstance(args[0], torch.Tensor) else None
+    if isinstance(scores, torch.Tensor) and batch is not None and tuple(scores.shape) == (batch, batch):
+        return
+    got = f"shape {tuple(scores.shape)}" if isinstance(scores, torch.Tensor) else type(scores).__name__
+    raise VseError(f"network {spec} returned scores of {got} for a batch of {batch} pairs; forward(images, "
+                   f"captions, lengths) must give the ({batch}, {batch}) score matrix", where)

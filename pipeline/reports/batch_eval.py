@@ -16,6 +16,7 @@ import torch
 
 from pipeline.core.errors import VseError
 from pipeline.core.fsutil import file_sha256
+from pipeline.core.plugin_import import user_code_error
 from pipeline.data.cache import FeatureCache
 from pipeline.data.captions import CaptionEncoder, caption_key
 from pipeline.evaluation.evaluate import evaluate_split_embeddings
@@ -59,7 +60,7 @@ class RunEvaluator:
                  features=None, relevance=None, cs_ks=(), judgments=None, text_features=None):
         self.device, self.split, self.protocol = device, split, protocol
         self.judgments = judgments  # pipeline.evaluation.judgments.Judgments: adds the human_* columns
-        self._judged = None         # the judgments' identity in ``evaluation_id``
+        self._fingerprints: dict[Path, str | None] = {}  # each input file's, computed once (``fingerprint``)
         self._matched: dict[Path, object] = {}
         self.features, self.text_features = features, text_features
         self.relevance_path, self.cs_ks = relevance, tuple(cs_ks)
@@ -112,17 +113,66 @@ class RunEvaluator:
         return human_metrics(emb.images, emb.captions, emb.caption_image, self._matched[key],
                              similarity=emb.similarity, device=self.device)
 
-    def evaluation_id(self, checkpoint: str) -> str:
-        """A digest of how this evaluator evaluates (split, protocol, caches given, relevance and
-        CS@K, the judgments file's bytes and threshold, the checkpoint name): two rows with equal
-        ids and equal checkpoint bytes hold the same numbers (``evaluate_runs``'s ``kept``)."""
+    def fingerprint(self, path) -> str | None:
+        """The identity of an input file's content, computed once per evaluator (``input_fingerprint``)."""
+        if not path:
+            return None
+        key = Path(path).resolve()
+        if key not in self._fingerprints:
+            self._fingerprints[key] = input_fingerprint(key)
+        return self._fingerprints[key]
+
+    def evaluation_id(self, checkpoint: str, features=None, text_features=None) -> str:
+        """A digest of how this evaluator evaluates a run: split, protocol, CS@K, the judgments'
+        format and threshold, the checkpoint name, and every input file by path and content
+        (``input_fingerprint``): the feature cache and caption-feature file the run is evaluated on
+        (``features``, ``text_features``: the evaluator's, else the run's own), the relevance file,
+        the judgments and the token file they are matched with; a file by its content alone, so the
+        same file named by another path is the same input. Two rows with equal ids and equal
+        checkpoint bytes hold the same numbers (``evaluate_runs``'s ``kept``)."""
         import hashlib
 
-        if self._judged is None and self.judgments is not None:  # the file read once per evaluator
-            self._judged = [file_sha256(self.judgments.path), self.judgments.format, self.judgments.threshold]
-        settings = [self.split, self.protocol, str(self.features or ""), str(self.text_features or ""),
-                    str(self.relevance_path or ""), list(self.cs_ks), self._judged, checkpoint]
+        features, text_features = self.features or features, self.text_features or text_features
+        files = [features, text_features, self.relevance_path]
+        judged = None
+        if self.judgments is not None:
+            judged = [self.judgments.format, self.judgments.threshold]
+            files += [self.judgments.path, self._token_file(features)]
+        settings = [self.split, self.protocol, list(self.cs_ks), judged, checkpoint,
+                    [self.fingerprint(f) or str(f or "") for f in files]]  # a missing file: its name
         return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:12]
+
+    def run_evaluation_id(self, run_dir, checkpoint: str) -> str:
+        """``evaluation_id`` of a run before it is evaluated: its inputs from its config.json."""
+        config = read_config(run_dir)
+        return self.evaluation_id(checkpoint, config.get("features"), config.get("text_features"))
+
+    def _token_file(self, features):
+        """The Flickr8k token file the judgments are matched with (``judge``), or None."""
+        from pipeline.evaluation.judgments import token_file_near
+
+        if not features or not Path(features).is_file():
+            return None
+        return token_file_near(self.cache(features).attrs.get("dataset_root"))
+
+    def fresh_metric_keys(self, images) -> list[str]:
+        """The metric columns a fresh evaluation by this evaluator writes for a split of ``images``:
+        retrieval, CS@K (the K the split allows) and the human-judgment ones."""
+        from pipeline.evaluation.evaluate import usable_cs_ks
+        from pipeline.evaluation.judgments.metrics import NDCG_KS
+        from pipeline.evaluation.metrics import METRIC_KEYS, METRICS, RECALL_KS
+
+        keys = list(METRIC_KEYS)
+        if self.relevance_path and self.cs_ks and isinstance(images, int):
+            ks, _ = usable_cs_ks(self.cs_ks, images)
+            keys += [m.key.format(k=k) for m in METRICS if m.group == "cs" for k in ks]
+        if self.judgments is not None:
+            family_ks = {"ndcg@{k}": NDCG_KS, "r@{k}": RECALL_KS}  # human_metrics' defaults
+            for m in METRICS:
+                if m.group in ("human", "count") and m.key.startswith("human_"):
+                    ks = next((v for end, v in family_ks.items() if m.key.endswith(end)), (None,))
+                    keys += [m.key.format(k=k) for k in ks]
+        return keys
 
     def embed(self, run_dir, checkpoint: str = "best.pt"):
         """(split embeddings, loaded model, checkpoint path, feature cache path) of one run."""
@@ -175,7 +225,8 @@ class RunEvaluator:
             **{k: float(v) for k, v in metrics.items()},
             **_noise_columns(best),
             "checkpoint_sha256": file_sha256(checkpoint_path),
-            "evaluation_id": self.evaluation_id(Path(checkpoint_path).name),
+            "evaluation_id": self.evaluation_id(Path(checkpoint_path).name, features,
+                                                train_config.get("text_features")),
         }
 
 
@@ -224,11 +275,10 @@ def evaluate_runs(run_dirs, *, device: torch.device, split: str = "test", protoc
     names = dict(zip(members, run_names(members))) if members else {}
     with RunEvaluator(device, split, protocol, features, relevance, cs_ks, judgments,
                       text_features) as evaluator:
-        evaluation_id = evaluator.evaluation_id(checkpoint)
 
         def evaluated(run_dir, i):
             earlier = kept.get(names[run_dir])
-            if earlier is not None and _unchanged(earlier, run_dir / checkpoint, evaluation_id):
+            if earlier is not None and _unchanged(earlier, evaluator, run_dir, checkpoint):
                 row = {**earlier, **describe_config(read_config(run_dir)),
                        "epochs_to_best": epochs_to_best(read_validation_log(run_dir))}
                 result.rows.append(row)
@@ -239,9 +289,12 @@ def evaluate_runs(run_dirs, *, device: torch.device, split: str = "test", protoc
             try:
                 embedded = evaluator.embed(run_dir, checkpoint)
                 row = {"run": names[run_dir], **evaluator.row(run_dir, *embedded)}
-            except VseError as exc:
-                result.skipped.append(Skipped(run_dir, str(exc)))
-                echo(f"[{i}/{len(run_dirs)}] skipped {names[run_dir]}: {exc}")
+            except Exception as exc:  # a VseError or a user's network's: skipped; a bug of vse: raised
+                error = user_code_error(exc)
+                if error is None:
+                    raise
+                result.skipped.append(Skipped(run_dir, str(error)))
+                echo(f"[{i}/{len(run_dirs)}] skipped {names[run_dir]}: {error}")
                 return None
             result.rows.append(row)
             echo(f"[{i}/{len(run_dirs)}] {row['run']}: rsum {row['rsum']:.1f}")
@@ -273,10 +326,51 @@ def evaluate_runs(run_dirs, *, device: torch.device, split: str = "test", protoc
     return result
 
 
-def _unchanged(row: dict, checkpoint_path: Path, evaluation_id: str) -> bool:
-    """An earlier row still holds this checkpoint's numbers under this evaluation."""
-    return (row.get("evaluation_id") == evaluation_id and row.get("checkpoint") == str(checkpoint_path)
-            and checkpoint_path.is_file() and row.get("checkpoint_sha256") == file_sha256(checkpoint_path))
+# the columns of a fresh row that a kept row must hold a value in (besides the metrics): what the
+# model and its cache said, which a kept row does not read again
+KEPT_COLUMNS = ("train_set", "features", "split", "protocol", "images", "checkpoint", "checkpoint_iteration",
+                "checkpoint_sha256", "evaluation_id")
+
+
+def _unchanged(row: dict, evaluator: RunEvaluator, run_dir: Path, checkpoint: str) -> bool:
+    """An earlier row still holds this checkpoint's numbers under this evaluation, complete: every
+    column a fresh evaluation writes is there with a value (a row with a metric removed or emptied
+    is evaluated again), the checkpoint's bytes and the evaluation (its inputs' contents included)
+    are the same."""
+    checkpoint_path = run_dir / checkpoint
+    needed = (*KEPT_COLUMNS, *evaluator.fresh_metric_keys(row.get("images")))
+    complete = all(row.get(key) is not None for key in needed)
+    return (complete and row.get("checkpoint") == str(checkpoint_path) and checkpoint_path.is_file()
+            and row.get("evaluation_id") == evaluator.run_evaluation_id(run_dir, checkpoint)
+            and row.get("checkpoint_sha256") == file_sha256(checkpoint_path))
+
+
+def input_fingerprint(path) -> str | None:
+    """The identity of an input file's content (None: no such file). A file whose format stores one
+    (feature caches and caption-feature files: ``config_fingerprint``, what they were computed from,
+    and ``created``; an imported cache also its arrays' ``external_identity``) is known by its stored
+    attributes, read in a moment whatever its size; any other file (relevance files, judgments, a
+    token file) by the sha256 of its bytes."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    stored = _stored_identity(path)
+    return stored if stored is not None else file_sha256(path)
+
+
+def _stored_identity(path: Path) -> str | None:
+    import hashlib
+
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            attrs = {key: str(value) for key, value in f.attrs.items()}
+    except OSError:  # not HDF5
+        return None
+    if "config_fingerprint" not in attrs or "created" not in attrs:
+        return None
+    return "stored:" + hashlib.sha256(json.dumps(attrs, sort_keys=True).encode()).hexdigest()
 
 
 def averaged_config_id(config_ids) -> str:

@@ -113,10 +113,13 @@ def build_run(config: TrainConfig, resume: bool = False, echo=print, given=None,
     if len(index.split(config.val_split)) == 0:  # fail now, not after the first epoch
         raise VseError(f"validation split {config.val_split!r} has no images", source.location)
     noise, train_caption_image = _noise(config, index, train_captions, run, resume_state, quiet_echo)
+    if resume_state is not None:
+        _check_files_unchanged(config, resume_state)
 
     seed_everything(config.seed)
     loss, traits = factories.create_loss(config, device)
     model = factories.create_model(config, source, captions, traits, device, distributed)
+    factories.tell_loss_the_scores(config, loss, model)
     if init_state is not None:
         factories.init_from_checkpoint(model, init_state, config, echo)
     elif config.glove:
@@ -151,24 +154,32 @@ def build_trainer(config: TrainConfig, resume: bool = False, echo=print, given=N
 
 def _noise(config: TrainConfig, index, train_captions: np.ndarray, run: RunFolder, resume_state, echo):
     """(the noise index, each caption's training image) of a run on noisy pairs; (None, the
-    cache's) otherwise. A resumed run's index must be the one its folder kept."""
+    cache's) otherwise. A resumed run's index must be the one its folder kept (its
+    ``noise_index.npy``, else the sha256 its ``noise.json`` records): one drawn or read anew that
+    differs is refused, never written over it."""
     if not (config.noise_rate or config.noise_index):
         return None, index.caption_image
-    from pipeline.data.noise import NoiseIndex, saved_sha256
+    from pipeline.data.noise import NOISE_FILE, NoiseIndex, drawn_for, saved_sha256
 
     images = np.unique(index.caption_image[train_captions])  # the training images, in cache order
     local = np.searchsorted(images, index.caption_image[train_captions])
+    split = drawn_for(config.train_split, [index.captions[i] for i in train_captions], len(images))
     if config.noise_index:
-        noise = NoiseIndex.read(config.noise_index, local, len(images))
+        noise = NoiseIndex.read(config.noise_index, local, len(images), split)
     else:
-        noise = NoiseIndex.make(config.noise_mode, config.noise_rate, config.noise_seed, local, len(images))
-    if resume_state is not None and saved_sha256(run.path) not in (None, noise.sha256()):
-        raise VseError(f"the noise index ({noise.source}) is not the one this run kept "
-                       f"({run.path / 'noise.json'})", config.noise_index or run.path)
+        noise = NoiseIndex.make(config.noise_mode, config.noise_rate, config.noise_seed, local, len(images),
+                                split)
+    kept = saved_sha256(run.path) if resume_state is not None else None
+    if kept not in (None, noise.sha256()):
+        raise VseError(f"the noise index ({noise.source}, sha256 {noise.sha256()[:12]}…) is not the one this "
+                       f"run trained on ({run.path / NOISE_FILE}, {kept[:12]}…): was it drawn again since?",
+                       config.noise_index or run.path)
     noisy = index.caption_image.copy()
     noisy[train_captions] = images[noise.per_caption()]
     echo(f"noisy pairs: {noise.layout}-level index ({noise.source}), true rate {noise.true_rate():.4f} "
          f"of {len(local)} training captions")
+    if noise.note:
+        echo(f"note: {noise.note}")
     return noise, noisy
 
 
@@ -178,6 +189,19 @@ def _check_world_size(state: dict, world: int, where) -> None:
     if saved != world:
         raise VseError(f"--resume with {world} process(es), but the run was trained with {saved}: "
                        f"the global batch and the order of pairs depend on it", where)
+
+
+def _check_files_unchanged(config: TrainConfig, resume_state) -> None:
+    """A resumed run reads the files it began with: a file it names (the cache, the relevance, a
+    noise index...) rewritten in place since (another sha256 than its checkpoint recorded at the
+    start) is refused, as --resume refuses another file by another path. Every process checks:
+    each must stop."""
+    for name, recorded in (resume_state.get("file_identity") or {}).items():
+        path = getattr(config, name, None)
+        if path and Path(path).is_file() and file_identity(path) != recorded:
+            raise VseError(f"changed since the run began (its --{name.replace('_', '-')}, sha256 "
+                           f"{str(recorded.get('sha256'))[:12]}… then): --resume would go on with other data "
+                           "than the run's first steps; start a new --run-dir", path)
 
 
 def _file_identity(config: TrainConfig, resume_state) -> dict:

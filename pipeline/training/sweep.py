@@ -38,6 +38,7 @@ from pathlib import Path
 
 from pipeline.core.config import TrainConfig, option_names
 from pipeline.core.errors import VseError
+from pipeline.core.plugin_import import user_code_error
 from pipeline.training.run_folder import RunFolder
 
 LOSS_OPTION_PREFIX = "loss_options."
@@ -110,9 +111,7 @@ def load_sweep(path, runs_dir=None, seeds=None, overrides=None, name=None) -> Sw
     if "loss_options" in overrides:
         overrides["loss_options"] = {**(base.get("loss_options") or {}), **overrides["loss_options"]}
     base = {**base, **overrides}
-    name = str(name or spec.get("name") or path.stem)
-    if not _SAFE_NAME.fullmatch(name):
-        raise VseError(f"sweep name {name!r} may hold only letters, digits, '.', '_' and '-'", path)
+    name = check_folder_name(str(name or spec.get("name") or path.stem), "sweep name", path)
     sweep = Sweep(name, Path(runs_dir or spec.get("runs_dir") or "runs"))
     for values in expand_grid(grid, path):
         config = run_config(base, values, path)
@@ -182,6 +181,15 @@ def run_config(base: dict, values: dict, path=None) -> dict:
 _SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
 
+def check_folder_name(name: str, what: str, where=None) -> str:
+    """``name`` when it is one plain folder name under the runs dir (letters, digits, '.', '_', '-';
+    not '.' or '..', which name the runs dir itself or its parent); VseError otherwise."""
+    if not _SAFE_NAME.fullmatch(name) or name in (".", ".."):
+        raise VseError(f"{what} {name!r} may hold only letters, digits, '.', '_' and '-', and is one "
+                       "folder name: not '.' or '..'", where)
+    return name
+
+
 def param_string(values: dict) -> str:
     """'loss=mh,negative_set_size=8,seed=0': the grid values, safe as one folder name.
     A bundle is named by its ``name`` entry, else by its settings joined with '+'."""
@@ -209,9 +217,13 @@ def _text(value) -> str:
 
 
 def run_status(run: SweepRun) -> tuple[str, str]:
-    """(new | unfinished | done, detail) from what the run folder holds."""
+    """(new | unfinished | done | changed, detail) from what the run folder holds; ``changed``: the
+    folder holds a run made with other options than the sweep's (what --resume may not change)."""
     from pipeline.core.checkpoint import load_checkpoint
 
+    changed = _changed_options(run)
+    if changed:
+        return "changed", changed
     epochs = int(run.config.get("epochs", TrainConfig.default("epochs")))
     done = RunFolder(run.run_dir).done()
     if done is not None:
@@ -228,6 +240,31 @@ def run_status(run: SweepRun) -> tuple[str, str]:
     if epoch >= epochs:
         return "done", f"last.pt at epoch {epoch}"
     return "unfinished", f"last.pt at epoch {epoch}/{epochs}"
+
+
+def _changed_options(run: SweepRun) -> str:
+    """How the run already in ``run.run_dir`` (its config.json) differs from the sweep's in the
+    options --resume may not change (``config.resume_may_change``: the epoch count may), as one
+    line; "" when it does not, or when the folder holds no run."""
+    from pipeline.core.config import file_options, resume_may_change, with_old_defaults
+    from pipeline.training.run_folder import read_config, same_file
+
+    folder = RunFolder(run.run_dir)
+    saved = read_config(run.run_dir)
+    if not saved or not (folder.holds_run() or folder.done() is not None):
+        return ""
+    try:
+        old = TrainConfig.from_dict(with_old_defaults(saved))
+    except VseError as exc:
+        return f"its config.json: {exc}"
+    new, files, allowed = TrainConfig.from_dict(run.config), file_options(), resume_may_change()
+
+    def differs(name):
+        a, b = getattr(new, name), getattr(old, name)
+        return a != b and not (name in files and a and b and same_file(a, b, None))
+
+    names = [name for name in option_names() if name != "run_dir" and name not in allowed and differs(name)]
+    return ", ".join(f"{name} {getattr(new, name)!r} (the run's: {getattr(old, name)!r})" for name in names)
 
 
 def plan(sweep: Sweep) -> Sweep:
@@ -264,8 +301,11 @@ def _train_safely(run: SweepRun, resume: bool, threads: int | None, quiet: bool)
 
     try:
         summary = train_run(run.config, resume, threads, echo)
-    except VseError as exc:
-        return "failed", str(exc)
+    except Exception as exc:  # a VseError, or the user's plug-in raised it: one line; a bug of vse: raised
+        error = user_code_error(exc)
+        if error is None:
+            raise
+        return "failed", str(error)
     return "trained", f"best rsum {summary['best_rsum']:.2f} at epoch {summary['best_epoch']}"
 
 
@@ -275,6 +315,10 @@ def run_sweep(sweep: Sweep, *, jobs: int = 1, resume: bool = False, echo=print,
     processes). Unfinished runs continue only with ``resume``; otherwise they are left as
     they are and reported. A failing run does not stop the others."""
     plan(sweep)
+    changed = [run for run in sweep.runs if run.status == "changed"]
+    if changed:
+        raise VseError(f"{len(changed)} of its runs were made with other options than this sweep's (first: "
+                       f"{changed[0].name}: {changed[0].detail}); give the sweep another --name", sweep.root)
     todo = []
     for run in sweep.runs:
         if run.status == "done":
