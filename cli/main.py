@@ -54,6 +54,7 @@ COMMANDS = {
     "relevance-human": "cli.relevance_cmd:relevance_human",
     "train": "cli.train_cmd:train_command",
     "sweep": "cli.sweep_cmd:sweep_command",
+    "tune": "cli.tune_cmd:tune_command",
     "evaluate": "cli.evaluate_cmd:evaluate_command",
     "report": "cli.report_cmd:report_command",
     "compare": "cli.compare_cmd:compare_command",

@@ -28,7 +28,7 @@ from pipeline.evaluation.stats import ALPHA, mean_std, welch_greater
 from pipeline.reports.batch_eval import RUN_COLUMNS
 
 TEXT_COLUMNS = {"run", "loss", "loss_options", "backbone", "train_set", "features", "split",
-                "protocol", "checkpoint", "config_id", "checkpoint_sha256", "evaluation_id"}
+                "protocol", "checkpoint", "config_id", "checkpoint_sha256", "evaluation_id", "tune_budget"}
 FORMATS = ("md", "latex", "csv")
 BOLD_MODES = ("significant", "best", "none")
 # Columns that describe one run rather than its configuration: left out of a seed group's key.
@@ -269,13 +269,13 @@ def format_results(rows, fmt: str = "md", layout: str = "paper", label: str = "r
     if seeds is None:
         seeds = any(g.n > 1 for g in by_seed)
     if seeds:
-        labels = [g.label for g in by_seed]
+        labels = [g.label + _tuned(g.rows[0]) for g in by_seed]
         cells = [[format_cell(k, g, fmt) for k in keys] for g in by_seed]
         best = significant_cells(by_seed, keys) if bold == "significant" else set()
         if bold == "best":
             best = best_cells([{k: g.mean(k) for k in keys} for g in by_seed], keys)
     else:
-        labels = [str(row.get(label) if row.get(label) is not None else "") for row in rows]
+        labels = [str(row.get(label) if row.get(label) is not None else "") + _tuned(row) for row in rows]
         cells = [[format_value(k, row.get(k)) for k in keys] for row in rows]
         best = best_cells(rows, keys) if bold == "best" else set()
         # one seed per row: no noise estimate, so "significant" bolds nothing
@@ -286,6 +286,16 @@ def format_results(rows, fmt: str = "md", layout: str = "paper", label: str = "r
     table = (_latex_table if fmt == "latex" else _markdown_table)(groups, labels, marked)
     note = _table_note(seeds, bold)
     return table + ("\n\n" + note if fmt == "md" else "\n% " + note) if note else table
+
+
+def _tuned(row: dict) -> str:
+    """' (tuned 20×3)' for a run whose options `vse tune` chose: its ``tune_budget`` column, else the
+    tune.json beside its checkpoint (``training.tune.tune_budget``); '' otherwise."""
+    from pipeline.training.tune import tune_budget
+
+    budget = row.get("tune_budget") or (tune_budget(Path(row["checkpoint"]).parent)
+                                        if row.get("checkpoint") else None)
+    return f" (tuned {budget})" if budget else ""
 
 
 def _table_note(seeds: bool, bold: str) -> str:

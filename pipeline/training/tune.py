@@ -1,0 +1,727 @@
+"""`vse tune`: a search over training options with Optuna, one run folder per trial.
+
+    name: mh_tuned                # optional; default: the file's stem
+    runs_dir: runs                # optional; the tune folder is <runs_dir>/<name>
+    base:                         # fixed TrainConfig fields, as in a sweep file
+      features: cache/f8k.h5
+      loss: mh
+    search:                       # option → one distribution
+      lr: {log_uniform: [1.0e-5, 1.0e-3]}
+      margin: {uniform: [0.05, 0.5]}
+      loss_options.warmup_epochs: {int: [0, 2]}
+      batch_size: {choice: [64, 128]}
+
+The objective is one validation metric (``--metric``, default rsum) of the trial's best.pt, on
+the run's ``val_split`` (dev): the test split is never read. Each validation reports the metric
+to the pruner (median, or Hyperband), which stops a trial that trails the others after an
+epoch or two. The tune folder holds the study (``study.db``, SQLite; or ``--storage URL``),
+one ordinary run folder per trial (``trial_0007/``: config.json, metrics.jsonl, best.pt and
+``tune.json``, the trial's parameters, state and value) and ``plots/``. ``--trials N`` counts
+COMPLETE and PRUNED trials of the study, whichever process ran them; a trial whose process was
+killed is marked failed and re-run once with its parameters, never counted twice.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import math
+import os
+import re
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.core.config import LOSS_FLAGS, TrainConfig, execution_only, option_names
+from pipeline.core.errors import VseError
+from pipeline.core.fsutil import atomic_path
+from pipeline.training.run_folder import best_record, read_validation_log
+from pipeline.training.sweep import LOSS_OPTION_PREFIX, check_folder_name, run_config
+
+TUNE_KEYS = ("name", "runs_dir", "base", "search")
+DISTRIBUTIONS = ("uniform", "log_uniform", "int", "choice")
+PRUNERS = ("median", "hyperband", "none")
+DEFAULT_METRIC = "rsum"
+TEST_SPLIT = "test"
+# Options a search may not vary: what and where a run reads (the split it validates on included),
+# how long it trains (the budget's EPOCHS), and where and how it runs.
+NOT_SEARCHED = ("features", "text_features", "relevance", "root", "run_dir", "seed", "epochs",
+                "train_split", "val_split", "val_images", "init_from", "noise_index")
+STUDY_FILE = "study.db"
+TRIAL_FILE = "tune.json"       # in each trial folder, and in the folder an exported sweep fills
+EXPORT_TAG = "# vse tune export"
+SAMPLER = "TPE"
+MEDIAN_STARTUP_TRIALS = 3      # the median pruner prunes from the 4th trial on, from its 1st epoch
+RETRIES = 1                    # a killed trial is re-run this many times with its parameters
+UNCLAIMED_GRACE_S = 60         # a RUNNING trial that never named its host is stale after this
+HEARTBEAT_S = 60               # --storage: a trial beats this often; stale after 5 missed beats
+
+
+# ---------------------------------------------------------------------------- the file
+@dataclass
+class Param:
+    """One searched option: ``kind`` (one of DISTRIBUTIONS) over ``values`` ([low, high] or choices)."""
+
+    key: str
+    kind: str
+    values: list
+
+    def suggest(self, trial):
+        if self.kind == "choice":
+            return trial.suggest_categorical(self.key, self.values)
+        low, high = self.values
+        if self.kind == "int":
+            return trial.suggest_int(self.key, low, high)
+        return trial.suggest_float(self.key, float(low), float(high), log=self.kind == "log_uniform")
+
+    def corners(self) -> list:
+        """The values that bound the range, of the type a trial gets: what the checks try."""
+        floats = self.kind in ("uniform", "log_uniform")
+        return [float(v) for v in self.values] if floats else list(self.values)
+
+    def to_dict(self) -> dict:
+        return {self.kind: self.values}
+
+
+@dataclass
+class Budget:
+    trials: int
+    epochs: int
+
+    def __str__(self) -> str:
+        return f"{self.trials}×{self.epochs}"
+
+
+@dataclass
+class TuneSpec:
+    path: Path
+    name: str
+    runs_dir: Path
+    base: dict                      # the file's base: with the tune's own settings (epochs, val_every)
+    params: list[Param] = field(default_factory=list)
+
+    @property
+    def root(self) -> Path:
+        return self.runs_dir / self.name
+
+    def space(self) -> dict:
+        return {p.key: p.to_dict() for p in self.params}
+
+    def trial_config(self, values: dict, run_dir) -> dict:
+        """The training config of one trial: base with the values applied (a sweep's rule)."""
+        config = run_config(self.base, values, self.path)
+        config["run_dir"] = str(run_dir)
+        return config
+
+    def fingerprint(self) -> str:
+        """What the study's trials share: the base and the search space (a digest)."""
+        text = json.dumps({"base": self.base, "space": self.space()}, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def parse_budget(text: str) -> Budget:
+    """'20x3' or '20×3' → 20 trials of 3 epochs."""
+    match = re.fullmatch(r"\s*(\d+)\s*[x×X]\s*(\d+)\s*", str(text))
+    if not match or int(match[1]) < 1 or int(match[2]) < 1:
+        raise VseError(f"--budget is TRIALSxEPOCHS with both at least 1, e.g. 20x3; got {text!r}")
+    return Budget(int(match[1]), int(match[2]))
+
+
+def load_tune(path, runs_dir=None, name=None) -> TuneSpec:
+    """Read and check a tune file: every problem is one VseError naming the file and the key,
+    raised before any trial runs."""
+    import yaml
+
+    path = Path(path)
+    try:
+        spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise VseError(f"cannot read tune file ({exc.strerror})", path) from None
+    except yaml.YAMLError as exc:
+        raise VseError(f"cannot parse tune file ({str(exc).splitlines()[0]})", path) from None
+    if not isinstance(spec, dict):
+        raise VseError("a tune file is a mapping with base: and search:", path)
+    unknown = sorted(set(spec) - set(TUNE_KEYS))
+    if unknown:
+        hint = (" (a tune file searches one configuration: tune each method of a comparison from its own "
+                "file with the same --budget)" if {"grid", "seeds"} & set(unknown) else "")
+        raise VseError(f"unknown tune key(s) {', '.join(unknown)} (expected {', '.join(TUNE_KEYS)}){hint}",
+                       path)
+    base, search = spec.get("base") or {}, spec.get("search") or {}
+    if not isinstance(base, dict) or not isinstance(search, dict):
+        raise VseError("base: and search: must be mappings", path)
+    if not search:
+        raise VseError("search: names no option to tune", path)
+    name = check_folder_name(str(name or spec.get("name") or path.stem), "tune name", path)
+    base = dict(base)
+    base.setdefault("val_every", 0)  # a trial validates at its epoch ends: the pruner's steps
+    for key in ("val_split", "train_split"):
+        if base.get(key, TrainConfig.default(key)) == TEST_SPLIT:
+            raise VseError(f"base: {key}: a tune never reads the {TEST_SPLIT!r} split (it validates "
+                           "on dev; test is for the seeds of the chosen options)", path)
+    params = [_param(key, value, base, path) for key, value in search.items()]
+    tune = TuneSpec(path, name, Path(runs_dir or spec.get("runs_dir") or "runs"), base, params)
+    _check_corners(tune)
+    return tune
+
+
+def _param(key, value, base: dict, path) -> Param:
+    where = f"search: {key}"
+    if not isinstance(key, str):
+        raise VseError(f"{where}: a key is an option name", path)
+    if key.startswith(LOSS_OPTION_PREFIX):
+        option = key[len(LOSS_OPTION_PREFIX):]
+        if not option:
+            raise VseError(f"{where}: name the loss option (loss_options.<option>)", path)
+        if option in (base.get("loss_options") or {}):
+            raise VseError(f"{where}: base: sets loss_options.{option} already (a fixed value); "
+                           "fix it in base: or search it, not both", path)
+    else:
+        if key not in option_names() or key == "loss_options":
+            hint = next((f"; did you mean {LOSS_OPTION_PREFIX}{flag.key}?"
+                         for name, flag in LOSS_FLAGS.items() if key in (name, flag.key)), "")
+            raise VseError(f"{where}: unknown option (expected a training option, TrainConfig field, "
+                           f"or {LOSS_OPTION_PREFIX}<option>){hint}", path)
+        if key in NOT_SEARCHED or key in execution_only():
+            raise VseError(f"{where}: not searched (what a run reads, how long it trains and where it "
+                           "runs are fixed; --budget sets the epochs)", path)
+        if key in base:
+            raise VseError(f"{where}: base: sets {key} already (a fixed value); fix it in base: or "
+                           "search it, not both", path)
+    if not isinstance(value, dict) or len(value) != 1 or next(iter(value)) not in DISTRIBUTIONS:
+        raise VseError(f"{where}: expected one distribution, {{uniform | log_uniform | int: [low, high]}} "
+                       f"or {{choice: [values]}}, got {value!r}", path)
+    kind, values = next(iter(value.items()))
+    if kind == "choice":
+        if not isinstance(values, list) or not values:
+            raise VseError(f"{where}: choice needs a non-empty list of values", path)
+        if not all(v is None or isinstance(v, (bool, int, float, str)) for v in values):
+            raise VseError(f"{where}: choices are numbers, strings, booleans or null", path)
+        if len({json.dumps(v) for v in values}) < len(values):
+            raise VseError(f"{where}: a choice is listed twice", path)
+        return Param(key, kind, values)
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                  for v in (values if isinstance(values, list) else []))
+    if not isinstance(values, list) or len(values) != 2 or not numeric:
+        raise VseError(f"{where}: {kind} needs a range [low, high] of two finite numbers, got {values!r}",
+                       path)
+    low, high = values
+    if kind == "int" and not all(isinstance(v, int) for v in values):
+        raise VseError(f"{where}: int needs whole numbers, got {values!r}", path)
+    if low >= high:
+        raise VseError(f"{where}: empty range [{low}, {high}] (low must be below high; a single value "
+                       "goes in base:)", path)
+    loss_flag = next((f for f in LOSS_FLAGS.values() if key == LOSS_OPTION_PREFIX + f.key), None)
+    if kind != "int" and loss_flag is not None and loss_flag.type is int:
+        raise VseError(f"{where}: an integer option: use {{int: [low, high]}} or {{choice: [...]}}", path)
+    if kind == "log_uniform" and low <= 0:
+        raise VseError(f"{where}: log_uniform range [{low}, {high}] reaches 0 or below (a log scale "
+                       "needs low > 0)", path)
+    return Param(key, kind, [low, high])
+
+
+def _check_corners(tune: TuneSpec) -> None:
+    """Each searched value at the ends of its range (each choice) with the others at their low
+    end makes a valid config and loss: a bad range is refused now, not in trial 12."""
+    from pipeline.models.loss_plugins import make_loss
+
+    low = {p.key: p.corners()[0] for p in tune.params}
+    for param in tune.params:
+        for value in param.corners():
+            try:
+                config = TrainConfig.from_dict(run_config(tune.base, {**low, param.key: value}))
+                config.check()
+                make_loss(config.loss, config.loss_kwargs())
+            except VseError as exc:
+                message = str(exc)
+                raise VseError(f"search: {param.key}: {value!r} does not make a run: {message}",
+                               tune.path) from None
+
+
+def check_metric(metric: str, path) -> bool:
+    """True when higher is better; VseError when the validation log has no such metric."""
+    from pipeline.evaluation.metrics import METRIC_KEYS, metric_of
+
+    if metric not in METRIC_KEYS:
+        raise VseError(f"--metric {metric!r} is no validation metric (one of {', '.join(METRIC_KEYS)})", path)
+    return metric_of(metric).higher_is_better
+
+
+# ---------------------------------------------------------------------------- the study
+@dataclass
+class Settings:
+    """What a study is made with, recorded in it: a second process (or a resumed tune) must
+    give the same, and takes the recorded values for what it leaves unsaid."""
+
+    budget: Budget
+    metric: str
+    pruner: str
+    sampler_seed: int
+
+    def attrs(self, tune: TuneSpec) -> dict:
+        return {"budget": str(self.budget), "trials": self.budget.trials, "epochs": self.budget.epochs,
+                "metric": self.metric, "pruner": self.pruner, "sampler": SAMPLER,
+                "sampler_seed": self.sampler_seed, "fingerprint": tune.fingerprint(),
+                "space": tune.space(), "tune_file": str(tune.path)}
+
+
+def storage_url(root: Path, storage: str | None) -> str:
+    return storage or f"sqlite:///{(root / STUDY_FILE).resolve()}"
+
+
+def open_storage(url: str, heartbeat: bool = False):
+    """An RDB URL (sqlite:///, postgresql://, mysql://...: Optuna's own distributed mode), else a
+    journal file path. ``heartbeat`` (a database server shared by machines): each running trial
+    beats, and any worker fails and queues again a trial whose beat stopped (another machine's)."""
+    import inspect
+    import warnings
+
+    import optuna
+
+    if "://" not in url:
+        from optuna.storages.journal import JournalFileBackend
+
+        return optuna.storages.JournalStorage(JournalFileBackend(url))
+    engine = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else None
+    beat = {}
+    if heartbeat:  # the callback's keyword was renamed in Optuna 4.9
+        name = ("heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback"
+                in inspect.signature(optuna.storages.RDBStorage).parameters else "failed_trial_callback")
+        beat = {"heartbeat_interval": HEARTBEAT_S, "grace_period": 5 * HEARTBEAT_S, name: queue_again}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine, **beat)
+
+
+def queue_again(study, frozen) -> bool:
+    """Queue a failed trial again with its parameters (WAITING: the next ask takes it), unless it
+    was a re-run already ``RETRIES`` times. Returns whether it was queued."""
+    import optuna
+
+    history = [*frozen.system_attrs.get("retry_history", []), frozen.number]
+    if len(history) > RETRIES:
+        return False
+    study.add_trial(optuna.trial.create_trial(
+        state=optuna.trial.TrialState.WAITING, params=frozen.params, distributions=frozen.distributions,
+        system_attrs={**frozen.system_attrs, "failed_trial": history[0], "retry_history": history}))
+    return True
+
+
+def _pruner(name: str, epochs: int):
+    import optuna
+
+    if name == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=MEDIAN_STARTUP_TRIALS, n_warmup_steps=0)
+    if name == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=epochs, reduction_factor=3)
+    return optuna.pruners.NopPruner()
+
+
+def open_study(tune: TuneSpec, storage: str | None, budget: Budget | None, trials: int | None,
+               metric: str | None, pruner: str | None, sampler_seed: int | None):
+    """(study, settings): the tune's study, made with the settings given, or reopened with its
+    recorded ones (a different budget's epochs, metric, pruner, seed or search is refused).
+    Nothing is written before the settings are known to be complete and consistent."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # vse says what each trial did
+    given = (budget, trials, metric, pruner, sampler_seed)
+    if storage is None and not (tune.root / STUDY_FILE).exists():
+        _settings(tune, {}, *given)  # a new study: refuse incomplete settings before any file
+    lock = TuneLock(tune.root).acquire()  # one process of this machine makes the database at a time
+    try:
+        store = open_storage(storage_url(tune.root, storage), heartbeat=storage is not None)
+        try:
+            summary = {s.study_name: s for s in store.get_all_studies()}.get(tune.name)
+        except Exception as exc:  # noqa: BLE001 - a broken database or server: one line
+            raise VseError(f"cannot open the study storage ({str(exc).splitlines()[0][:160]})",
+                           tune.root) from None
+        recorded = summary.user_attrs if summary is not None else {}
+        settings, higher = _settings(tune, recorded, *given)
+        study = optuna.create_study(study_name=tune.name, storage=store, load_if_exists=True,
+                                    pruner=_pruner(settings.pruner, settings.budget.epochs),
+                                    direction="maximize" if higher else "minimize")
+        for key, value in settings.attrs(tune).items():
+            if recorded.get(key) != value:
+                study.set_user_attr(key, value)
+    finally:
+        lock.release()
+    return study, settings
+
+
+def _settings(tune: TuneSpec, recorded: dict, budget, trials, metric, pruner, sampler_seed):
+    """(Settings, higher is better) from what is given, else recorded, else the defaults; sets
+    base's epochs to the budget's. VseError for a setting unlike the study's."""
+    epochs = budget.epochs if budget else recorded.get("epochs")
+    if epochs is None:
+        epochs = int(tune.base.get("epochs", TrainConfig.default("epochs")))
+    count = budget.trials if budget else trials if trials is not None else recorded.get("trials")
+    if count is None:
+        raise VseError("give --budget TRIALSxEPOCHS (or --trials N): the study has none recorded", tune.path)
+    settings = Settings(Budget(int(count), int(epochs)), metric or recorded.get("metric", DEFAULT_METRIC),
+                        pruner or recorded.get("pruner", "median"),
+                        sampler_seed if sampler_seed is not None else recorded.get("sampler_seed", 0))
+    if settings.pruner not in PRUNERS:
+        raise VseError(f"--pruner must be one of {', '.join(PRUNERS)}, got {settings.pruner!r}")
+    higher = check_metric(settings.metric, tune.path)
+    tune.base["epochs"] = settings.budget.epochs  # the budget's, over base's (the study's when reopened)
+    attrs = settings.attrs(tune)
+    for key in ("epochs", "metric", "pruner", "sampler_seed", "fingerprint"):
+        if key in recorded and recorded[key] != attrs[key]:
+            what = "the base: or search:" if key == "fingerprint" else key
+            raise VseError(f"the study {tune.name!r} was made with another {what} ({recorded[key]!r}, now "
+                           f"{attrs[key]!r}): its trials would not be comparable; give a new --name",
+                           tune.path)
+    return settings, higher
+
+
+def sampler_for(study, settings: Settings):
+    """The TPE sampler of the study's next trial, seeded by the sampler seed and that trial's
+    number: one process's tune is the same whether killed and resumed or not, and processes
+    sharing a study do not draw the same startup trials (as one seeded sampler each would)."""
+    import optuna
+
+    number = len(study.get_trials(deepcopy=False))
+    seed = (settings.sampler_seed * 1_000_003 + number) % 2**32
+    return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+
+
+# ---------------------------------------------------------------------------- running trials
+class TuneLock:
+    """TUNE/.tune.lock, held (flock, waiting) while a process checks for dead trials, counts and
+    asks for a trial until it holds the new trial's folder: the processes of one machine never
+    take a trial for dead in the instant between asking for it and locking its folder."""
+
+    def __init__(self, root: Path):
+        self.path, self.fd = Path(root) / ".tune.lock", None
+
+    def acquire(self):
+        if self.fd is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+class SurplusTrial(Exception):
+    """A trial asked for by a process that raced another for the last ones of the budget."""
+
+
+def trial_dir(tune: TuneSpec, number: int) -> Path:
+    return tune.root / f"trial_{number:04d}"
+
+
+def counts(study) -> dict:
+    from optuna.trial import TrialState
+
+    out = {state.name: 0 for state in TrialState}
+    for trial in study.get_trials(deepcopy=False):
+        out[trial.state.name] += 1
+    out["counted"] = out["COMPLETE"] + out["PRUNED"]
+    return out
+
+
+def fail_dead_trials(study, tune: TuneSpec, echo=print) -> list[int]:
+    """Mark failed each RUNNING trial of this machine whose process is gone (its folder's lock is
+    free), and queue it again with its parameters (once). Call with the TuneLock held."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    from pipeline.core.runlock import RunLock
+
+    host, failed = socket.gethostname(), []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = trial.user_attrs.get("host")
+        if owner is None:
+            started = trial.datetime_start.timestamp() if trial.datetime_start else time.time()
+            if time.time() - started < UNCLAIMED_GRACE_S:
+                continue
+        elif owner != host:
+            continue  # another machine's: its heartbeat tells (RDB storages)
+        else:
+            folder = trial_dir(tune, trial.number)
+            lock = RunLock(folder)
+            try:
+                lock.acquire()
+            except VseError:
+                continue  # alive
+            lock.release()
+        try:
+            if not study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL):
+                continue
+        except UpdateFinishedTrialError:
+            continue  # another process failed it first
+        again = queue_again(study, study._storage.get_trial(trial._trial_id))
+        _update_trial_file(tune, trial.number, state="FAIL", reason="its process was gone")
+        failed.append(trial.number)
+        echo(f"trial {trial.number}: its process is gone; marked failed"
+             + (" and queued again with its parameters" if again else ""))
+    return failed
+
+
+def run_tune(tune: TuneSpec, study, settings: Settings, echo=print) -> dict:
+    """Run trials until the study has ``settings.budget.trials`` COMPLETE + PRUNED ones (or the
+    rest are running in other processes). Returns ``counts``."""
+    lock = TuneLock(tune.root)
+    while True:
+        lock.acquire()
+        try:
+            fail_dead_trials(study, tune, echo)
+            now = counts(study)
+            if now["counted"] >= settings.budget.trials:
+                return now
+            if now["counted"] + now["RUNNING"] >= settings.budget.trials:
+                echo(f"{now['counted']} trials done, the other {now['RUNNING']} running in other processes")
+                return now
+            objective = _Objective(tune, settings, lock, echo)
+            study.sampler = sampler_for(study, settings)
+            study.optimize(objective, n_trials=1, catch=(SurplusTrial,))
+        finally:
+            lock.release()
+
+
+@dataclass
+class _Objective:
+    tune: TuneSpec
+    settings: Settings
+    lock: TuneLock
+    echo: object
+
+    def __call__(self, trial) -> float:
+        from optuna.trial import TrialState
+
+        from pipeline.core.runlock import RunLock
+
+        folder = trial_dir(self.tune, trial.number)
+        run_lock = RunLock(folder).acquire()
+        try:
+            trial.set_user_attr("host", socket.gethostname())
+            trial.set_user_attr("pid", os.getpid())
+            trial.set_user_attr("run_dir", str(folder))
+            self.lock.release()  # the trial is claimed: others may ask for theirs
+            study = trial.study
+            earlier = [t for t in study.get_trials(deepcopy=False)
+                       if t.number < trial.number and t.state in (TrialState.RUNNING, TrialState.WAITING)]
+            if counts(study)["counted"] + len(earlier) >= self.settings.budget.trials:
+                trial.set_user_attr("surplus", True)
+                raise SurplusTrial(f"trial {trial.number}: the budget's trials are taken")
+            values = {p.key: p.suggest(trial) for p in self.tune.params}
+            config = self.tune.trial_config(values, folder)
+            _write_json(folder / TRIAL_FILE, _trial_record(self.tune, self.settings, trial.number, values,
+                                                           "RUNNING", None, {}))
+            self.echo(f"trial {trial.number}: " + ", ".join(f"{k}={_short(v)}" for k, v in values.items()))
+            return self._train(trial, config, folder)
+        finally:
+            run_lock.release()
+
+    def _train(self, trial, config: dict, folder: Path) -> float:
+        import optuna
+
+        metric = self.settings.metric
+        try:
+            _trial_trainer(TrainConfig.from_dict(config), trial, metric).fit()
+        except optuna.TrialPruned:
+            self._finish(trial, folder, "PRUNED")
+            raise
+        except VseError as exc:
+            if "loss became" not in str(exc):  # a diverging trial is a bad trial; anything else stops
+                self._finish(trial, folder, "FAIL", reason=str(exc))
+                raise
+            trial.set_user_attr("diverged", str(exc)[:300])
+            self._finish(trial, folder, "PRUNED", reason=str(exc))
+            raise optuna.TrialPruned(str(exc)) from None
+        except BaseException as exc:  # Ctrl-C, a bug: Optuna marks the trial failed
+            self._finish(trial, folder, "FAIL", reason=repr(exc)[:300])
+            raise
+        best = best_record(read_validation_log(folder), key="rsum")  # the record best.pt holds
+        value = float(best[metric])
+        trial.set_user_attr("best_epoch", int(best["epoch"]))
+        self._finish(trial, folder, "COMPLETE", value)
+        self.echo(f"trial {trial.number}: {metric} {value:.2f} (best.pt at epoch {best['epoch']})")
+        return value
+
+    def _finish(self, trial, folder: Path, state: str, value=None, reason=None) -> None:
+        records = read_validation_log(folder)
+        steps = {str(i): r[self.settings.metric] for i, r in enumerate(records, 1)}
+        record = _trial_record(self.tune, self.settings, trial.number, dict(trial.params), state, value,
+                               steps)
+        _write_json(folder / TRIAL_FILE, {**record, **({"reason": reason} if reason else {})})
+        if state == "PRUNED":
+            self.echo(f"trial {trial.number}: pruned after {len(records)} validation(s)"
+                      + (f" ({reason.split(': ', 1)[-1]})" if reason else ""))
+
+
+def _trial_trainer(config: TrainConfig, trial, metric: str):
+    """The run's Trainer, reporting ``metric`` to the trial after each validation (step: the
+    validation's number, the epoch when the run validates at epoch ends) and stopping when the
+    pruner says so: through ``validate_and_save``, after the record and checkpoints are written."""
+    import optuna
+
+    from pipeline.training.build import build_run
+    from pipeline.training.trainer import Trainer
+
+    class TrialTrainer(Trainer):
+        def validate_and_save(self):
+            super().validate_and_save()
+            records = self.run.records()
+            if not records:
+                return
+            trial.report(float(records[-1][metric]), len(records))
+            if trial.should_prune():
+                raise optuna.TrialPruned(f"pruned at validation {len(records)}")
+
+    return TrialTrainer(build_run(config, echo=lambda *a, **k: None))
+
+
+def _trial_record(tune, settings, number, params, state, value, steps) -> dict:
+    return {"format": "vse-tune-trial", "study": tune.name, "tune_file": str(tune.path), "trial": number,
+            "params": params, "state": state, "metric": settings.metric, "value": value,
+            "intermediate": steps, "budget": str(settings.budget), "sampler": SAMPLER,
+            "sampler_seed": settings.sampler_seed, "pruner": settings.pruner}
+
+
+def _update_trial_file(tune: TuneSpec, number: int, **changes) -> None:
+    """Change entries of a trial folder's tune.json (a trial that failed)."""
+    path = trial_dir(tune, number) / TRIAL_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    _write_json(path, {**record, **changes})
+
+
+def _write_json(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(json.dumps(record, indent=2, default=str, ensure_ascii=False), encoding="utf-8")
+
+
+def _short(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+# ---------------------------------------------------------------------------- results
+def best_trial(study):
+    """The best COMPLETE trial (None when there is none yet)."""
+    try:
+        return study.best_trial
+    except ValueError:
+        return None
+
+
+def summary_lines(study, settings: Settings) -> list[str]:
+    now = counts(study)
+    lines = [f"study {study.study_name}: {now['COMPLETE']} complete, {now['PRUNED']} pruned, "
+             f"{now['FAIL']} failed, {now['RUNNING']} running (budget {settings.budget}, {SAMPLER} seed "
+             f"{settings.sampler_seed}, {settings.pruner} pruner)"]
+    best = best_trial(study)
+    if best is not None:
+        lines.append(f"best: trial {best.number}, dev {settings.metric} {best.value:.2f}: "
+                     + ", ".join(f"{k}={_short(v)}" for k, v in best.params.items()))
+    return lines
+
+
+def export_best(tune: TuneSpec, study, settings: Settings, out, overwrite: bool = False) -> Path:
+    """Write the best trial's options as an experiment YAML for `vse sweep OUT --seeds 0-2`:
+    base: the tune's base with the chosen values (the same config_id as the trial). The folder
+    that sweep fills gets ``tune.json`` (the study, its budget), which `vse report` shows."""
+    import yaml
+
+    best = best_trial(study)
+    if best is None:
+        raise VseError("the study has no complete trial yet: nothing to export", tune.root)
+    out = Path(out)
+    if out.exists() and not overwrite and not out.read_text(encoding="utf-8").startswith(EXPORT_TAG):
+        raise VseError("exists and is not a `vse tune --export` file (give --overwrite to replace it)", out)
+    config = tune.trial_config(best.params, "")
+    config.pop("run_dir")
+    if not config.get("loss_options"):
+        config.pop("loss_options")
+    name = f"{tune.name}-best"
+    spec = {"name": name, "runs_dir": str(tune.runs_dir), "base": config}
+    header = (f"{EXPORT_TAG} of {tune.path}: study {tune.name}, trial {best.number} "
+              f"(dev {settings.metric} {best.value:.2f}), budget {settings.budget}, {SAMPLER} seed "
+              f"{settings.sampler_seed}, {settings.pruner} pruner\n"
+              f"# vse sweep {out} --seeds 0-2\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out) as tmp:
+        Path(tmp).write_text(header + yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    _write_json(tune.runs_dir / name / TRIAL_FILE,
+                {**_trial_record(tune, settings, best.number, best.params, "COMPLETE", best.value, {}),
+                 "format": "vse-tune-export", "export": str(out)})
+    return out
+
+
+def tune_budget(run_dir) -> str | None:
+    """The tune budget of a run: ``tune.json`` in its folder (a trial) or the folder above (the
+    sweep of an exported best trial); None for a run that was not tuned."""
+    for folder in (Path(run_dir), Path(run_dir).parent):
+        path = folder / TRIAL_FILE
+        if path.is_file():
+            try:
+                return str(json.loads(path.read_text(encoding="utf-8"))["budget"])
+            except (OSError, ValueError, KeyError, TypeError):
+                return None
+    return None
+
+
+PLOTS = ("history", "importance", "slice", "contour")
+
+
+def write_plots(study, root: Path, echo=print) -> list[Path]:
+    """TUNE/plots/*.png from optuna.visualization.matplotlib: the optimisation history, the
+    parameters' importance, a slice per parameter, and contours when two or more are searched.
+    A plot the trials cannot make yet (importance needs two complete trials) is skipped."""
+    import warnings
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.ticker import NullFormatter
+    from optuna.visualization import matplotlib as vis
+
+    complete = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+    if not complete:
+        return []
+    makers = {"history": vis.plot_optimization_history, "importance": vis.plot_param_importances,
+              "slice": vis.plot_slice}
+    if len({k for t in complete for k in t.params}) >= 2:
+        makers["contour"] = vis.plot_contour
+    folder = root / "plots"
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, make in makers.items():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                axes = make(study)
+        except (ValueError, RuntimeError, ZeroDivisionError) as exc:
+            echo(f"plot {name}: skipped ({str(exc).splitlines()[0][:120]})")
+            continue
+        axes = np.ravel(axes)
+        figure = axes[0].figure
+        if name == "slice":
+            figure.set_size_inches(max(6.4, 3.2 * len(axes) + 1), 4.8)
+        elif name == "contour" and len(axes) > 1:  # a k × k grid of panels
+            side = round(len(axes) ** 0.5)
+            figure.set_size_inches(3.6 * side + 1.5, 3.6 * side)
+        for ax in axes:  # a log axis' minor labels overlap
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        path = folder / f"{name}.png"
+        with atomic_path(path, suffix=".tmp.png") as tmp:
+            figure.savefig(tmp, dpi=100, bbox_inches="tight")
+        plt.close(figure)
+        written.append(path)
+    return written
