@@ -469,7 +469,10 @@ def clip_gradients(parameters: list[torch.Tensor], max_norm: float) -> None:
     total = torch.nn.utils.get_total_norm([q.grad for q in parameters if q.grad is not None])
     if total.device.type == "cpu" and bool(max_norm / (total + 1e-6) >= 1.0):  # torch's coefficient
         return
-    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+    # a gradient listed twice (VSRN's caption model, as its authors' Adam list) is scaled twice, as
+    # their loop does; CUDA's batched multiply may scale such a gradient once, so it goes one by one
+    twice = len({id(q) for q in parameters}) < len(parameters)
+    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total, foreach=False if twice else None)
 
 
 class CollapseMonitor:
