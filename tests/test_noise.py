@@ -40,6 +40,26 @@ def test_caption_noise_is_ncrs_draw_and_a_seed_gives_the_same_bytes(rate):
     assert np.array_equal(np.bincount(ours.entries, minlength=100), np.full(100, 5))
 
 
+def decl_noisy_inx(img_len: int, noise_ratio: float, seed: int) -> np.ndarray:
+    """DECL's data.py (QinYang79/DECL 1b0a775, PrecompDataset; RCL's penghu-cs/RCL data.py draws the
+    same) in its own words, its global numpy RNG seeded once."""
+    np.random.seed(seed)
+    noisy_inx = np.arange(img_len)
+    inx = np.arange(img_len)
+    np.random.shuffle(inx)
+    chosen = inx[0: int(noise_ratio * img_len)]
+    shuffled = np.array(chosen)
+    np.random.shuffle(shuffled)
+    noisy_inx[chosen] = shuffled
+    return noisy_inx
+
+
+@pytest.mark.parametrize("rate", [0.2, 0.5])
+def test_image_noise_is_decls_and_rcls_draw(rate):
+    ours = NoiseIndex.make("image", rate, 7, np.arange(500) // 5, 100)
+    assert np.array_equal(ours.entries, decl_noisy_inx(100, rate, 7))
+
+
 def test_image_noise_moves_whole_images_with_their_captions():
     caption_image = np.arange(500) // 5
     noise = NoiseIndex.make("image", 0.4, 3, caption_image, 100)
