@@ -1,9 +1,8 @@
-"""`vse evaluate`: metrics of saved embeddings or of a trained checkpoint."""
+"""`vse evaluate`: metrics of saved embeddings, of a trained checkpoint, of a shortlist re-ranked, or of
+many run folders. This file parses the options and checks which go together; each mode is one
+library call (pipeline.evaluation.command; --runs: pipeline.reports.runs_command)."""
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import click
 
@@ -77,16 +76,6 @@ def evaluate_command(embeddings, checkpoint, average_with, shortlist, shortlist_
                      checkpoint_name, judgments, overwrite, keep_evaluated):
     """Recall@K, median/mean rank and rsum (docs/PROTOCOL.md), both directions."""
     from pipeline.core.runtime import resolve_device
-    from pipeline.data.cache import FeatureCache
-    from pipeline.evaluation.evaluate import (
-        cs_note,
-        embed_checkpoint,
-        evaluate_npz,
-        evaluate_split_embeddings,
-        format_table,
-        json_metrics,
-        relevance_for_cache,
-    )
 
     dev = resolve_device(device)
     _share_over_ranks(dev)
@@ -106,14 +95,30 @@ def evaluate_command(embeddings, checkpoint, average_with, shortlist, shortlist_
         if not (checkpoint and features and alone):
             raise click.UsageError("--shortlist goes with --checkpoint (a pairwise network) and --features, "
                                    "without --average-with, --root, --relevance, --judgments or 5fold")
-        _evaluate_shortlist(checkpoint, features, text_features, shortlist, shortlist_features or features,
-                            shortlist_k, split, protocol, dev, amp, as_json)
+        from pipeline.evaluation.command import evaluate_shortlist
+
+        evaluation = evaluate_shortlist(checkpoint, features, shortlist, dev,
+                                        shortlist_features=shortlist_features, k=shortlist_k, split=split,
+                                        protocol=protocol, amp=amp, text_features=text_features, echo=_note)
+        click.echo(evaluation.render(as_json))
         return
     if shortlist_features:
         raise click.UsageError("--shortlist-features goes with --shortlist")
     if run_patterns:
-        _evaluate_runs(run_patterns, features, split, protocol, relevance, cs_ks, dev, out, checkpoint_name,
-                       judgments, overwrite, text_features, average_with_runs, keep_evaluated)
+        from pipeline.reports.runs_command import NoRunFolders, evaluate_run_folders
+
+        try:
+            result = evaluate_run_folders(run_patterns, dev, split=split, protocol=protocol,
+                                          features=features, relevance=relevance, cs_ks=cs_ks, out=out,
+                                          checkpoint_name=checkpoint_name, judgments=judgments,
+                                          overwrite=overwrite, text_features=text_features,
+                                          average_with_runs=average_with_runs, keep_evaluated=keep_evaluated,
+                                          echo=_note)
+        except NoRunFolders as exc:
+            raise click.UsageError(str(exc)) from None
+        click.echo(result.table)
+        for line in result.closing:
+            _note(line)
         return
     if out:
         raise click.UsageError("--out goes with --runs")
@@ -128,78 +133,25 @@ def evaluate_command(embeddings, checkpoint, average_with, shortlist, shortlist_
     if embeddings:
         if relevance:
             raise click.UsageError("--relevance needs --checkpoint and --features (caption identities)")
-        similarity = "order" if order else "cosine"
-        metrics = evaluate_npz(embeddings, protocol, dev, similarity)
-        title = f"{embeddings} ({protocol})"
-        if judgments:
-            from pipeline.evaluation.evaluate import judge_npz
+        from pipeline.evaluation.command import evaluate_embeddings_file
 
-            metrics.update(_report_matched(*judge_npz(embeddings, judgments.load(), similarity, dev)))
+        evaluation = evaluate_embeddings_file(embeddings, protocol, dev, "order" if order else "cosine",
+                                              judgments, echo=_note)
     else:
         if not features and not root:
             raise click.UsageError("--checkpoint needs --features CACHE.h5 (or --root DIR for an RC run)")
-        if root:
-            from pipeline.evaluation.inference import embed_rc_checkpoint
+        from pipeline.evaluation.command import evaluate_checkpoint
 
-            emb = embed_rc_checkpoint(checkpoint, dataset_kind, root, split, dev, amp=amp,
-                                      dataset_options=dataset_options)
-        else:
-            with FeatureCache(features) as cache:  # a relevance file of other captions: refused first
-                relevance = relevance_for_cache(relevance, cache) if relevance else None
-                emb = embed_checkpoint(checkpoint, cache, split, dev, amp=amp, text_features=text_features)
-                if average_with:
-                    from pipeline.evaluation.evaluate import average_scores
-
-                    emb = average_scores([emb] + [embed_checkpoint(other, cache, split, dev, amp=amp)
-                                                  for other in average_with], [checkpoint, *average_with])
-        metrics = evaluate_split_embeddings(emb, protocol, dev, relevance, cs_ks if relevance else ())
-        note = cs_note(cs_ks, len(emb.images), split) if relevance else None
-        if note:
-            click.echo(note, err=True)
-        named = " + ".join([checkpoint, *average_with]) + (" (scores averaged)" if average_with else "")
-        title = f"{named} on {root or features} [{split}, {len(emb.images)} images, {protocol}]"
-        if judgments:
-            metrics.update(_judge_split(emb, judgments, features, root, dataset_kind, dev, dataset_options))
-    if as_json:
-        click.echo(json.dumps(json_metrics(metrics)))
-    else:
-        from pipeline.evaluation.judgments import format_human
-
-        click.echo("\n".join(filter(None, [format_table(metrics, title), format_human(metrics)])))
+        evaluation = evaluate_checkpoint(checkpoint, dev, features=features, root=root,
+                                         dataset_kind=dataset_kind, dataset_options=dataset_options,
+                                         split=split, protocol=protocol, amp=amp, text_features=text_features,
+                                         average_with=average_with, relevance=relevance, cs_ks=cs_ks,
+                                         judgments=judgments, echo=_note)
+    click.echo(evaluation.render(as_json))
 
 
-def _evaluate_shortlist(checkpoint, features, text_features, shortlist, shortlist_features, k, split,
-                        protocol, device, amp, as_json) -> None:
-    """A pairwise checkpoint re-ranking a dual checkpoint's top k (pipeline.evaluation.shortlist)."""
-    import time
-
-    from pipeline.data.cache import FeatureCache
-    from pipeline.evaluation.evaluate import embed_checkpoint, format_table, json_metrics
-    from pipeline.evaluation.inference import check_features_match, load_model
-    from pipeline.evaluation.shortlist import check_kinds, rerank_split
-    from pipeline.models.network import network_kind
-
-    loaded = load_model(checkpoint, device)  # each checkpoint's kind before the split is embedded
-    check_kinds(loaded.model, network_kind(load_model(shortlist, device).model) == "pairwise", checkpoint,
-                shortlist)
-    dual = embed_checkpoint(shortlist, shortlist_features, split, device, amp=amp)
-    started = time.perf_counter()
-    with FeatureCache(features) as cache:
-        check_features_match(cache, loaded.model, loaded.state.get("feature_source", {}), checkpoint)
-        captions = loaded.captions(cache, text_features, checkpoint)
-        reranked = rerank_split(loaded.model, cache, captions, split, device, dual, k, amp=amp,
-                                model_path=checkpoint, dual_path=shortlist)
-    seconds = time.perf_counter() - started
-    metrics = reranked.metrics()
-    scored = (f"scored {reranked.pairs_scored:,} of {reranked.pairs:,} pairs "
-              f"({100 * reranked.pairs_scored / reranked.pairs:.1f}%) in {seconds:.1f} s")
-    if as_json:
-        click.echo(json.dumps({**json_metrics(metrics), "shortlist_k": k, "seconds": round(seconds, 2),
-                               "pairs_scored": reranked.pairs_scored, "pairs": reranked.pairs}))
-        return
-    click.echo(format_table(metrics, f"{checkpoint} re-ranking the top {k} of {shortlist} on {features} "
-                                     f"[{split}, {len(reranked.i2t)} images, {protocol}]"))
-    click.echo(scored)
+def _note(message: str) -> None:
+    click.echo(message, err=True)
 
 
 def _share_over_ranks(device) -> None:
@@ -218,72 +170,3 @@ def _share_over_ranks(device) -> None:
     stack.enter_context(contextlib.redirect_stdout(devnull))
     stack.enter_context(contextlib.redirect_stderr(devnull))
     click.get_current_context().call_on_close(stack.close)
-
-
-def _judge_split(emb, judgments, features, root, dataset_kind, device, dataset_options=None) -> dict:
-    """Human-judgment metrics of a checkpoint's split embeddings; caption keys are rebuilt from
-    the cache (or dataset) order and checked against Flickr8k.token.txt when it is at hand."""
-    from pipeline.evaluation.evaluate import judge_split
-    from pipeline.evaluation.judgments import token_file_near
-
-    loaded = judgments.load()
-    if root:
-        from pipeline.data.readers import load_dataset
-
-        index = load_dataset(dataset_kind, root, **(dataset_options or {})).select()[1]
-        return _report_matched(*judge_split(emb, index, loaded, device, token_file_near(root)))
-    from pipeline.data.cache import FeatureCache
-
-    with FeatureCache(features) as cache:
-        token_file = token_file_near(cache.attrs.get("dataset_root"))
-        return _report_matched(*judge_split(emb, cache, loaded, device, token_file))
-
-
-def _report_matched(metrics: dict, matched) -> dict:
-    click.echo(f"judgments: {matched.summary()}", err=True)
-    return metrics
-
-
-def _evaluate_runs(patterns, features, split, protocol, relevance, cs_ks, device, out, checkpoint_name,
-                   judgments=None, overwrite=False, text_features=None, average_with_runs=(),
-                   keep_evaluated=False):
-    from pipeline.core import distributed
-    from pipeline.core.fsutil import RESULTS_FORMAT, guard_output
-    from pipeline.evaluation.evaluate import cs_note
-    from pipeline.reports.batch_eval import evaluate_runs
-    from pipeline.reports.report import format_results, read_results, write_results
-    from pipeline.training.run_folder import find_runs
-
-    if out:  # before hours of evaluation, not after
-        guard_output(out, RESULTS_FORMAT, "a vse results table", overwrite)
-    kept = read_results(out) if keep_evaluated and Path(out).is_file() else ()
-
-    run_dirs = find_runs(patterns)
-    if not run_dirs:
-        raise click.UsageError(f"no run folders match {' '.join(patterns)}")
-    result = evaluate_runs(run_dirs, device=device, split=split, protocol=protocol, features=features,
-                           relevance=relevance, cs_ks=cs_ks if relevance else (), checkpoint=checkpoint_name,
-                           echo=lambda m: click.echo(m, err=True),
-                           judgments=judgments.load() if judgments else None,
-                           text_features=text_features, average_with=average_with_runs, kept=kept)
-    if not result.rows:
-        raise click.ClickException(f"none of the {len(run_dirs)} runs could be evaluated")
-    if relevance:
-        for note in dict.fromkeys(cs_note(cs_ks, row["images"], split) for row in result.rows):
-            if note:
-                click.echo(note, err=True)
-    if out and distributed.is_main():
-        write_results(result.rows, out)
-    click.echo(format_results(result.rows, "md", "human" if judgments else "recall"))
-    if judgments:
-        first = result.rows[0]
-        click.echo(f"judgments: {first['human_pairs']:.0f} judged pairs in the split, "
-                   f"{first['human_unmatched']:.0f} outside it (left out)", err=True)
-    summary = f"{len(result.rows)} of {len(run_dirs)} runs evaluated"
-    if keep_evaluated:
-        summary += f" ({result.kept} kept from {out})"
-    if average_with_runs:
-        summary = f"{len(result.rows)} rows from {len(run_dirs)} runs, their partners and averages"
-    if result.skipped:
-        summary += f", {len(result.skipped)} skipped"
-    click.echo(summary + (f" → {out}" if out else ""), err=True)

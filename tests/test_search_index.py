@@ -22,16 +22,9 @@ from cli.main import cli
 from pipeline.core.errors import VseError
 from pipeline.core.fsutil import file_sha256, output_format
 from pipeline.search import searcher as search_module
-from pipeline.search.faiss_index import (
-    FAISS_FILE,
-    ITEMS_FILE,
-    EmbeddingsFile,
-    ExactTopK,
-    IndexOptions,
-    SearchIndex,
-    build_index,
-    recall_at,
-)
+from pipeline.search.embeddings_file import EmbeddingsFile
+from pipeline.search.index_build import ExactTopK, IndexOptions, build_index, recall_at
+from pipeline.search.index_reader import FAISS_FILE, ITEMS_FILE, SearchIndex
 
 
 def run(*args):
@@ -194,7 +187,7 @@ def test_ivfpq_trains_tunes_nprobe_and_says_when_the_target_is_out_of_reach(tmp_
 
 
 def test_ivfpq_defaults_follow_the_data(tmp_path, checkpoint):
-    from pipeline.search.faiss_index import resolved_params
+    from pipeline.search.index_build import resolved_params
 
     params = resolved_params("ivfpq", IndexOptions(), 1_000_000, 1024)
     assert (params["nlist"], params["m"], params["nbits"]) == (4096, 64, 8)
@@ -220,10 +213,10 @@ def test_exact_top_k_in_chunks_equals_one_pass():
 
 
 def test_rows_are_read_in_the_order_asked_across_chunks(tmp_path, checkpoint, monkeypatch):
-    import pipeline.search.faiss_index as si
+    import pipeline.search.embeddings_file as ef
 
     x, _ = clustered_file(tmp_path / "e.h5", checkpoint, n=50, queries=0)
-    monkeypatch.setattr(si, "CHUNK_ROWS", 7)
+    monkeypatch.setattr(ef, "CHUNK_ROWS", 7)
     source = EmbeddingsFile(tmp_path / "e.h5")
     assert [start for start, _ in source.chunks("images")] == list(range(0, 50, 7))
     wanted = [49, 3, 21, 20, 3, 0, 34]
@@ -335,12 +328,12 @@ def test_out_is_guarded_and_replaced_only_when_complete(tmp_path, demo, monkeypa
     out = tmp_path / "idx"
     assert run("index", embeddings, "--out", out).exit_code == 0
     before = (out / "meta.json").read_text()
-    import pipeline.search.faiss_index as si
+    import pipeline.search.index_build as ib
 
     def broken(index, path):
         path.write_bytes(b"half")
         raise RuntimeError("disk on fire")
-    monkeypatch.setattr(si, "write_faiss", broken)
+    monkeypatch.setattr(ib, "write_faiss", broken)
     one_line_error(run("index", embeddings, "--out", out, "--of", "captions"), "cannot write the FAISS index")
     assert (out / "meta.json").read_text() == before and SearchIndex(out).of == "images"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".idx")] == []
@@ -416,7 +409,7 @@ def test_altered_items_or_a_missing_file_are_refused(built):
 
 def test_ids_count_not_ntotal_is_refused(tmp_path, built):
     """An items file with one id fewer, its digest updated too: the counts still disagree."""
-    from pipeline.search.faiss_index import _write_items
+    from pipeline.search.index_build import _write_items
 
     index = SearchIndex(built)
     _write_items(built / ITEMS_FILE, "images", index.ids[:-1], index.shown[:-1])
@@ -505,3 +498,18 @@ def test_the_index_folder_copes_with_ids_that_are_paths(tmp_path, checkpoint):
     build_index(tmp_path / "e.h5", tmp_path / "idx")
     index = SearchIndex(tmp_path / "idx")
     assert [index.row(i) for i in ids] == [0, 1, 2] and index.row("nope") is None
+
+
+def test_the_old_module_still_gives_every_name_it_had():
+    """pipeline.search.faiss_index was split in three (the embeddings file, the build, the reader);
+    its names still import from it, as the very objects of the new modules."""
+    from pipeline.search import embeddings_file, faiss_index, index_build, index_reader
+
+    old_names = """FORMAT ITEMS_FORMAT FAISS_FILE ITEMS_FILE GROUPS GROUP_FIELD KINDS RECALL_AT
+        EF_SEARCH_STEPS NPROBE_STEPS UNIT_TOLERANCE CHUNK_ROWS TRAIN_SAMPLE_MAX IndexOptions option_default
+        choose_kind resolved_params new_index SEARCH_PARAM set_search_params write_faiss read_faiss
+        EmbeddingsFile ExactTopK drop_self recall_at tune BuildResult build_index SearchIndex
+        _write_items""".split()
+    for name in old_names:
+        homes = [m for m in (embeddings_file, index_build, index_reader) if name in vars(m)]
+        assert homes and getattr(faiss_index, name) is getattr(homes[0], name), name

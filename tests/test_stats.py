@@ -20,6 +20,21 @@ from pipeline.training.sweep import load_sweep
 # ---------------------------------------------------------------------------- statistics
 
 
+def test_the_rank_correlations_live_here_and_still_import_from_metrics():
+    """kendall_tau_b and spearman moved from pipeline.evaluation.metrics (and the metric table to
+    metric_table); the old names are the very same objects."""
+    from scipy.stats import spearmanr
+
+    from pipeline.evaluation import metric_table, metrics, stats
+
+    assert metrics.kendall_tau_b is stats.kendall_tau_b and metrics.spearman is stats.spearman
+    for name in ("METRICS", "METRIC_KEYS", "METRIC_GROUPS", "DIRECTIONS", "RECALL_KS", "Metric", "recall_key",
+                 "metric_keys", "metric_of", "metric_order", "is_metric"):
+        assert getattr(metrics, name) is getattr(metric_table, name), name
+    x, y = np.array([3.0, 1, 2, 2, 5]), np.array([1.0, 0, 4, 4, 2])
+    assert stats.spearman(x, y) == pytest.approx(spearmanr(x, y).statistic, abs=1e-15)
+
+
 def test_mean_std_is_the_sample_std_of_the_finite_values():
     assert mean_std([1.0, 2.0, 3.0, None, math.nan]) == (2.0, 1.0, 3)
     mean, std, n = mean_std([4.5])

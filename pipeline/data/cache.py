@@ -438,13 +438,8 @@ class FeatureCache(IndexedRows):
 
     def __init__(self, path):
         self.path = Path(path)
-        if not self.path.is_file():
-            raise VseError("feature cache not found", self.path)
-        try:
-            # the real file: its shards are found beside it, also when it is opened through a symlink
-            self._file = h5py.File(self.path.resolve(), "r")
-        except OSError:
-            raise VseError("not a readable HDF5 file (truncated or another format)", self.path) from None
+        # found, HDF5, this format and version, complete; opened at a symlink's target, where the shards are
+        self._file = FEATURES.open(self.path)
         try:
             self._load()
         except BaseException:
@@ -454,9 +449,6 @@ class FeatureCache(IndexedRows):
     def _load(self) -> None:
         f = self._file
         self.attrs = {k: _plain(v) for k, v in f.attrs.items()}
-        FEATURES.check(self.attrs, self.path)
-        if not self.attrs.get("complete"):
-            raise VseError("cache is not marked complete", self.path)
         for name in ("features", "image_ids", "captions", "caption_image", "splits"):
             if name not in f:
                 raise VseError(f"cache has no {name!r}", self.path)

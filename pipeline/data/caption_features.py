@@ -69,17 +69,14 @@ class _CaptionFeatureFile:
 
     def __init__(self, path):
         self.path = Path(path)
-        if not self.path.is_file():
-            raise VseError("caption-feature file not found (made by `vse encode-text`)", self.path)
-        try:
-            with h5py.File(self.path, "r") as f:
+        with CAPTION_FEATURES.open(self.path) as f:  # found, HDF5, this format and version, complete
+            try:
                 self.attrs = {k: _plain(v) for k, v in f.attrs.items()}
                 self._shapes = {k: f[k].shape for k in ("vectors", "tokens", "offsets")
                                 if isinstance(f.get(k), h5py.Dataset)}
-        except OSError as exc:
-            reason = str(exc).splitlines()[0][:120]
-            raise VseError(f"cannot read caption features ({reason})", self.path) from exc
-        CAPTION_FEATURES.check(self.attrs, self.path)
+            except OSError as exc:
+                reason = str(exc).splitlines()[0][:120]
+                raise VseError(f"cannot read caption features ({reason})", self.path) from exc
         self.layout = str(self.attrs.get("layout", "vectors"))
         if self.layout not in LAYOUTS:
             raise VseError(f"unknown caption-feature layout {self.layout!r} (this vse reads "
@@ -88,8 +85,8 @@ class _CaptionFeatureFile:
             raise VseError(f"holds {_HOLDS[self.layout]}, but {_HOLDS[self.expected]} are needed here",
                            self.path)
         needed = ("vectors",) if self.layout == "vectors" else ("tokens", "offsets")
-        if not self.attrs.get("complete") or any(k not in self._shapes for k in needed):
-            raise VseError("caption-feature file is not complete", self.path)
+        if any(k not in self._shapes for k in needed):
+            raise VseError(f"caption-feature file is not complete (no {', '.join(needed)})", self.path)
         self.model = str(self.attrs["model"])
         self.model_identity = json.loads(self.attrs["model_identity"])
         self.caption_fingerprint = str(self.attrs["caption_fingerprint"])

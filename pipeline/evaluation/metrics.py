@@ -1,6 +1,7 @@
-"""Retrieval metrics and the coherent score, exactly as ``docs/PROTOCOL.md`` defines them, the
-table of every metric's name (``METRICS``), and the general formulas the human-judgment
-metrics share (Kendall's tau-b, Spearman's rho, NDCG@K, ROC AUC).
+"""Retrieval metrics and the coherent score, exactly as ``docs/PROTOCOL.md`` defines them, and
+the general formulas the human-judgment metrics share (NDCG@K, ROC AUC). The table of every
+metric's name (``METRICS``) is ``metric_table``'s and the rank correlations (Kendall's tau-b,
+Spearman's rho) are ``stats``'; both are re-exported here under their old names.
 
 Pure torch/numpy, no file I/O.  Everything is vectorised over queries; the only Python
 loops run over blocks of queries.  A score matrix of up to ``FULL_MATRIX_ELEMENTS`` (COCO
@@ -24,12 +25,25 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from pipeline.core.errors import VseError
+from pipeline.evaluation.metric_table import (  # noqa: F401 (the table's names: re-exported)
+    DIRECTIONS,
+    METRIC_GROUPS,
+    METRIC_KEYS,
+    METRICS,
+    RECALL_KS,
+    Metric,
+    is_metric,
+    metric_keys,
+    metric_of,
+    metric_order,
+    recall_key,
+)
+from pipeline.evaluation.stats import kendall_tau_b, spearman  # noqa: F401 (spearman: re-exported)
 from pipeline.models.similarity import (  # noqa: F401 (SIMILARITIES, order_scores: re-exported)
     SIMILARITIES,
     caption_image_scores,
@@ -43,150 +57,12 @@ DEFAULT_BLOCK = 1024
 # serve both directions; larger ones are recomputed per direction in blocks.
 FULL_MATRIX_ELEMENTS = 5000 * 25000
 CAPTIONS_PER_IMAGE = 5
-RECALL_KS = (1, 5, 10)
 PROTOCOLS = ("single", "5fold", "5k")
 COCO_FOLDS = 5
 COCO_FOLD_SIZE = 1000
 COCO_5K_IMAGES = 5000
 # CS@K: which of the candidates tied in score at the K-th place are kept (lower / higher index).
 TIE_BREAKS = ("low", "high")
-
-
-# ---------------------------------------------------------------------------- the metric table
-
-# The two retrieval directions, as keys name them and as tables print them.
-DIRECTIONS = {"i2t": "image→text", "t2i": "text→image"}
-METRIC_GROUPS = ("recall", "rank", "sum", "cs", "human", "count", "training")
-
-
-@dataclass(frozen=True)
-class Metric:
-    """One metric: every command that computes, prints, tabulates or compares metrics reads
-    its name, headers, direction and format from ``METRICS``.
-
-    ``key``: the name results carry (results.csv column, JSON key); ``{k}`` stands for the K
-    of a family (``i2t_cs@{k}``: CS@100, CS@1000 …). ``label``: its column header in `vse
-    report`'s tables. ``short``: its name in `vse evaluate`'s printed table. ``direction``:
-    ``i2t`` (image→text, caption retrieval), ``t2i`` or ``both``. ``group``: one of
-    ``METRIC_GROUPS`` (``recall`` R@K, ``rank`` median / mean rank, ``sum`` rsum and
-    M-Recall, ``cs`` the coherent score, ``human`` agreement with people, ``count`` how many
-    pairs or queries a human metric saw, ``training`` what the validation log says).
-    ``decimals``: printed decimals; ``whole``: a whole value prints without them (a median
-    rank; a mean of medians over folds or seeds keeps its decimal). ``in_json``: in `vse
-    evaluate --json` (M-Recall, = rsum / 6, never was)."""
-
-    key: str
-    label: str
-    short: str
-    direction: str
-    group: str
-    higher_is_better: bool = True
-    decimals: int = 1
-    whole: bool = False
-    in_json: bool = True
-
-    def format(self, value, missing: str = "") -> str:
-        """``value`` as tables print it; ``missing`` for None or NaN (undefined)."""
-        if value is None or value != value:  # NaN, of any float type
-            return missing
-        if self.whole and float(value).is_integer():
-            return f"{value:.0f}"
-        return f"{value:.{self.decimals}f}"
-
-
-def recall_key(direction: str, k: int) -> str:
-    """The key of R@K in one direction (``i2t_r1``)."""
-    return f"{direction}_r{k}"
-
-
-def _retrieval_metrics(d: str) -> tuple[Metric, ...]:
-    return (*(Metric(recall_key(d, k), f"R@{k}", f"R@{k}", d, "recall") for k in RECALL_KS),
-            Metric(f"{d}_medr", "Med r", "medr", d, "rank", higher_is_better=False, whole=True),
-            Metric(f"{d}_meanr", "Mean r", "meanr", d, "rank", higher_is_better=False))
-
-
-def _human_metrics(direction: str) -> tuple[Metric, ...]:
-    """docs/PROTOCOL.md, "Human judgments": tau-b, NDCG@K, plausible-match R@K, R-precision, mAP@R."""
-    prefix = f"human_{direction}_"
-    return (Metric(prefix + "tau", "tau", "tau", direction, "human", decimals=3),
-            Metric(prefix + "ndcg@{k}", "NDCG@{k}", "ndcg@{k}", direction, "human", decimals=3),
-            Metric(prefix + "r@{k}", "R@{k}", "r@{k}", direction, "human"),
-            Metric(prefix + "rprec", "R-P", "rprec", direction, "human"),
-            Metric(prefix + "map@r", "mAP@R", "mAP@R", direction, "human"))
-
-
-def _human_counts(direction: str) -> tuple[Metric, ...]:
-    return tuple(Metric(f"human_{direction}_{what}", what, what, direction, "count", decimals=0)
-                 for what in ("queries", "tau_queries"))
-
-
-METRICS: tuple[Metric, ...] = (
-    *_retrieval_metrics("i2t"),
-    *_retrieval_metrics("t2i"),
-    Metric("rsum", "rsum", "rsum", "both", "sum"),
-    Metric("mrecall", "M-Recall", "M-Recall", "both", "sum", decimals=2, in_json=False),
-    Metric("i2t_cs@{k}", "Caption CS@{k}", "i2t_cs@{k}", "i2t", "cs", decimals=3),
-    Metric("t2i_cs@{k}", "Image CS@{k}", "t2i_cs@{k}", "t2i", "cs", decimals=3),
-    *_human_metrics("i2t"),
-    *_human_metrics("t2i"),
-    Metric("human_spearman", "Spearman", "Spearman", "both", "human", decimals=3),
-    *_human_counts("i2t"),
-    *_human_counts("t2i"),
-    Metric("human_pairs", "pairs", "pairs", "both", "count", decimals=0),
-    Metric("human_unmatched", "unmatched", "unmatched", "both", "count", decimals=0),
-    Metric("epochs_to_best", "Epochs to best", "epochs to best", "both", "training", higher_is_better=False,
-           decimals=0),  # LSEH's efficiency measure: epochs to the best validation M-Recall
-    # a noisy-pair method's division of the training pairs at the checkpoint's epoch, against the noise index
-    Metric("division_auc", "Division AUC", "division AUC", "both", "training", decimals=3),
-    Metric("division_precision", "Division P", "division P", "both", "training", decimals=3),
-    Metric("division_recall", "Division R", "division R", "both", "training", decimals=3),
-)
-_BY_KEY = {m.key: m for m in METRICS}
-_POSITION = {m.key: i for i, m in enumerate(METRICS)}
-
-
-def metric_keys(*groups: str) -> tuple[str, ...]:
-    """Keys of the table's metrics of ``groups``, in table order."""
-    unknown = set(groups) - set(METRIC_GROUPS)
-    if unknown:
-        raise ValueError(f"unknown metric groups {sorted(unknown)}")
-    return tuple(m.key for m in METRICS if m.group in groups)
-
-
-def _family(key: str) -> tuple[str, int | None]:
-    """(table key, K): ``i2t_cs@100`` → (``i2t_cs@{k}``, 100); ``rsum`` → (``rsum``, None)."""
-    if key in _BY_KEY:
-        return key, None
-    family, at, k = key.rpartition("@")
-    if at and k.isdigit() and f"{family}@{{k}}" in _BY_KEY:
-        return f"{family}@{{k}}", int(k)
-    return key, None
-
-
-def is_metric(key: str) -> bool:
-    """Whether ``key`` names a metric of the table (a family's member with its K included)."""
-    return _family(key)[0] in _BY_KEY
-
-
-def metric_of(key: str) -> Metric:
-    """The definition of ``key``, with K filled in for a family's member (``i2t_cs@100``)."""
-    family, k = _family(key)
-    if family not in _BY_KEY:
-        raise KeyError(f"{key!r} is not a metric of pipeline.evaluation.metrics.METRICS")
-    found = _BY_KEY[family]
-    if k is None:
-        return found
-    return replace(found, key=key, label=found.label.format(k=k), short=found.short.format(k=k))
-
-
-def metric_order(key: str) -> tuple[int, int]:
-    """Sort key of metric keys: table order, then K (``ndcg@10`` after ``tau``, R@5 before R@10)."""
-    family, k = _family(key)
-    return _POSITION[family], k or 0
-
-
-# The retrieval metrics of one evaluation (``retrieval_metrics``), in results.csv's order.
-METRIC_KEYS = metric_keys("recall", "rank", "sum")
 
 
 # ---------------------------------------------------------------------------- ranks
@@ -401,54 +277,6 @@ def _top_k_kendall_tau_b(scores, relevance, ks, tie_break: str = "low") -> list[
 # ---------------------------------------------------------------------------- general formulas
 
 
-def kendall_tau_b(x, y, lengths=None) -> torch.Tensor:
-    """Kendall's tau-b (Kendall 1945, ties corrected; what scipy.stats.kendalltau returns)
-    between ``x[r]`` and ``y[r]`` for each row r of two (rows, k) arrays of finite values: a
-    (rows,) float64 tensor, nan where undefined (every x or every y of the row tied, or fewer
-    than 2 items). ``lengths`` (rows,): row r holds only its first ``lengths[r]`` items (the
-    rest is padding, ignored).
-
-    Knight's O(k log k) form, as scipy computes it: with the n pairs sorted by (x, y)
-    descending, n0 = n(n-1)/2 pairs, n1 / n2 / n3 pairs tied in x / in y / in both, and
-    D = #{i < j: y_i < y_j} (the discordant pairs),
-    tau-b = (n0 - n1 - n2 + n3 - 2 D) / sqrt((n0 - n1) (n0 - n2)).
-    All counts are exact integers; memory is O(rows · k). Padding becomes (+inf, +inf): it
-    sorts first, adds no discordant pair, and its p(p-1)/2 pairs tied among themselves (in x,
-    in y, in both) are taken off again.
-    """
-    x, y = torch.as_tensor(x), torch.as_tensor(y)
-    k = x.shape[1]
-    n = torch.full((x.shape[0],), k, dtype=torch.long, device=x.device)
-    if lengths is not None:
-        n = torch.as_tensor(lengths, dtype=torch.long, device=x.device)
-        padding = torch.arange(k, device=x.device)[None, :] >= n[:, None]
-        x, y = x.masked_fill(padding, math.inf), y.masked_fill(padding, math.inf)
-    by_y = torch.sort(y, dim=1, descending=True, stable=True).indices
-    by_x_then_y = by_y.gather(1, torch.sort(x.gather(1, by_y), dim=1, descending=True,
-                                            stable=True).indices)
-    x, y = x.gather(1, by_x_then_y), y.gather(1, by_x_then_y)
-    padded_pairs = (k - n) * (k - n - 1) // 2
-    x_changes = _changes(x)
-    tied_x = _tied_pairs(x_changes) - padded_pairs
-    tied_y = _tied_pairs(_changes(torch.sort(y, dim=1).values)) - padded_pairs
-    tied_both = _tied_pairs(x_changes | _changes(y)) - padded_pairs
-    pairs = n * (n - 1) // 2
-    numerator = pairs - tied_x - tied_y + tied_both - 2 * _ascending_pairs(y)
-    untied = ((pairs - tied_x) * (pairs - tied_y)).double()
-    tau = numerator.double() / untied.sqrt()
-    return torch.where(untied > 0, tau, torch.nan)
-
-
-def spearman(x, y) -> float:
-    """Spearman's rho: Pearson correlation of the average ranks (nan if either is constant)."""
-    from scipy.stats import rankdata
-
-    rx, ry = rankdata(x), rankdata(y)
-    rx, ry = rx - rx.mean(), ry - ry.mean()
-    denominator = math.sqrt(float(rx @ rx) * float(ry @ ry))
-    return float(rx @ ry) / denominator if denominator > 0 else math.nan
-
-
 def auc(scores, positive) -> float:
     """Area under the ROC curve of ``scores`` separating ``positive`` from the rest: the
     probability that a random positive scores above a random negative, ties counted 1/2."""
@@ -485,43 +313,6 @@ def mean_defined(values) -> float:
     values = torch.as_tensor(values)
     defined = values[~torch.isnan(values)]
     return float(defined.mean()) if defined.numel() else math.nan
-
-
-def _changes(values) -> torch.Tensor:
-    """(q, k) bool: True where a run of equal values starts (always at column 0)."""
-    starts = torch.ones_like(values, dtype=torch.bool)
-    starts[:, 1:] = values[:, 1:] != values[:, :-1]
-    return starts
-
-
-def _tied_pairs(run_starts) -> torch.Tensor:
-    """Pairs inside the same run, per row: sum over runs of c(c-1)/2."""
-    position = torch.arange(run_starts.shape[1], device=run_starts.device).expand_as(run_starts)
-    run_start = torch.where(run_starts, position, 0).cummax(dim=1).values
-    return (position - run_start).sum(dim=1)
-
-
-def _ascending_pairs(values) -> torch.Tensor:
-    """#{i < j: values_i < values_j} per row, by merge-sort counting in log2(k) rounds.
-
-    Round w compares the left and right halves of every block of 2w positions: each
-    right element counts the left elements below it (a batched ``searchsorted`` into the
-    sorted left half), so every pair i < j is counted once, in the round that splits it.
-    """
-    rows, k = values.shape
-    size = 1 << max(0, k - 1).bit_length()
-    padded = values.new_zeros(rows, size)
-    padded[:, :k] = values  # the padding sits after every real value and is never counted
-    real = torch.arange(size, device=values.device) < k
-    total = torch.zeros(rows, dtype=torch.long, device=values.device)
-    width = 1
-    while width < size:
-        blocks = padded.view(rows, size // (2 * width), 2, width)
-        left = torch.sort(blocks[:, :, 0], dim=-1).values
-        below = torch.searchsorted(left, blocks[:, :, 1].contiguous(), side="left")
-        total += (below * real.view(-1, 2, width)[:, 1]).sum(dim=(1, 2))
-        width *= 2
-    return total
 
 
 def _old_order_keyword(similarity, order):

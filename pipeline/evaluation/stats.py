@@ -1,6 +1,11 @@
-"""Seed noise and significance: the statistics behind `vse report` and `vse compare`.
+"""The statistics of the evaluation: rank correlations, seed noise and significance.
 
-Two questions, two tests (docs/PROTOCOL.md, "Seeds and significance"):
+Rank correlations (the general formulas CS@K and the human-judgment metrics share):
+Kendall's tau-b (``kendall_tau_b``, batched over rows, exact integer counts) and Spearman's rho
+(``spearman``). ``pipeline.evaluation.metrics`` re-exports both under their old names.
+
+Seed noise and significance, behind `vse report` and `vse compare`: two questions, two tests
+(docs/PROTOCOL.md, "Seeds and significance"):
 
 - Is configuration A better than configuration B, given several seeds of each?  Welch's
   one-sided t-test on the per-seed values (unequal variances; Welch 1947).  `vse report` bolds
@@ -10,7 +15,7 @@ Two questions, two tests (docs/PROTOCOL.md, "Seeds and significance"):
   sign at random; the p-value is the share of flips whose |difference| reaches the observed
   one (two-sided), with the observed assignment counted (Phipson & Smyth 2010).
 
-Pure numpy/scipy (metric names from pipeline.evaluation.metrics); no file I/O.
+Pure torch/numpy/scipy (metric names from pipeline.evaluation.metric_table); no file I/O.
 """
 
 from __future__ import annotations
@@ -18,12 +23,104 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
-from pipeline.evaluation.metrics import RECALL_KS, recall_key
+from pipeline.evaluation.metric_table import RECALL_KS, recall_key
 
 ALPHA = 0.05                 # significance level of the bold marks in `vse report`
 DEFAULT_PERMUTATIONS = 10_000
 _PERMUTATION_BLOCK = 500
+
+
+# ---------------------------------------------------------------------------- rank correlations
+
+
+def kendall_tau_b(x, y, lengths=None) -> torch.Tensor:
+    """Kendall's tau-b (Kendall 1945, ties corrected; what scipy.stats.kendalltau returns)
+    between ``x[r]`` and ``y[r]`` for each row r of two (rows, k) arrays of finite values: a
+    (rows,) float64 tensor, nan where undefined (every x or every y of the row tied, or fewer
+    than 2 items). ``lengths`` (rows,): row r holds only its first ``lengths[r]`` items (the
+    rest is padding, ignored).
+
+    Knight's O(k log k) form, as scipy computes it: with the n pairs sorted by (x, y)
+    descending, n0 = n(n-1)/2 pairs, n1 / n2 / n3 pairs tied in x / in y / in both, and
+    D = #{i < j: y_i < y_j} (the discordant pairs),
+    tau-b = (n0 - n1 - n2 + n3 - 2 D) / sqrt((n0 - n1) (n0 - n2)).
+    All counts are exact integers; memory is O(rows · k). Padding becomes (+inf, +inf): it
+    sorts first, adds no discordant pair, and its p(p-1)/2 pairs tied among themselves (in x,
+    in y, in both) are taken off again.
+    """
+    x, y = torch.as_tensor(x), torch.as_tensor(y)
+    k = x.shape[1]
+    n = torch.full((x.shape[0],), k, dtype=torch.long, device=x.device)
+    if lengths is not None:
+        n = torch.as_tensor(lengths, dtype=torch.long, device=x.device)
+        padding = torch.arange(k, device=x.device)[None, :] >= n[:, None]
+        x, y = x.masked_fill(padding, math.inf), y.masked_fill(padding, math.inf)
+    by_y = torch.sort(y, dim=1, descending=True, stable=True).indices
+    by_x_then_y = by_y.gather(1, torch.sort(x.gather(1, by_y), dim=1, descending=True,
+                                            stable=True).indices)
+    x, y = x.gather(1, by_x_then_y), y.gather(1, by_x_then_y)
+    padded_pairs = (k - n) * (k - n - 1) // 2
+    x_changes = _changes(x)
+    tied_x = _tied_pairs(x_changes) - padded_pairs
+    tied_y = _tied_pairs(_changes(torch.sort(y, dim=1).values)) - padded_pairs
+    tied_both = _tied_pairs(x_changes | _changes(y)) - padded_pairs
+    pairs = n * (n - 1) // 2
+    numerator = pairs - tied_x - tied_y + tied_both - 2 * _ascending_pairs(y)
+    untied = ((pairs - tied_x) * (pairs - tied_y)).double()
+    tau = numerator.double() / untied.sqrt()
+    return torch.where(untied > 0, tau, torch.nan)
+
+
+def spearman(x, y) -> float:
+    """Spearman's rho: Pearson correlation of the average ranks (nan if either is constant)."""
+    from scipy.stats import rankdata
+
+    rx, ry = rankdata(x), rankdata(y)
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    denominator = math.sqrt(float(rx @ rx) * float(ry @ ry))
+    return float(rx @ ry) / denominator if denominator > 0 else math.nan
+
+
+def _changes(values) -> torch.Tensor:
+    """(q, k) bool: True where a run of equal values starts (always at column 0)."""
+    starts = torch.ones_like(values, dtype=torch.bool)
+    starts[:, 1:] = values[:, 1:] != values[:, :-1]
+    return starts
+
+
+def _tied_pairs(run_starts) -> torch.Tensor:
+    """Pairs inside the same run, per row: sum over runs of c(c-1)/2."""
+    position = torch.arange(run_starts.shape[1], device=run_starts.device).expand_as(run_starts)
+    run_start = torch.where(run_starts, position, 0).cummax(dim=1).values
+    return (position - run_start).sum(dim=1)
+
+
+def _ascending_pairs(values) -> torch.Tensor:
+    """#{i < j: values_i < values_j} per row, by merge-sort counting in log2(k) rounds.
+
+    Round w compares the left and right halves of every block of 2w positions: each
+    right element counts the left elements below it (a batched ``searchsorted`` into the
+    sorted left half), so every pair i < j is counted once, in the round that splits it.
+    """
+    rows, k = values.shape
+    size = 1 << max(0, k - 1).bit_length()
+    padded = values.new_zeros(rows, size)
+    padded[:, :k] = values  # the padding sits after every real value and is never counted
+    real = torch.arange(size, device=values.device) < k
+    total = torch.zeros(rows, dtype=torch.long, device=values.device)
+    width = 1
+    while width < size:
+        blocks = padded.view(rows, size // (2 * width), 2, width)
+        left = torch.sort(blocks[:, :, 0], dim=-1).values
+        below = torch.searchsorted(left, blocks[:, :, 1].contiguous(), side="left")
+        total += (below * real.view(-1, 2, width)[:, 1]).sum(dim=(1, 2))
+        width *= 2
+    return total
+
+
+# ---------------------------------------------------------------------------- seeds and significance
 
 
 def mean_std(values) -> tuple[float, float, int]:

@@ -92,15 +92,8 @@ class RelevanceFile:
 def read_relevance(path, neighbours: bool = False) -> RelevanceFile:
     """Open and validate a relevance file (else ``VseError`` naming the problem)."""
     path = Path(path)
-    if not path.is_file():
-        raise VseError("relevance file not found", path)
-    try:
-        f = h5py.File(path, "r")
-    except OSError:
-        raise VseError("not a readable HDF5 file (truncated or another format)", path) from None
-    with f:
+    with RELEVANCE.open(path) as f:  # found, HDF5, this format and version (written whole: atomic_h5)
         attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
-        RELEVANCE.check(attrs, path)
         if "vectors" not in f or f["vectors"].ndim != 2:
             raise VseError("relevance file has no 2-d 'vectors'", path)
         vectors = f["vectors"][()]

@@ -45,7 +45,7 @@ from pipeline.data.readers import open_image
 from pipeline.data.readers.csv_file import _csv_image_path, read_csv_items
 from pipeline.data.readers.csv_layout import CsvLayout
 from pipeline.models.layers import l2_normalize
-from pipeline.search.faiss_index import GROUP_FIELD
+from pipeline.search.embeddings_file import GROUP_FIELD
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 TABLE_SUFFIXES = (".csv", ".tsv")

@@ -1,6 +1,6 @@
 """Queries against a search index: the model that embeds them, and their checks.
 
-``open_searcher(index, checkpoint)`` opens an index (``pipeline.search.faiss_index``) and the
+``open_searcher(index, checkpoint)`` opens an index (``pipeline.search.index_reader``) and the
 model it was made with, refusing a checkpoint whose sha256 is not the index's; a
 ``Searcher`` then answers text and image queries with ranked hits. `vse search` and
 `vse serve` share it, so both check a query the same way (``QueryLimits``).
@@ -24,7 +24,7 @@ import numpy as np
 from pipeline.core.errors import VseError
 from pipeline.core.fsutil import file_sha256
 from pipeline.data.readers.base import image_shape_problem
-from pipeline.search.faiss_index import SearchIndex
+from pipeline.search.index_reader import SearchIndex
 
 
 @dataclass(frozen=True)

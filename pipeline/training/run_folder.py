@@ -5,6 +5,11 @@ it), and the readers find runs and read their config and validation log.
     RUN/metrics.jsonl    one validation record a line, appended whole and atomically
     RUN/best.pt          the checkpoint of the best validation rsum
     RUN/last.pt          the latest checkpoint (what --resume continues)
+    RUN/vocab.json       the vocabulary of a run whose captions are tokenised (the GRU's;
+                         pipeline.data.captions); a run on caption features has none
+    RUN/noise_index.npy  the noise index a run on noisy pairs trained on (pipeline.data.noise)
+    RUN/noise.json       what that index was drawn for (split, counts, caption fingerprint), its
+                         layout and sha256; a resumed run must train on the same index
     RUN/tb/              TensorBoard scalars, written live (pipeline.training.curves)
     RUN/sweep-done.json  the sweep's mark of a finished run
     RUN/.lock            held while a process trains the run (pipeline.core.runlock)
@@ -165,7 +170,9 @@ class RunFolder:
     writes its config, validation records and checkpoints through ``save_validation``, which
     saves ``last.pt`` at every validation and ``best.pt`` when rsum improves. An --overwrite
     run holds its records back until its first checkpoint is complete, then swaps the old run's
-    files for its own (``REPLACING`` marks the few milliseconds of the swap)."""
+    files for its own (``REPLACING`` marks the few milliseconds of the swap). The run's other
+    files (``vocab.json``, ``noise_index.npy`` and ``noise.json``: the module's list) are written
+    by ``prepare``'s ``write_files``, beside the config."""
 
     def __init__(self, path):
         self.path = Path(path)
@@ -218,7 +225,7 @@ class RunFolder:
         """Create the folder, clear temporaries of killed processes (and, for a fresh start,
         the log and curves of an attempt that never reached a checkpoint), and, unless an older
         run is still to be replaced, write the config and ``write_files(folder)`` (the run's other
-        files: the GRU's vocab.json)."""
+        files: the GRU's vocab.json, a noisy-pair run's noise_index.npy and noise.json)."""
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
