@@ -90,6 +90,18 @@ def test_rcl_ratio_pushes_a_draw_of_negatives():
         build_loss("rcl", eps=-1e-10)
 
 
+def test_rcl_q_is_gces_exponent_in_zero_to_one():
+    """GCE's q (their --margin) lies in (0, 1]: q = 1 is the mean absolute error p − eps, q → 0 tends
+    to −log(1 − p)."""
+    scores = torch.tensor([[0.9, 0.1, 0.3], [0.2, 0.8, 0.4], [0.5, 0.1, 0.7]], dtype=torch.float64)
+    gce = build_loss("rcl", variant="gce", q=1.0, eps=0.0).scored(scores).item()
+    assert gce == pytest.approx(build_loss("rcl", variant="abs", eps=0.0).scored(scores).item(), rel=1e-12)
+    for q, message in ((0.0, "q must be > 0, got 0.0"), (-0.2, "q must be > 0"),
+                       (1.5, "q must be <= 1, got 1.5"), (math.nan, "q must be a finite number")):
+        with pytest.raises(ValueError, match=message):
+            build_loss("rcl", q=q)
+
+
 def test_rcl_never_pulls_a_positive_up_on_its_own():
     """The complementary loss: its gradient on S_ii comes only through the negatives' softmax."""
     scores = torch.tensor([[0.9, 0.1], [0.2, 0.8]], dtype=torch.float64, requires_grad=True)
@@ -218,12 +230,32 @@ def test_decl_refuses_bad_options():
                              ({"clean_rule": "loss"}, "clean_rule must be one of evidence, uncertainty"),
                              ({"mu": 0}, "mu must be an integer >= 1"),
                              ({"batch_size": 0}, "batch_size must be an integer >= 1 or null"),
-                             ({"tau": 0.0}, "tau must be > 0")):
+                             ({"tau": 0.0}, "tau must be > 0"),
+                             ({"margin": -0.2}, "margin must be >= 0, got -0.2"),
+                             ({"hinge_weight": -0.8}, "hinge_weight must be >= 0"),
+                             ({"kl_weight": -0.1}, "kl_weight must be >= 0"),
+                             ({"eta": -0.025}, "eta must be >= 0")):
         with pytest.raises(ValueError, match=message):
             build_loss("decl", **options)
+    # zero turns a term off (their lambda1 / lambda2 = 0; the golden test runs hinge_weight 0)
+    zero = build_loss("decl", margin=0, hinge_weight=0, kl_weight=0, eta=0)
+    assert (zero.margin, zero.hinge_weight, zero.kl_weight, zero.eta) == (0.0, 0.0, 0.0, 0.0)
 
 
 # ---------------------------------------------------------------------------- ncr
+
+
+def test_ncr_refuses_bad_options():
+    """margin α >= 0 (every soft margin is α·s(y), s in [0, 1]); p_threshold is compared with a
+    probability, so in [0, 1]."""
+    for options, message in (({"margin": -0.2}, "margin must be >= 0, got -0.2"),
+                             ({"p_threshold": 1.5}, r"p_threshold must be in \[0, 1\], got 1.5"),
+                             ({"p_threshold": -0.1}, r"p_threshold must be in \[0, 1\]"),
+                             ({"warmup_epochs": -1}, "warmup_epochs must be an integer >= 0"),
+                             ({"soft_margin_base": 1.0}, "soft_margin_base must not be 1")):
+        with pytest.raises(ValueError, match=message):
+            build_loss("ncr", **options)
+    assert [build_loss("ncr", p_threshold=p).p_threshold for p in (0, 1)] == [0.0, 1.0]
 
 
 def _matrix(values, n, by="row"):

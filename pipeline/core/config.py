@@ -18,8 +18,6 @@ A new option is one field here, declared with ``option(...)``.
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 import types
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
@@ -45,6 +43,7 @@ from pipeline.core.registry import (
     check_image_pool,
     check_text_pool,
 )
+from pipeline.core.values import finite, is_int, is_number
 
 META = "vse"  # the key of an option's facts in its field's metadata
 
@@ -504,13 +503,11 @@ def _as_kind(name: str, value, kind):
     if kind is bool:
         ok = isinstance(value, bool)
     elif kind is int:
-        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        ok = is_int(value)
         value = int(value) if ok else value
     elif kind is float:
-        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-        value = float(value) if ok else value
-        if ok and not math.isfinite(value):
-            raise VseError(f"{name} must be a finite number, got {value!r}")
+        ok = is_number(value)
+        value = finite(float(value), name, error=VseError) if ok else value
     elif kind is dict:
         ok = isinstance(value, dict) and all(isinstance(key, str) for key in value)
     else:

@@ -186,11 +186,12 @@ def checkpoint_captions(state: dict, captions, cache_path=None, text_features=No
     if text_features:
         raise VseError(f"{checkpoint or 'the checkpoint'} embeds tokens with its GRU: it takes no "
                        "--text-features", text_features)
-    max_tokens = _max_tokens(state)
+    max_tokens = max_caption_tokens(state)
     return GRUCaptions(Vocabulary(state["vocab"]), captions, max_tokens)
 
 
-def _max_tokens(state: dict) -> int:
+def max_caption_tokens(state: dict) -> int:
+    """The token limit a checkpoint's GRU captions were cut at (its config, old runs' default)."""
     return with_old_defaults(state["train_config"])["max_caption_tokens"]
 
 
@@ -202,4 +203,4 @@ def caption_key(state: dict, text_features=None) -> tuple:
         path = Path(text_features or entry["path"]).resolve()
         return (entry.get("layout", "vectors"), str(path), entry["model_identity"])
     words = hashlib.sha1("\n".join(state["vocab"]).encode("utf-8")).hexdigest()
-    return ("vocabulary", words, _max_tokens(state))
+    return ("vocabulary", words, max_caption_tokens(state))

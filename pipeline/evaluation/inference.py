@@ -34,7 +34,8 @@ class SplitEmbeddings:
     pairwise: bool = False     # images = I_N, captions = Sᵀ (a pairwise network's scores)
 
 
-def _image_features(cache: FeatureCache, rows: np.ndarray, split: str) -> np.ndarray:
+def read_image_features(cache: FeatureCache, rows: np.ndarray, split: str) -> np.ndarray:
+    """The cache's ``rows``; a VseError naming the first row holding NaN or Inf."""
     feats = cache.read(rows)
     finite = np.isfinite(feats).reshape(len(feats), -1).all(axis=1)
     if not finite.all():
@@ -58,7 +59,7 @@ def encode_split(model, cache: FeatureCache, captions: CaptionEncoder, split: st
         image_rows, caption_rows, caption_image = cache.split_rows(split, max_images)
         image_chunks, caption_chunks = [], []
         for a in range(0, len(image_rows), batch_size):
-            feats = _image_features(cache, image_rows[a:a + batch_size], split)
+            feats = read_image_features(cache, image_rows[a:a + batch_size], split)
             with precision(device, amp):
                 image_chunks.append(model.image_encoder(torch.from_numpy(feats).to(device)).float().cpu())
         for a in range(0, len(caption_rows), batch_size):
@@ -98,7 +99,7 @@ def score_split(model, cache: FeatureCache, captions: CaptionEncoder, split: str
         starts = [i * image_block for i in dist.dealt(-(-n // image_block))]  # this rank's image blocks
         blocks = []
         for a in starts:
-            feats = _image_features(cache, image_rows[a:a + image_block], split)
+            feats = read_image_features(cache, image_rows[a:a + image_block], split)
             with precision(device, amp):
                 blocks.append(model.encode_images(at_least_float32(torch.from_numpy(feats).to(device))))
         mine = {a: torch.empty(min(image_block, n - a), m, dtype=torch.float32) for a in starts}

@@ -27,7 +27,7 @@ from pipeline.core.errors import VseError
 from pipeline.core.runtime import precision
 from pipeline.data.cache import FeatureCache
 from pipeline.data.captions import CaptionEncoder
-from pipeline.evaluation.inference import CAPTION_BLOCK, IMAGE_BLOCK, SplitEmbeddings, _image_features
+from pipeline.evaluation.inference import CAPTION_BLOCK, IMAGE_BLOCK, SplitEmbeddings, read_image_features
 from pipeline.evaluation.metrics import retrieval_metrics, similarity_ranks
 from pipeline.models.network import at_least_float32, network_kind
 from pipeline.models.similarity import image_caption_scores
@@ -89,7 +89,7 @@ def rerank_split(model, cache: FeatureCache, captions: CaptionEncoder, split: st
     model.eval()
     try:
         for a in range(0, len(image_rows), IMAGE_BLOCK):
-            feats = torch.from_numpy(_image_features(cache, image_rows[a:a + IMAGE_BLOCK], split))
+            feats = torch.from_numpy(read_image_features(cache, image_rows[a:a + IMAGE_BLOCK], split))
             for i in range(len(feats)):
                 columns = torch.nonzero(needed[a + i])[:, 0]
                 with precision(device, amp):

@@ -10,8 +10,9 @@ import math
 import numpy as np
 import torch
 
-from pipeline.models.losses import Batch, _finite, _is_int_at_least, _positive
-from pipeline.models.noisy_losses import NoisyPairLoss, _counted
+from pipeline.core import values
+from pipeline.models.losses import Batch, with_positives
+from pipeline.models.noisy_losses import NoisyPairLoss
 
 DECL_EVIDENCE_LOSSES = ("mse", "log", "digamma")
 DECL_CLEAN_RULES = ("evidence", "uncertainty")
@@ -50,10 +51,10 @@ class EvidentialLoss(NoisyPairLoss):
                  clean_rule: str = "evidence", score_is_sigmoid: bool = False,
                  mask_same_image: bool = False):
         super().__init__(mask_same_image)
-        self.tau, self.margin = _positive(tau, "tau"), _finite(margin, "margin")
-        self.hinge_weight = _finite(hinge_weight, "hinge_weight")
-        self.kl_weight = _finite(kl_weight, "kl_weight")
-        self.eta = _finite(eta, "eta")
+        self.tau, self.margin = values.positive(tau, "tau"), values.within(margin, "margin", low=0)
+        self.hinge_weight = values.within(hinge_weight, "hinge_weight", low=0)
+        self.kl_weight = values.within(kl_weight, "kl_weight", low=0)
+        self.eta = values.within(eta, "eta", low=0)  # the hardest-negative count only ever shrinks
         if evidence_loss not in DECL_EVIDENCE_LOSSES:
             raise ValueError(f"evidence_loss must be one of {', '.join(DECL_EVIDENCE_LOSSES)}, "
                              f"got {evidence_loss!r}")
@@ -61,10 +62,8 @@ class EvidentialLoss(NoisyPairLoss):
             raise ValueError(f"clean_rule must be one of {', '.join(DECL_CLEAN_RULES)}, got {clean_rule!r}")
         for value, low, what in ((anneal_epochs, 0, "anneal_epochs"), (warmup_epochs, 0, "warmup_epochs"),
                                  (mu, 1, "mu")):
-            if not _is_int_at_least(value, low):
-                raise ValueError(f"{what} must be an integer >= {low}, got {value!r}")
-        if batch_size is not None and not _is_int_at_least(batch_size, 1):
-            raise ValueError(f"batch_size must be an integer >= 1 or null, got {batch_size!r}")
+            values.int_at_least(value, what, low)
+        values.int_at_least(batch_size, "batch_size", 1, or_none=True)
         self.anneal_epochs, self.warmup_epochs, self.mu = anneal_epochs, warmup_epochs, mu
         self.batch_size, self.evidence_loss, self.clean_rule = batch_size, evidence_loss, clean_rule
         self.score_is_sigmoid = bool(score_is_sigmoid)
@@ -105,7 +104,7 @@ class EvidentialLoss(NoisyPairLoss):
         step = self.step + 1
         if torch.is_grad_enabled() and batch.scores.requires_grad:  # a training call: it counts
             self.step, self.largest_batch = step, max(self.largest_batch, size)
-        counted = _counted(batch.negatives)
+        counted = with_positives(batch.negatives)
         clean = self.judged_clean(batch)
         labels = torch.eye(size, dtype=torch.bool, device=clean.device) & clean[:, None]
         alpha = (self.evidence(batch.scores) + 1).masked_fill(~counted, 0.0)

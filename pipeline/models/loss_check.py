@@ -22,12 +22,11 @@ import inspect
 import math
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from pipeline.core.plugin_import import user_code_error
+from pipeline.models.checks import CheckResult, format_results, guarded  # noqa: F401 (format_results: the commands' import)
 from pipeline.models.loss_plugins import loss_traits, make_loss
 
 CONTRACT_BATCH = 8          # even: the distributed check splits it over 2 processes
@@ -40,13 +39,6 @@ TIMING_DIM = 1024
 WORLD = 2
 
 
-@dataclass
-class CheckResult:
-    check: str
-    ok: bool | None          # None: a measurement
-    detail: str = ""
-
-
 def run_contract(spec: str, options: dict | None = None, *, distributed: bool = True,
                  timing: bool = True, seed: int = 0) -> list[CheckResult]:
     """Every check of the contract on the loss ``spec`` (a built-in name or an import path)."""
@@ -56,16 +48,16 @@ def run_contract(spec: str, options: dict | None = None, *, distributed: bool = 
     inputs = contract_inputs(traits.similarity != "cosine", seed)
     double = copy.deepcopy(loss).double()
     results = [
-        _guarded("finite scalar", lambda: _finite_scalar(loss, inputs, seed)),
-        _guarded("float64 gradcheck", lambda: _gradcheck(double, inputs, seed)),
-        _guarded("same-image pairs never negatives",
+        guarded("finite scalar", lambda: _finite_scalar(loss, inputs, seed)),
+        guarded("float64 gradcheck", lambda: _gradcheck(double, inputs, seed)),
+        guarded("same-image pairs never negatives",
                  lambda: _same_image_not_negative(double, traits.similarity != "cosine", seed))
         if not _authors_count_same_image(loss) else
         CheckResult("same-image pairs never negatives", None,
                     "not applicable: this loss's authors count same-image pairs as negatives (only the "
                     "diagonal is masked) and so does its default; --loss-option mask_same_image=true "
                     "masks them"),
-        _guarded("invariant to permuting the batch", lambda: _permutation(double, inputs, seed)),
+        guarded("invariant to permuting the batch", lambda: _permutation(double, inputs, seed)),
     ]
     if distributed and traits.networks > 1:
         results.append(CheckResult("gloo processes", None,
@@ -73,10 +65,10 @@ def run_contract(spec: str, options: dict | None = None, *, distributed: bool = 
                                    "pairwise network, each rank's batch its own negatives"))
     elif distributed:
         half = CONTRACT_BATCH // WORLD
-        results.append(_guarded(f"{WORLD} × {half}-pair gloo processes = one {CONTRACT_BATCH} step",
+        results.append(guarded(f"{WORLD} × {half}-pair gloo processes = one {CONTRACT_BATCH} step",
                                 lambda: _distributed(spec, options, double, inputs, seed)))
     if timing:
-        results.append(_guarded(f"ms per call (B={TIMING_BATCH}, D={TIMING_DIM}, fwd+bwd)",
+        results.append(guarded(f"ms per call (B={TIMING_BATCH}, D={TIMING_DIM}, fwd+bwd)",
                                 lambda: _timing(loss, traits.similarity != "cosine", seed)))
     return results
 
@@ -265,26 +257,3 @@ def _max_diff(a, b) -> float:
     if a is None or b is None:
         return 0.0 if a is None and b is None else math.inf
     return float((a - b).abs().max() / (1 + b.abs().max())) if a.numel() else 0.0
-
-
-def _guarded(name: str, check) -> CheckResult:
-    """A check that raises fails, with the error in one line."""
-    try:
-        result = check()
-    except Exception as exc:  # the code under test is any code: where it raised, if it is the user's
-        error = user_code_error(exc)
-        if error is not None and error is not exc:
-            return CheckResult(name, False, str(error))
-        text = str(exc).strip().splitlines()
-        return CheckResult(name, False, f"{type(exc).__name__}: {text[0] if text else ''}")
-    result.check = name
-    return result
-
-
-def format_results(spec: str, results: list[CheckResult], command: str = "check-loss") -> str:
-    width = max(len(r.check) for r in results) + 2
-    lines = [f"{command} {spec}", f"  {'check':{width}s}{'result':8s}detail"]
-    for r in results:
-        mark = "-" if r.ok is None else ("ok" if r.ok else "FAIL")
-        lines.append(f"  {r.check:{width}s}{mark:8s}{r.detail}")
-    return "\n".join(lines)

@@ -15,8 +15,9 @@ import warnings
 import numpy as np
 import torch
 
-from pipeline.models.losses import Batch, _finite, _is_int_at_least, _positive
-from pipeline.models.noisy_losses import NoisyPairLoss, Phase, _hardest_hinges
+from pipeline.core import values
+from pipeline.models.losses import Batch
+from pipeline.models.noisy_losses import NoisyPairLoss, Phase
 
 SOFT_MARGINS = ("exponential", "linear", "sin")  # their --soft_margin choices
 SCHEDULES = ("alternate", "joint")
@@ -66,16 +67,16 @@ class NoisyCorrespondenceRectifier(NoisyPairLoss):
                  schedule: str = "alternate", per_pair_labels: bool = False, warmup_sum: bool = False,
                  mask_same_image: bool = False):
         super().__init__(mask_same_image)
-        self.margin = _finite(margin, "margin")
-        if not _is_int_at_least(warmup_epochs, 0):
-            raise ValueError(f"warmup_epochs must be an integer >= 0, got {warmup_epochs!r}")
-        self.warmup_epochs, self.p_threshold = warmup_epochs, _finite(p_threshold, "p_threshold")
+        self.margin = values.within(margin, "margin", low=0)
+        values.int_at_least(warmup_epochs, "warmup_epochs", 0)
+        # a clean probability (the GMM's posterior) is compared with it
+        self.warmup_epochs, self.p_threshold = warmup_epochs, values.within(p_threshold, "p_threshold", 0, 1)
         if soft_margin not in SOFT_MARGINS:
             raise ValueError(f"soft_margin must be one of {', '.join(SOFT_MARGINS)}, got {soft_margin!r}")
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
         self.soft_margin, self.schedule = soft_margin, schedule
-        self.base = _positive(soft_margin_base, "soft_margin_base")
+        self.base = values.positive(soft_margin_base, "soft_margin_base")
         if self.base == 1:
             raise ValueError("soft_margin_base must not be 1")
         self.per_pair_labels, self.warmup_sum = bool(per_pair_labels), bool(warmup_sum)
@@ -226,6 +227,17 @@ class NoisyCorrespondenceRectifier(NoisyPairLoss):
         with torch.no_grad():
             predicted = stacked.detach().diagonal(dim1=1, dim2=2).clamp(0, 1).mean(0)
         return torch.where(w > self.p_threshold, w, predicted)
+
+
+def _hardest_hinges(scores, negatives, margins) -> torch.Tensor:
+    """(B,) per pair i: [m_i − S_ii + max_j S_ij]_+ + [m_i − S_ii + max_j S_ji]_+ over its negatives
+    (zero in a direction with none): the ``joint`` schedule's hinge."""
+    positive = scores.diagonal()
+    hardest_caption = scores.masked_fill(~negatives, -math.inf).amax(dim=1)
+    hardest_image = scores.masked_fill(~negatives, -math.inf).amax(dim=0)
+    to_captions = (margins - positive + hardest_caption).clamp(min=0)
+    to_images = (margins - positive + hardest_image).clamp(min=0)
+    return (torch.where(negatives.any(1), to_captions, 0.0) + torch.where(negatives.any(0), to_images, 0.0))
 
 
 def gmm_clean_probability(losses: np.ndarray, random_state=None) -> np.ndarray:

@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from pipeline.models.loss_check import CheckResult, _guarded
+from pipeline.models.checks import CheckResult, guarded
 from pipeline.models.network import NetworkConfig, build_network
 
 SET_SIZE, FEATURE_DIM, TEXT_DIM, VOCAB, WORDS = 5, 12, 10, 20, 7
@@ -42,15 +42,15 @@ def run_network_contract(spec: str, options: dict | None = None, *, embed_dim: i
     model = build_network(config).double()
     data = _inputs(words, seed)
     results = [
-        _guarded("score matrix (B, B) and blocks (Bi, Bc), finite", lambda: _shapes(model, data)),
-        _guarded("a block's scores = each pair scored alone", lambda: _pairs(model, data)),
-        _guarded("padding never read", lambda: _padding(model, data, words)),
-        _guarded("the batch order does not matter", lambda: _order(model, data)),
-        _guarded("gradient reaches every parameter, finite", lambda: _gradients(model, data)),
-        _guarded("a state dict loaded anew scores the same", lambda: _reload(model, config, data)),
+        guarded("score matrix (B, B) and blocks (Bi, Bc), finite", lambda: _shapes(model, data)),
+        guarded("a block's scores = each pair scored alone", lambda: _pairs(model, data)),
+        guarded("padding never read", lambda: _padding(model, data, words)),
+        guarded("the batch order does not matter", lambda: _order(model, data)),
+        guarded("gradient reaches every parameter, finite", lambda: _gradients(model, data)),
+        guarded("a state dict loaded anew scores the same", lambda: _reload(model, config, data)),
     ]
     if timing:
-        results.append(_guarded("ms per training step (B=32, fwd+bwd)", lambda: _timing(config, seed)))
+        results.append(guarded("ms per training step (B=32, fwd+bwd)", lambda: _timing(config, seed)))
     return results
 
 

@@ -30,7 +30,6 @@ docs/PROTOCOL.md lists what remains different.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,21 +106,6 @@ class NoisyPairLoss(VseLoss):
                 or scores.shape[1] == 0:
             raise ValueError(f"scores must be ({self.networks}, B, B) with B >= 1, got {tuple(scores.shape)}")
         return self._scored(scores[0], image_ids, relevance, stacked=scores, sample_ids=sample_ids)
-
-
-def _hardest_hinges(scores, negatives, margins) -> torch.Tensor:
-    """(B,) per pair i: [m_i − S_ii + max_j S_ij]_+ + [m_i − S_ii + max_j S_ji]_+ over its negatives
-    (zero in a direction with none)."""
-    positive = scores.diagonal()
-    hardest_caption = scores.masked_fill(~negatives, -math.inf).amax(dim=1)
-    hardest_image = scores.masked_fill(~negatives, -math.inf).amax(dim=0)
-    to_captions = (margins - positive + hardest_caption).clamp(min=0)
-    to_images = (margins - positive + hardest_image).clamp(min=0)
-    return (torch.where(negatives.any(1), to_captions, 0.0) + torch.where(negatives.any(0), to_images, 0.0))
-
-
-def _counted(negatives):
-    return negatives | torch.eye(len(negatives), dtype=torch.bool, device=negatives.device)
 
 
 def division_metrics(clean_score: np.ndarray, judged_clean: np.ndarray, truly_clean: np.ndarray) -> dict:

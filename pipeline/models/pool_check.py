@@ -23,8 +23,8 @@ import time
 
 import torch
 
+from pipeline.models.checks import CheckResult, guarded
 from pipeline.models.heads import build_pool
-from pipeline.models.loss_check import CheckResult, _guarded
 
 BATCH = 4
 SHAPES = ((1, 3), (5, 8), (36, 16))   # (K, E)
@@ -42,18 +42,18 @@ def run_pool_contract(spec: str, options: dict | None = None, *, sequence: bool 
     size, dim = SHAPES[1]
     permutation = "invariant to permuting the members" + (" (a sequence: reported)" if sequence else "")
     results = [
-        _guarded("output (B, E), finite, K × E = " + ", ".join(f"{k}×{e}" for k, e in SHAPES),
+        guarded("output (B, E), finite, K × E = " + ", ".join(f"{k}×{e}" for k, e in SHAPES),
                  lambda: _shapes(pools, seed)),
-        _guarded("padding ignored", lambda: _padding(pools[dim], size, dim, seed)),
-        _guarded("a set alone = in the batch", lambda: _alone(pools[dim], size, dim, seed)),
-        _guarded(permutation, lambda: _permutation(pools[dim], size, dim, seed, sequence)),
-        _guarded("gradient reaches every member, no padding", lambda: _gradient(pools[GRAD_SHAPE[1]], seed)),
-        _guarded("lengths 1 and K", lambda: _extreme_lengths(pools[dim], size, dim, seed)),
-        _guarded(f"finite for large inputs (~{LARGE:g})", lambda: _large(pools[dim], size, dim, seed)),
+        guarded("padding ignored", lambda: _padding(pools[dim], size, dim, seed)),
+        guarded("a set alone = in the batch", lambda: _alone(pools[dim], size, dim, seed)),
+        guarded(permutation, lambda: _permutation(pools[dim], size, dim, seed, sequence)),
+        guarded("gradient reaches every member, no padding", lambda: _gradient(pools[GRAD_SHAPE[1]], seed)),
+        guarded("lengths 1 and K", lambda: _extreme_lengths(pools[dim], size, dim, seed)),
+        guarded(f"finite for large inputs (~{LARGE:g})", lambda: _large(pools[dim], size, dim, seed)),
     ]
     if timing:
         batch, size, dim = TIMING
-        results.append(_guarded(f"ms per call (B={batch}, K={size}, E={dim}, fwd+bwd)",
+        results.append(guarded(f"ms per call (B={batch}, K={size}, E={dim}, fwd+bwd)",
                                 lambda: _timing(spec, options, seed)))
     return results
 

@@ -8,7 +8,8 @@ import math
 
 import torch
 
-from pipeline.models.losses import Batch, _finite, _positive
+from pipeline.core import values
+from pipeline.models.losses import Batch, with_positives
 from pipeline.models.noisy_losses import NoisyPairLoss
 
 # h of a negative's p, given p, log(1 − p + eps) and q, as the authors' CCL (eps: their 1e-10)
@@ -55,18 +56,17 @@ class ComplementaryContrastiveLoss(NoisyPairLoss):
     def __init__(self, tau: float = 0.05, variant: str = "log", q: float = 0.2, ratio: float = -1.0,
                  eps: float = 1e-10, mask_same_image: bool = False):
         super().__init__(mask_same_image)
-        self.tau = _positive(tau, "tau")
+        self.tau = values.positive(tau, "tau")
         if variant not in RCL_VARIANTS:
             raise ValueError(f"variant must be one of {', '.join(RCL_VARIANTS)}, got {variant!r}")
-        self.variant, self.q = variant, _positive(q, "q")
-        self.ratio = _finite(ratio, "ratio")
-        self.eps = _finite(eps, "eps")
-        if self.eps < 0:
-            raise ValueError(f"eps must be >= 0, got {eps!r}")
+        # q: GCE's exponent, in (0, 1] (1: the mean absolute error, towards 0: −log); read by ``gce`` only
+        self.variant, self.q = variant, values.within(values.positive(q, "q"), "q", high=1)
+        self.ratio = values.finite(ratio, "ratio")
+        self.eps = values.within(eps, "eps", low=0)
 
     def value(self, batch: Batch) -> torch.Tensor:
         scores, negatives = batch.scores, batch.negatives
-        counted = negatives | torch.eye(len(scores), dtype=torch.bool, device=scores.device)
+        counted = with_positives(negatives)
         logits = (scores / self.tau).masked_fill(~counted, -math.inf)
         pushed = negatives & self._drawn(scores)  # the same draw in both directions, as theirs
         return self._direction(logits, pushed) + self._direction(logits.T, pushed)

@@ -42,8 +42,9 @@ from pipeline.core.formats import EMBEDDINGS
 from pipeline.core.fsutil import atomic_h5, atomic_path, file_sha256
 from pipeline.data.cache import SET_DTYPE, FeatureCache
 from pipeline.data.readers import open_image
-from pipeline.data.readers.csv_file import _csv_image_path, read_csv_items
+from pipeline.data.readers.csv_file import read_csv_items
 from pipeline.data.readers.csv_layout import CsvLayout
+from pipeline.data.readers.toolkit import relative_path_inside
 from pipeline.models.layers import l2_normalize
 from pipeline.search.embeddings_file import GROUP_FIELD
 
@@ -106,7 +107,7 @@ def image_items(source, layout: CsvLayout | None = None) -> Items:
     folder = source.parent
     bases = list(dict.fromkeys([folder, folder.resolve()]))
     for n, line in lines:  # a relative path stays inside the list's folder (as in a CSV); absolute: as given
-        if not Path(line).is_absolute() and _csv_image_path(line, bases) is None:
+        if not Path(line).is_absolute() and relative_path_inside(line, bases) is None:
             raise VseError(f"line {n}: image path {line!r} leaves the list's folder {folder}", source)
     names = list(dict.fromkeys(line for _, line in lines))
     if not names:
@@ -290,12 +291,12 @@ class Embedder:
         encoder = self.model.text_encoder
         entry = self.state.get("text_features")
         if not entry:
-            from pipeline.data.captions import GRUCaptions, _max_tokens
+            from pipeline.data.captions import GRUCaptions, max_caption_tokens
             from pipeline.text.vocabulary import Vocabulary
 
             if "vocab" not in self._text:
                 self._text["vocab"] = Vocabulary(self.state["vocab"])
-            captions = GRUCaptions(self._text["vocab"], texts, _max_tokens(self.state))
+            captions = GRUCaptions(self._text["vocab"], texts, max_caption_tokens(self.state))
             emb = captions.embed(encoder, np.arange(len(texts)), self.device)
         else:
             from pipeline.text import encoders

@@ -20,7 +20,6 @@ from pipeline.search.index_build import (  # noqa: F401 (re-exported)
     BuildResult,
     ExactTopK,
     IndexOptions,
-    _write_items,
     build_index,
     choose_kind,
     drop_self,
@@ -30,6 +29,7 @@ from pipeline.search.index_build import (  # noqa: F401 (re-exported)
     resolved_params,
     tune,
     write_faiss,
+    write_items,
 )
 from pipeline.search.index_reader import (  # noqa: F401 (re-exported)
     FAISS_FILE,
@@ -42,3 +42,5 @@ from pipeline.search.index_reader import (  # noqa: F401 (re-exported)
     read_faiss,
     set_search_params,
 )
+
+_write_items = write_items  # the old private name, as this module had it

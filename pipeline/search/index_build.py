@@ -53,7 +53,7 @@ from pipeline.search.index_reader import (
     ITEMS_FORMAT,
     KINDS,
     SEARCH_PARAM,
-    _faiss,
+    import_faiss,
     set_search_params,
 )
 
@@ -139,7 +139,7 @@ def resolved_params(kind: str, options: IndexOptions, count: int, dim: int) -> d
 
 def new_index(kind: str, dim: int, params: dict):
     """An empty FAISS index of ``kind`` for inner product (untrained for ivfpq)."""
-    faiss = _faiss()
+    faiss = import_faiss()
     ip = faiss.METRIC_INNER_PRODUCT
     if kind == "flat":
         return faiss.IndexFlatIP(dim)
@@ -158,7 +158,7 @@ def new_index(kind: str, dim: int, params: dict):
 
 def write_faiss(index, path) -> tuple[str, int]:
     """Write ``index`` to ``path``, hashing the bytes on their way: (sha256, size)."""
-    faiss = _faiss()
+    faiss = import_faiss()
     digest, size = hashlib.sha256(), 0
     with open(path, "wb") as fh:
         def write(data):
@@ -357,7 +357,7 @@ def build_index(embeddings, out, options: IndexOptions = IndexOptions(), *, imag
         "recall": recall,
         "options": dataclasses.asdict(options),
         "build": {"seconds": round(build_seconds, 3), "tuning_seconds": round(tuning_seconds, 3),
-                  "faiss_version": _faiss().__version__, "vse_version": __version__,
+                  "faiss_version": import_faiss().__version__, "vse_version": __version__,
                   "created": datetime.now(timezone.utc).isoformat(timespec="seconds")},
     }
     with atomic_dir(out) as tmp:
@@ -366,8 +366,8 @@ def build_index(embeddings, out, options: IndexOptions = IndexOptions(), *, imag
         except RuntimeError as exc:
             raise VseError(f"cannot write the FAISS index ({str(exc).strip().splitlines()[-1][:160]})",
                            out) from exc
-        _write_items(tmp / ITEMS_FILE, group, ids, shown,
-                     source.captions_of(ids) if group == "images" else None)
+        write_items(tmp / ITEMS_FILE, group, ids, shown,
+                    source.captions_of(ids) if group == "images" else None)
         meta["files"] = {FAISS_FILE: {"sha256": faiss_sha, "bytes": faiss_size},
                          ITEMS_FILE: {"sha256": file_sha256(tmp / ITEMS_FILE),
                                       "bytes": (tmp / ITEMS_FILE).stat().st_size}}
@@ -376,7 +376,8 @@ def build_index(embeddings, out, options: IndexOptions = IndexOptions(), *, imag
     return BuildResult(out, meta, time.perf_counter() - started, notes)
 
 
-def _write_items(path, group, ids, shown, captions=None) -> None:
+def write_items(path, group, ids, shown, captions=None) -> None:
+    """The index's items file: each vector's id and what it shows (and an image's first caption)."""
     import h5py
 
     text = h5py.string_dtype("utf-8")
@@ -386,6 +387,9 @@ def _write_items(path, group, ids, shown, captions=None) -> None:
         if captions is not None:  # an image's first caption, "" for none: what the page labels it with
             f.create_dataset("captions", data=np.asarray(captions, dtype=object), dtype=text)
         f.attrs.update({"format": ITEMS_FORMAT, "of": group, "count": len(ids)})
+
+
+_write_items = write_items  # the old private name (tests/test_search_index.py reads it)
 
 
 def _located(checkpoint, embeddings: Path) -> str | None:

@@ -19,6 +19,7 @@ from pipeline.core.errors import VseError
 from pipeline.core.formats import SEARCH_INDEX
 from pipeline.core.fsutil import FOLDER_META, file_sha256
 from pipeline.core.registry import INDEX_KINDS
+from pipeline.core.values import is_int
 from pipeline.search.embeddings_file import GROUP_FIELD, GROUPS
 
 FORMAT = SEARCH_INDEX.tag
@@ -30,7 +31,8 @@ KINDS = INDEX_KINDS
 # ---------------------------------------------------------------------------- FAISS objects
 
 
-def _faiss():
+def import_faiss():
+    """The faiss module; a VseError saying how to install it when it is missing."""
     try:
         import faiss
     except ImportError as exc:  # pragma: no cover - the serve extra is missing
@@ -49,7 +51,7 @@ def set_search_params(index, kind: str, params: dict) -> None:
 
 
 def _faiss_kind(index) -> str | None:
-    faiss = _faiss()
+    faiss = import_faiss()
     classes = (("hnsw", faiss.IndexHNSWFlat), ("ivfpq", faiss.IndexIVFPQ), ("flat", faiss.IndexFlatIP))
     for kind, cls in classes:
         if isinstance(index, cls):
@@ -61,7 +63,7 @@ def read_faiss(path, sha256: str):
     """The FAISS index in ``path`` once its bytes are checked against ``sha256`` (FAISS never
     parses a file other than the one written). A mismatch or an unreadable file is a
     ``VseError``."""
-    faiss = _faiss()
+    faiss = import_faiss()
     try:
         found = file_sha256(path)
     except OSError as exc:
@@ -91,8 +93,7 @@ def _check_meta_types(meta: dict, meta_path) -> None:
         kinds = kinds if isinstance(kinds, tuple) else (kinds,)
         value = meta.get(name)
         ok = (value is None and None in kinds) or any(
-            k is not None and isinstance(value,
-                                         k) and not (k is int and isinstance(value, bool)) for k in kinds)
+            k is not None and (is_int(value) if k is int else isinstance(value, k)) for k in kinds)
         if not ok:
             wanted = " or ".join("null" if k is None else k.__name__ for k in kinds)
             raise VseError(f"index metadata is incomplete or altered: {name} is {value!r}, not {wanted}",
@@ -159,7 +160,8 @@ class SearchIndex:
                            self.path)
         if self.index.d != self.dim:
             raise VseError(f"the FAISS index is {self.index.d}-d, the metadata says {self.dim}", self.path)
-        if _faiss_kind(self.index) != self.kind or self.index.metric_type != _faiss().METRIC_INNER_PRODUCT:
+        inner_product = import_faiss().METRIC_INNER_PRODUCT
+        if _faiss_kind(self.index) != self.kind or self.index.metric_type != inner_product:
             raise VseError(f"the FAISS index is not the inner-product {self.kind} index the metadata names",
                            self.path)
         set_search_params(self.index, self.kind, self.params)

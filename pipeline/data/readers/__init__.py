@@ -10,7 +10,8 @@ features are read lazily by the stages that need them).
     vsepp-precomp   VSE++ precomputed features (``{split}_ims.npy`` + ``{split}_caps.txt``)
 
 A new layout is one module here plus one ``READERS`` line. The input policy every reader
-follows is in ``base``.
+follows is in ``base``; the helpers that follow it (``assemble``, split files, UTF-8 lines, safe
+paths, file lookups) are in ``toolkit``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""What every dataset reader shares: the in-memory ``Dataset``, the skip report, image decoding
-and the path and text helpers, so each reader module holds only its own layout.
+"""What every dataset reader shares: the in-memory ``Dataset``, the skip report and image decoding;
+the path and text helpers a reader reads its files with are in ``toolkit``, so each reader module
+holds only its own layout.
 
 A ``Dataset`` is metadata only (ids, paths, captions, splits): pixels and features are
 read lazily by the stages that need them.
@@ -25,7 +26,6 @@ Input policy, the same for every reader:
 
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,90 +235,6 @@ def _to_rgb(image: Image.Image) -> Image.Image:
         values = np.clip(np.asarray(image, dtype=np.int64), 0, 65535) >> 8
         image = Image.fromarray(values.astype(np.uint8))
     return image.convert("RGB")
-# Said when a folder layout (flickr8k, vsepp-precomp) is given a file as its root.
-FOLDER_LAYOUT_HINT = "; only the karpathy layout takes a file (its dataset_*.json)"
-
-
-def _existing_dir(path, hint: str = "") -> Path:
-    path = Path(path).absolute()
-    if not path.is_dir():
-        raise VseError("dataset folder not found" if not path.exists() else "not a folder" + hint,
-                       path)
-    return path
-
-
-def _require_file(path: Path) -> Path:
-    if not path.is_file():
-        raise VseError("file not found", path)
-    return path
-
-
-def _decode_utf8(path: Path) -> str:
-    """The file's text; invalid UTF-8 is a VseError naming the line."""
-    try:
-        raw = _require_file(path).read_bytes()
-    except OSError as exc:
-        raise VseError(f"cannot read ({exc.strerror})", path) from None
-    if raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise VseError(f"line {line}: not valid UTF-8 (byte 0x{raw[exc.start]:02x}); "
-                       "re-save the file as UTF-8", path) from None
-
-
-def _read_json(path: Path):
-    """A UTF-8 JSON file's value; invalid JSON is a VseError naming the file and the line."""
-    import json
-
-    try:
-        return json.loads(_decode_utf8(path))
-    except json.JSONDecodeError as exc:
-        raise VseError(f"line {exc.lineno}: invalid JSON ({exc.msg})", path) from None
-
-
-def _numbered_lines(path: Path):
-    """(line number, line) pairs, 1-based, without line terminators (LF or CRLF)."""
-    lines = _decode_utf8(path).split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return ((i, line.rstrip("\r")) for i, line in enumerate(lines, 1))
-
-
-def _is_safe_relative(name: str) -> bool:
-    """True when ``name`` is a relative path that cannot leave the folder it is joined to."""
-    return (bool(name) and not name.startswith("/") and "\x00" not in name
-            and "\\" not in name and ".." not in name.split("/"))
-
-
-def _list_files(folder: Path) -> set[str]:
-    with os.scandir(folder) as entries:
-        return {e.name for e in entries if e.is_file() and not e.name.startswith(".")}
-
-
-class _FileLookup:
-    """``lookup(path)`` → whether the file exists, listing each folder once."""
-
-    def __init__(self):
-        self.folders: dict[Path, set[str]] = {}
-
-    def __call__(self, path: Path) -> bool:
-        folder = path.parent
-        if folder not in self.folders:
-            self.folders[folder] = _list_files(folder) if folder.is_dir() else set()
-        return path.name in self.folders[folder]
-
-
-def _find_image_dir(root: Path, image_dir) -> Path:
-    if image_dir is not None:
-        folder = Path(image_dir) if Path(image_dir).is_absolute() else root / image_dir
-        return _existing_dir(folder)
-    for name in IMAGE_DIR_NAMES:
-        if (root / name).is_dir():
-            return root / name
-    raise VseError(f"no image folder ({', '.join(n + '/' for n in IMAGE_DIR_NAMES)})", root)
 
 
 def image_folders(root) -> list[Path]:
@@ -326,79 +242,3 @@ def image_folders(root) -> list[Path]:
     subfolders (``IMAGE_DIR_NAMES``). Image ids are paths relative to one of them."""
     root = Path(root)
     return [root] + [root / name for name in IMAGE_DIR_NAMES]
-
-
-def _guess_image_root(folder: Path, image_ids: list[str]) -> Path:
-    """The JSON's folder or its first image subfolder that holds the first listed image."""
-    for candidate in image_folders(folder):
-        if image_ids and (candidate / image_ids[0]).is_file():
-            return candidate
-    return folder
-
-
-def _read_split_file(path: Path, report: LoadReport) -> list[str]:
-    names = []
-    for lineno, line in _numbered_lines(path):
-        name = line.strip()
-        if not name:
-            continue
-        if _is_safe_relative(name):
-            names.append(name)
-        else:
-            report.add("unsafe_path", f"{name} ({path.name}:{lineno})")
-    return names
-
-
-def _assemble(name: str, root: Path, captions: dict[str, list[str]],
-              paths: dict[str, Path], split_lists: dict[str, list[str]],
-              captions_per_image: int | None, report: LoadReport) -> Dataset:
-    """Apply the captions-per-image policy and index images, captions and splits.
-
-    ``captions`` maps image id → its captions in reading order (dict order = image order).
-    """
-    if captions_per_image is not None and captions_per_image < 1:
-        raise VseError(f"captions_per_image must be positive or None, "
-                       f"got {captions_per_image}")
-    kept: dict[str, list[str]] = {}
-    dropped: set[str] = set()
-    for image_id, texts in captions.items():
-        if captions_per_image is None or len(texts) == captions_per_image:
-            kept[image_id] = texts
-        elif len(texts) > captions_per_image:
-            report.add("image_extra_captions_dropped", f"{image_id} ({len(texts)} captions)")
-            kept[image_id] = texts[:captions_per_image]
-        else:
-            report.add("image_too_few_captions", f"{image_id} ({len(texts)} captions)")
-            dropped.add(image_id)
-    if not kept:
-        raise VseError(f"no image has {captions_per_image} captions", root)
-    index = {image_id: i for i, image_id in enumerate(kept)}
-    splits: dict[str, np.ndarray] = {}
-    owner: dict[str, str] = {}
-    for split, names in split_lists.items():
-        rows = []
-        for image_id in names:
-            if image_id in dropped:
-                continue  # already counted as image_too_few_captions
-            if image_id not in index:
-                report.add("split_unknown_image", f"{image_id} ({split})")
-            elif owner.get(image_id) == split:
-                report.add("split_duplicate_image", f"{image_id} ({split})")
-            elif image_id in owner:
-                raise VseError(f"image {image_id} is in both the {owner[image_id]} and the "
-                               f"{split} split", root)
-            else:
-                owner[image_id] = split
-                rows.append(index[image_id])
-        splits[split] = np.asarray(rows, dtype=np.int64)
-    counts = np.fromiter((len(t) for t in kept.values()), dtype=np.int64, count=len(kept))
-    return Dataset(
-        name=name,
-        root=root,
-        image_ids=list(kept),
-        image_paths=[paths[image_id] for image_id in kept],
-        captions=[text for texts in kept.values() for text in texts],
-        caption_image=np.repeat(np.arange(len(kept), dtype=np.int64), counts),
-        splits=splits,
-        report=report,
-    )

@@ -15,15 +15,15 @@ import re
 from pathlib import Path
 
 from pipeline.core.errors import VseError
-from pipeline.data.readers.base import (
+from pipeline.data.readers.toolkit import (
     FOLDER_LAYOUT_HINT,
     Dataset,
+    FileLookup,
     LoadReport,
-    _assemble,
-    _existing_dir,
-    _FileLookup,
-    _is_safe_relative,
-    _read_json,
+    assemble,
+    existing_dir,
+    is_safe_relative,
+    read_json,
 )
 
 COCO_SPLITS = {"train": "train", "val": "dev"}  # COCO's name → vse's
@@ -34,10 +34,10 @@ def load_coco(root, *, year: str | None = None, captions_per_image: int | None =
               check_images: bool = True) -> Dataset:
     """Read COCO's caption annotations of one year from ``root`` (its ``annotations/`` folder,
     or ``root`` itself, holds ``captions_{train,val}<year>.json``)."""
-    root = _existing_dir(root, FOLDER_LAYOUT_HINT)
+    root = existing_dir(root, FOLDER_LAYOUT_HINT)
     files = _caption_files(root, year)
     report = LoadReport()
-    exists = _FileLookup() if check_images else None
+    exists = FileLookup() if check_images else None
     captions: dict[str, list[str]] = {}
     paths: dict[str, Path] = {}
     split_lists: dict[str, list[str]] = {}
@@ -50,7 +50,7 @@ def load_coco(root, *, year: str | None = None, captions_per_image: int | None =
             if not isinstance(name, str) or not isinstance(entry.get("id"), int):
                 raise VseError(f"images[{i}]: needs an integer 'id' and a 'file_name' string", path)
             image_id = f"{folder.name}/{name}"
-            if not _is_safe_relative(name):
+            if not is_safe_relative(name):
                 report.add("unsafe_path", f"{name} (images[{i}])")
             elif image_id in paths or entry["id"] in by_id:
                 report.add("image_duplicate_id", image_id)
@@ -79,7 +79,7 @@ def load_coco(root, *, year: str | None = None, captions_per_image: int | None =
     if not captions:
         raise VseError("no image with a caption and an image file (images go in train<year>/ and "
                        "val<year>/ beside annotations/)", root)
-    return _assemble("coco", root, captions, paths, split_lists, captions_per_image, report)
+    return assemble("coco", root, captions, paths, split_lists, captions_per_image, report)
 
 
 def _caption_files(root: Path, year: str | None) -> dict[str, Path]:
@@ -99,7 +99,7 @@ def _caption_files(root: Path, year: str | None) -> dict[str, Path]:
 
 
 def _read_annotations(path: Path) -> tuple[list, list]:
-    data = _read_json(path)
+    data = read_json(path)
     images = data.get("images") if isinstance(data, dict) else None
     annotations = data.get("annotations") if isinstance(data, dict) else None
     if not isinstance(images, list) or not isinstance(annotations, list):

@@ -7,23 +7,12 @@ import csv
 import hashlib
 import io
 import math
-import os
-import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.core.errors import VseError
-from pipeline.data.readers.base import (
-    Dataset,
-    LoadReport,
-    _assemble,
-    _decode_utf8,
-    _FileLookup,
-    _is_safe_relative,
-    _require_file,
-)
 from pipeline.data.readers.csv_layout import (
     CSV_SPLIT_KEY,
     CSV_SPLIT_RATIO,
@@ -31,6 +20,15 @@ from pipeline.data.readers.csv_layout import (
     CSV_SPLIT_VALUES,
     CSV_SPLITS,
     CsvLayout,
+)
+from pipeline.data.readers.toolkit import (
+    Dataset,
+    FileLookup,
+    LoadReport,
+    assemble,
+    decode_utf8,
+    relative_path_inside,
+    require_file,
 )
 
 
@@ -85,8 +83,8 @@ def load_csv(root, *, layout: CsvLayout | None = None,
         split_lists = {s: [i for i in captions if split_of[i] == s] for s in CSV_SPLITS}
         split_lists = {s: names for s, names in split_lists.items() if names}
         split_attrs = {}
-    dataset = _assemble(path.stem, folder, captions, {i: folder / paths[i] for i in captions},
-                        split_lists, captions_per_image, report)
+    dataset = assemble(path.stem, folder, captions, {i: folder / paths[i] for i in captions},
+                       split_lists, captions_per_image, report)
     dataset.reader_attrs = {
         "dataset_file": str(path.resolve()), "csv_img_key": layout.csv_img_key,
         "csv_caption_key": layout.csv_caption_key, "csv_separator": layout.csv_separator,
@@ -130,7 +128,7 @@ def read_csv_items(path, layout: CsvLayout | None = None, *, captions: bool = Tr
         if len(row) != len(header):
             raise VseError(f"line {line}: {len(row)} fields, the header has {len(header)}", path)
         name = row[image].strip()
-        relative = _csv_image_path(name, bases) if name else None
+        relative = relative_path_inside(name, bases) if name else None
         if relative is None:
             raise VseError(f"line {line}: image path {name!r} " + ("is empty" if not name else
                            f"leaves the CSV's folder {folder}"), path)
@@ -148,7 +146,7 @@ def _open_csv(where, layout: CsvLayout) -> tuple[Path, _CsvRows, list[str]]:
     """The CSV file named by ``where``, its rows from the one after the header on, and the
     header (the first row that is not blank, names stripped); VseError if there is none."""
     path = _csv_file(where)
-    rows = _CsvRows(_decode_utf8(path), layout.csv_separator, path)
+    rows = _CsvRows(decode_utf8(path), layout.csv_separator, path)
     header = next((row for _, row in rows if any(value.strip() for value in row)), None)
     if header is None:
         raise VseError("empty file (no header row)", path)
@@ -216,7 +214,7 @@ def _read_csv_rows(rows: _CsvRows, columns: _CsvColumns, path: Path, report: Loa
     id's split (``None`` without a split column)."""
     folder = path.parent
     bases = list(dict.fromkeys([folder, folder.resolve()]))
-    exists = _FileLookup()
+    exists = FileLookup()
     captions: dict[str, list[str]] = {}
     path_of: dict[str, str] = {}   # image id → relative path
     id_of: dict[str, str] = {}     # relative path → image id
@@ -242,7 +240,7 @@ def _read_csv_rows(rows: _CsvRows, columns: _CsvColumns, path: Path, report: Loa
         if not name:
             report.add("image_path_empty", where)
             continue
-        relative = _csv_image_path(name, bases)
+        relative = relative_path_inside(name, bases)
         if relative is None:
             report.add("unsafe_path", f"{name} ({where})")
             continue
@@ -279,22 +277,4 @@ def _csv_file(root) -> Path:
         found = sorted(p.name for p in path.iterdir() if p.suffix.lower() in (".csv", ".tsv"))
         raise VseError("a folder: --dataset csv takes the CSV file itself"
                        + (f" (here: {', '.join(found[:5])})" if found else ""), path)
-    return _require_file(path)
-
-
-def _csv_image_path(name: str, folders) -> str | None:
-    """``name`` as a normalised path relative to the CSV's folder, or ``None`` when it leaves
-    it.  An absolute path is accepted when it lies inside the folder (as written, or with the
-    folder's symlinks resolved): the same rule as a relative one, which may not use ``..``."""
-    if name.startswith("/"):
-        absolute = Path(os.path.normpath(name))
-        for folder in folders:
-            if absolute.is_relative_to(folder) and absolute != folder:
-                name = absolute.relative_to(folder).as_posix()
-                break
-        else:
-            return None
-    if not _is_safe_relative(name):
-        return None
-    name = posixpath.normpath(name)
-    return None if name == "." else name
+    return require_file(path)

@@ -4,17 +4,17 @@
 from __future__ import annotations
 
 from pipeline.core.errors import VseError
-from pipeline.data.readers.base import (
+from pipeline.data.readers.toolkit import (
     FOLDER_LAYOUT_HINT,
     Dataset,
     LoadReport,
-    _assemble,
-    _existing_dir,
-    _find_image_dir,
-    _is_safe_relative,
-    _list_files,
-    _numbered_lines,
-    _read_split_file,
+    assemble,
+    existing_dir,
+    find_image_dir,
+    is_safe_relative,
+    list_files,
+    numbered_lines,
+    read_split_file,
 )
 
 FLICKR8K_TOKEN_FILE = "Flickr8k.token.txt"
@@ -33,14 +33,14 @@ def load_flickr8k(root, *, image_dir=None, captions_per_image: int | None = 5) -
     The official token file has 5 rows keyed ``2258277193_586949ec62.jpg.1`` whose image
     does not exist; they are skipped as ``caption_missing_image``.
     """
-    root = _existing_dir(root, FOLDER_LAYOUT_HINT)
-    images_dir = _find_image_dir(root, image_dir)
-    available = _list_files(images_dir)
+    root = existing_dir(root, FOLDER_LAYOUT_HINT)
+    images_dir = find_image_dir(root, image_dir)
+    available = list_files(images_dir)
     report = LoadReport()
     token_path = root / FLICKR8K_TOKEN_FILE
     captions: dict[str, list[str]] = {}
     seen_keys: set[str] = set()
-    for lineno, line in _numbered_lines(token_path):
+    for lineno, line in numbered_lines(token_path):
         if not line.strip():
             continue
         where = f"{token_path.name}:{lineno}"
@@ -49,7 +49,7 @@ def load_flickr8k(root, *, image_dir=None, captions_per_image: int | None = 5) -
         name, hash_sign, _ = key.rpartition("#")
         if not tab or not hash_sign or not name:
             report.add("caption_malformed_line", where)
-        elif not _is_safe_relative(name):
+        elif not is_safe_relative(name):
             report.add("unsafe_path", f"{name} ({where})")
         elif name not in available:
             report.add("caption_missing_image", f"{key} ({where})")
@@ -65,7 +65,7 @@ def load_flickr8k(root, *, image_dir=None, captions_per_image: int | None = 5) -
                        token_path)
     for name in sorted(available.difference(captions)):
         report.add("image_without_captions", name)
-    split_lists = {split: _read_split_file(root / filename, report)
+    split_lists = {split: read_split_file(root / filename, report)
                    for split, filename in FLICKR8K_SPLIT_FILES.items()}
-    return _assemble("flickr8k", root, captions, {n: images_dir / n for n in captions},
-                     split_lists, captions_per_image, report)
+    return assemble("flickr8k", root, captions, {n: images_dir / n for n in captions},
+                    split_lists, captions_per_image, report)

@@ -6,16 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.core.errors import VseError
-from pipeline.data.readers.base import (
+from pipeline.data.readers.toolkit import (
     Dataset,
+    FileLookup,
     LoadReport,
-    _assemble,
-    _existing_dir,
-    _FileLookup,
-    _guess_image_root,
-    _is_safe_relative,
-    _read_json,
-    _require_file,
+    assemble,
+    existing_dir,
+    guess_image_root,
+    is_safe_relative,
+    read_json,
+    require_file,
 )
 
 KARPATHY_SPLITS = {"train": "train", "val": "dev", "test": "test", "restval": "restval"}
@@ -34,7 +34,7 @@ def load_karpathy(root, *, file: str | None = None, image_root=None, restval: bo
     images whose file is missing are skipped and counted.
     """
     json_path = _find_karpathy_json(Path(root), file)
-    data = _read_json(json_path)
+    data = read_json(json_path)
     entries = data.get("images") if isinstance(data, dict) else None
     if not isinstance(entries, list):
         raise VseError("not a Karpathy split file (no 'images' list)", json_path)
@@ -50,7 +50,7 @@ def load_karpathy(root, *, file: str | None = None, image_root=None, restval: bo
             raise VseError(f"images[{i}]: unknown split {entry['split']!r} "
                            f"(expected {', '.join(KARPATHY_SPLITS)})", json_path)
         image_id = f"{filepath.rstrip('/')}/{filename}" if filepath else filename
-        if not _is_safe_relative(image_id):
+        if not is_safe_relative(image_id):
             report.add("unsafe_path", f"{image_id} (images[{i}])")
             continue
         texts = []
@@ -63,9 +63,9 @@ def load_karpathy(root, *, file: str | None = None, image_root=None, restval: bo
             else:
                 texts.append(raw.strip())
         parsed.append((image_id, KARPATHY_SPLITS[entry["split"]], texts))
-    image_root = (_existing_dir(image_root) if image_root is not None
-                  else _guess_image_root(json_path.parent, [p[0] for p in parsed]))
-    exists = _FileLookup() if check_images else None
+    image_root = (existing_dir(image_root) if image_root is not None
+                  else guess_image_root(json_path.parent, [p[0] for p in parsed]))
+    exists = FileLookup() if check_images else None
     captions: dict[str, list[str]] = {}
     split_lists: dict[str, list[str]] = {}
     for image_id, split, texts in parsed:
@@ -87,17 +87,17 @@ def load_karpathy(root, *, file: str | None = None, image_root=None, restval: bo
     split_lists = {s: split_lists[s] for s in ("train", "dev", "test", "restval")
                    if s in split_lists}
     name = json_path.stem.removeprefix("dataset_")
-    return _assemble(name, json_path.parent, captions,
-                     {i: image_root / i for i in captions}, split_lists,
-                     captions_per_image, report)
+    return assemble(name, json_path.parent, captions,
+                    {i: image_root / i for i in captions}, split_lists,
+                    captions_per_image, report)
 
 
 def _find_karpathy_json(root: Path, file: str | None) -> Path:
     if root.is_file():
         return root.absolute()
-    folder = _existing_dir(root)
+    folder = existing_dir(root)
     if file is not None:
-        return _require_file(folder / file)
+        return require_file(folder / file)
     found = sorted(folder.glob("dataset_*.json"))
     if len(found) != 1:
         problem = "no dataset_*.json" if not found else (

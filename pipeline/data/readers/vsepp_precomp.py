@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.core.errors import VseError
-from pipeline.data.readers.base import (
+from pipeline.data.readers.toolkit import (
     FOLDER_LAYOUT_HINT,
     ConcatenatedRows,
     Dataset,
     LoadReport,
-    _existing_dir,
-    _numbered_lines,
-    _require_file,
+    existing_dir,
+    numbered_lines,
+    require_file,
 )
 
 PRECOMP_SPLITS = ("train", "dev", "test", "testall")
@@ -36,14 +36,14 @@ def load_vsepp_precomp(root, *, splits=None,
     if captions_per_image not in (PRECOMP_CAPTIONS_PER_IMAGE, None):
         raise VseError("vsepp-precomp has 5 captions per image by construction "
                        f"(captions_per_image={captions_per_image} is not possible)", root)
-    root = _existing_dir(root, FOLDER_LAYOUT_HINT)
+    root = existing_dir(root, FOLDER_LAYOUT_HINT)
     names = [s for s in PRECOMP_SPLITS if (root / f"{s}_caps.txt").is_file()]
     if splits is not None:
         names = list(splits)
         for split in names:
             if not re.fullmatch(r"[\w-]+", split):
                 raise VseError(f"bad split name {split!r} (letters, digits, _ and - only)")
-            _require_file(root / f"{split}_caps.txt")
+            require_file(root / f"{split}_caps.txt")
     if not names:
         raise VseError(f"no <split>_caps.txt for any of {', '.join(PRECOMP_SPLITS)}", root)
     report = LoadReport()
@@ -71,7 +71,7 @@ def load_vsepp_precomp(root, *, splits=None,
 
 def _read_precomp_captions(path: Path, report: LoadReport) -> list[str]:
     captions = []
-    for lineno, line in _numbered_lines(path):
+    for lineno, line in numbered_lines(path):
         if not line.strip():
             # Kept: dropping it would shift every later caption onto the wrong image.
             report.add("caption_empty_kept", f"{path.name}:{lineno}")
@@ -84,7 +84,7 @@ def _read_precomp_captions(path: Path, report: LoadReport) -> list[str]:
 
 def _read_precomp_features(path: Path, num_captions: int) -> np.ndarray:
     try:
-        features = np.load(_require_file(path), mmap_mode="r", allow_pickle=False)
+        features = np.load(require_file(path), mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError) as exc:
         raise VseError(f"not a readable .npy array ({exc})", path) from None
     if features.ndim not in (2, 3):
