@@ -69,3 +69,46 @@ def test_the_training_step_computes_the_heads_in_bf16_and_validation_in_fp32(tin
     seen.clear()
     trainer.validate()
     assert seen and set(seen) == {torch.float32}
+
+
+def test_sgr_and_saf_train_under_bf16_autocast_with_fp32_weights_and_gradients():
+    """Under bf16 autocast the similarity stage (its own autograd node, ``local_similarity``) runs
+    in bf16, the scores come out bf16 and every gradient lands on the fp32 weights, finite."""
+    from pipeline.models.network import NetworkConfig, build_network
+
+    for name in ("sgr", "saf"):
+        torch.manual_seed(0)
+        model = build_network(NetworkConfig(name, feature_dim=6, set_size=5, embed_dim=8, vocab_size=20,
+                                            word_dim=4, options={"sim_dim": 4, "dropout": 0.0})).train()
+        images, captions = torch.randn(3, 5, 6), torch.randint(1, 20, (3, 7))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            scores = model(images, captions, torch.tensor([7, 5, 3]))
+        assert scores.dtype is torch.bfloat16 and scores.shape == (3, 3)
+        scores.float().sum().backward()
+        grads = [p.grad for p in model.parameters()]
+        assert all(g is not None and g.dtype is torch.float32 and torch.isfinite(g).all() for g in grads)
+
+
+def test_the_bf16_bench_measures_sgraf_scoring_and_training_side_by_side(tmp_path):
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    sys.path.insert(0, str(bench))
+    try:
+        spec = importlib.util.spec_from_file_location("cpu_bf16_bench", bench / "cpu_bf16.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        out = tmp_path / "micro.json"
+        assert module.main(["--micro", "--micro-sizes", "tiny", "--micro-captions", "6", "--rounds", "1",
+                            "--allow-emulated", "--out", str(out)]) == 0
+    finally:
+        sys.path.remove(str(bench))
+    report = json.loads(out.read_text())
+    for name in ("sgr", "saf"):
+        entry = report["networks"][name]
+        assert set(entry["median_s"]) == {f"{part}_{p}" for part in ("train_step", "scoring")
+                                          for p in ("fp32", "bf16")}
+        assert entry["scoring_pairs_per_s"]["bf16"] > 0 and 0 <= entry["bf16_same_best_image_share"] <= 1

@@ -50,6 +50,49 @@ def _squared(x: torch.Tensor) -> torch.Tensor:
     return x * x
 
 
+class _LocalSimilarity(torch.autograd.Function):
+    """``W (l2norm(a) - w)² + b`` in one node of the graph, its gradient by hand: the same numbers as
+    the ops one by one (to rounding), over the largest tensors of a step, (Bi, Bc, L, E), in about
+    half the passes, and one of them kept for backward (``d = l2norm(a) - w``) instead of four (the
+    product, its normalised form, the difference, its square)."""
+
+    @staticmethod
+    def forward(ctx, a, w, weight, bias):
+        norm = torch.linalg.vector_norm(a, dim=-1, keepdim=True)
+        inv = 1.0 / (norm + EPS)
+        d = torch.addcmul(-w, a, inv)  # l2norm(a) - w
+        ctx.save_for_backward(d, w, norm, inv, weight)
+        ctx.bias = bias is not None
+        return F.linear(d * d, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        d, w, norm, inv, weight = ctx.saved_tensors
+        flat = grad.reshape(-1, grad.shape[-1])
+        grad_weight = flat.t() @ (d * d).reshape(-1, d.shape[-1]) if ctx.needs_input_grad[2] else None
+        grad_bias = flat.sum(0) if ctx.bias and ctx.needs_input_grad[3] else None
+        gd = (grad * 2) @ weight
+        gd.mul_(d)                                                    # ∂/∂d of the square
+        grad_w = -gd.sum_to_size(w.shape) if ctx.needs_input_grad[1] else None
+        # through c = a / (‖a‖ + ε): (gd - c (c·gd) (‖a‖ + ε) / ‖a‖) / (‖a‖ + ε), c = d + w
+        c = d + w
+        dot = (c * gd).sum(dim=-1, keepdim=True)
+        dot.mul_((norm + EPS) / norm.clamp(min=torch.finfo(norm.dtype).tiny))
+        grad_a = gd.addcmul_(c, dot, value=-1.0).mul_(inv)
+        return grad_a, grad_w, grad_weight, grad_bias
+
+
+def local_similarity(a: torch.Tensor, w: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    """``linear((l2norm(a) - w)²)`` (``_LocalSimilarity``); under autocast, in its dtype."""
+    weight, bias = linear.weight, linear.bias
+    kind = a.device.type
+    if torch.is_autocast_enabled(kind):
+        dtype = torch.get_autocast_dtype(kind)
+        a, w, weight, bias = (t.to(dtype) for t in (a, w, weight, bias))
+    with torch.autocast(kind, enabled=False):
+        return _LocalSimilarity.apply(a, w, weight, bias)
+
+
 def xavier_(module: nn.Module) -> None:
     """The authors' init of every Linear (uniform ±√6/√(in+out), bias 0) and BatchNorm (1, 0)."""
     for m in module.modules():
@@ -140,8 +183,20 @@ class GraphReasoning(nn.Module):
         self.sim_graph_w = nn.Linear(sim_dim, sim_dim)
         xavier_(self)
 
-    def forward(self, nodes: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        edges = self.graph_query_w(nodes) @ self.graph_key_w(nodes).transpose(-1, -2)
+    def forward(self, nodes: torch.Tensor, key_mask: torch.Tensor, first_only: bool = False) -> torch.Tensor:
+        """The step's nodes (..., N, S); ``first_only``: node 0 alone (..., 1, S), all the last step
+        is read for (the other rows of a step feed only later steps).
+
+        The edges ``q(x)·k(y)`` as one product: ``(Wq x + bq)·(Wk y + bk)`` is ``(x Wqᵀ Wk + bq Wk)·y``
+        plus ``q(x)·bk``, the same for every key of a row, so softmax over the keys cancels it (kept:
+        N·S, and bk keeps its gradient, 0 in exact arithmetic). One S × S product a node, not two;
+        the scores equal the two products' to rounding."""
+        query, key = self.graph_query_w, self.graph_key_w
+        rows = nodes[..., :1, :] if first_only else nodes
+        folded = F.linear(rows, key.weight.t() @ query.weight, query.bias @ key.weight)
+        row_constant = rows @ (query.weight.t() @ key.bias) + query.bias @ key.bias
+        edges = torch.baddbmm(row_constant.flatten(0, -2)[..., None], folded.flatten(0, -3),
+                              nodes.flatten(0, -3).transpose(-1, -2)).view(*rows.shape[:-1], -1)
         edges = torch.softmax(edges.masked_fill(~key_mask, -math.inf), dim=-1)
         return torch.relu(self.sim_graph_w(edges @ nodes))
 
@@ -203,6 +258,8 @@ class SGRAF(PairwiseNetwork):
 
     Options = SGRAFOptions
     module_name = ""
+    train_pair_budget = 1 << 25  # floats of a training chunk's largest intermediate (128 MB; measured:
+                                 # bench/results/train_pairwise_profile.json)
     score_activation = "sigmoid"  # scores are σ(raw): decl reads raw back (training.factories)
 
     def __init__(self, config: NetworkConfig):
@@ -248,20 +305,26 @@ class SGRAF(PairwiseNetwork):
     # ---- scoring
     def score(self, image_block: ImageBlock, caption_block: CaptionBlock) -> torch.Tensor:
         """Captions longest first, in chunks each cut to its own longest caption (no work on the
-        block's padding) and sized so a chunk's largest intermediate stays within the budget."""
+        block's padding) and sized so a chunk's largest intermediate stays within the budget (in
+        training ``train_pair_budget``: autograd keeps every chunk's tensors anyway, and each chunk
+        adds a gradient of the whole image block)."""
         lengths = caption_block.lengths
         order = torch.argsort(lengths, descending=True, stable=True)
         bi, members, embed = image_block.local.shape  # per word: the attention's K, the context's E
         per_word = max(1, bi * max(members, embed))
-        parts, start = [], 0
+        budget = self.train_pair_budget if torch.is_grad_enabled() else self.eval_pair_budget
+        sizes, start = [], 0
         while start < len(order):
             width = int(lengths[order[start]])
-            size = self.options.caption_chunk or max(1, self.eval_pair_budget // (per_word * width))
-            rows = order[start:start + size].to(caption_block.words.device)
-            parts.append(self._score_chunk(image_block, CaptionBlock(
-                caption_block.words[rows, :width], caption_block.mask[rows, :width], caption_block.glo[rows],
-                lengths[order[start:start + size]])))
-            start += size
+            size = self.options.caption_chunk or max(1, budget // (per_word * width))
+            sizes.append(min(size, len(order) - start))
+            start += sizes[-1]
+        rows = order.to(caption_block.words.device)
+        # the block gathered once in that order, then split: the chunks' gradients meet in one
+        # concatenation, not in a block-sized scatter per chunk
+        words, mask, glo = (t.index_select(0, rows).split(sizes) for t in caption_block[:3])
+        parts = [self._score_chunk(image_block, CaptionBlock(w[:, :int(n[0])], m[:, :int(n[0])], g, n))
+                 for w, m, g, n in zip(words, mask, glo, lengths[order].split(sizes))]
         self.after_chunks(order)
         inverse = torch.argsort(order).to(caption_block.words.device)
         return torch.cat(parts, dim=1)[:, inverse]
@@ -276,8 +339,8 @@ class SGRAF(PairwiseNetwork):
         attn = attn.masked_fill(~mask[None, :, :, None], 0.0)
         attn = l2norm(attn, dim=2)                                             # over the words
         attn = torch.softmax(attn * self.options.smooth, dim=-1)               # over the members
-        context = l2norm(torch.einsum("iclk,ike->icle", attn, v))             # (Bi, Bc, L, E)
-        sim_loc = l2norm(self.sim_tranloc_w(_squared(context - w[None])))     # (Bi, Bc, L, S)
+        context = torch.einsum("iclk,ike->icle", attn, v)                      # (Bi, Bc, L, E)
+        sim_loc = l2norm(local_similarity(context, w, self.sim_tranloc_w))    # (Bi, Bc, L, S)
         sim_glo = l2norm(self.sim_tranglo_w(_squared(img.glo[:, None] - cap.glo[None])))  # (Bi, Bc, S)
         nodes = torch.cat([sim_glo[:, :, None], sim_loc], dim=2)              # (Bi, Bc, L + 1, S)
         node_mask = torch.cat([torch.ones_like(mask[:, :1]), mask], dim=1)    # (Bc, L + 1)
@@ -303,9 +366,10 @@ class SGR(SGRAF):
 
     def reason(self, nodes: torch.Tensor, node_mask: torch.Tensor) -> torch.Tensor:
         key_mask = node_mask[None, :, None, :]
-        for step in self.SGR_module:
+        *steps, last = self.SGR_module
+        for step in steps:
             nodes = step(nodes, key_mask)
-        return nodes[:, :, 0]
+        return last(nodes, key_mask, first_only=True)[:, :, 0]
 
 
 class SAF(SGRAF):
