@@ -359,7 +359,7 @@ def test_one_host_sync_per_training_step(tiny_cache, tmp_path, monkeypatch, loss
     # the loss, read once; on a CPU also the clipping coefficient (free there: no device to
     # wait for; on a GPU clip_gradients reads nothing, see the next test)
     assert [call.split(":")[0] + call.split(" ")[-1] for call in reads.calls] == [
-        "__bool__ in trainer.py(clip_gradients)", "item in trainer.py(step)"]
+        "__bool__ in trainer.py(clip_gradients)", "item in trainer.py(_update)"]
 
 
 def test_gradient_clipping_reads_nothing_back_from_a_device(monkeypatch):
