@@ -43,13 +43,13 @@ import contextlib
 import hashlib
 import importlib
 import re
-import subprocess
 import sys
 import types
 from pathlib import Path
 
 import numpy as np
 import torch
+from golden_common import commit_of
 from torch import nn
 
 CODE = "2022-ACMMM-DECL"
@@ -392,16 +392,6 @@ def correspondence_case(DECL, train_mod) -> dict:
     return {"raw0": np_(raws[0]), "raw1": np_(raws[1]), "ids0": np.array(ids[:8]), "ids1": np.array(ids[8:]),
             "preds": np_(preds), "norm_es_eye": np_(norm_es_eye), "uncertainty": np_(uncertainty),
             "training": np.array(sgraf.img_enc.training)}
-
-
-def commit_of(checkout: Path, given: str | None) -> str:
-    if given:
-        return given
-    try:
-        return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main(argv=None) -> None:

@@ -35,7 +35,6 @@ import hashlib
 import importlib
 import importlib.util
 import json
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -43,6 +42,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
+from golden_common import commit_of
 
 ROOT = Path(__file__).resolve().parents[1]
 READ = ("NCR/co_train.py", "NCR/data.py", "NCR/model.py", "NCR/utils.py", "NCR/evaluation.py", "NCR/vocab.py")
@@ -80,14 +80,6 @@ def reference_code(checkout: Path):
                 sys.modules.pop(name, None)
             else:
                 sys.modules[name] = module
-
-
-def commit_of(checkout: Path) -> str:
-    try:
-        return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def np_(t) -> np.ndarray:

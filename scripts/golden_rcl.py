@@ -25,31 +25,18 @@ sha256 of RCL-SGRAF/model.py, the one file read.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import importlib.util
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import torch
+from golden_common import commit_of, cuda_as_identity
 
 REPO = "penghu-cs/RCL"
 MODEL_FILE = "RCL-SGRAF/model.py"
 METHODS = ("log", "gce", "abs", "exp", "tan", "infoNCE")
-
-
-@contextlib.contextmanager
-def without_cuda():
-    """Their CCL calls ``.cuda()`` on the eye and the row indices: identity here."""
-    saved = torch.Tensor.cuda, torch.cuda.is_available
-    torch.Tensor.cuda = lambda self, *args, **kwargs: self
-    torch.cuda.is_available = lambda: False
-    try:
-        yield
-    finally:
-        torch.Tensor.cuda, torch.cuda.is_available = saved
 
 
 def load_model(checkout: Path):
@@ -57,16 +44,6 @@ def load_model(checkout: Path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def commit_of(checkout: Path, given: str | None) -> str:
-    if given:
-        return given
-    try:
-        return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 # ---------------------------------------------------------------------------- the score matrices
@@ -123,7 +100,7 @@ def run(model, scores: torch.Tensor, case: dict) -> tuple[np.ndarray, np.ndarray
     ccl = model.CCL(tau=case["tau"], method=case["method"], q=case["q"], ratio=case["ratio"])
     scores = scores.clone().requires_grad_(True)
     torch.manual_seed(case["seed"])
-    with without_cuda():
+    with cuda_as_identity():
         loss = ccl(scores)
     loss.backward()
     return loss.detach().numpy().copy(), scores.grad.numpy().copy()

@@ -37,16 +37,15 @@ version and the sha256 of model.py, the one file read.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import importlib.util
 import json
-import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import torch
+from golden_common import commit_of, cuda_as_identity
 from torch import nn
 
 REPO = "Paranioar/SGRAF"
@@ -56,32 +55,11 @@ IMAGE_IDS = [0, 0, 1, 2, 3, 4]   # the image each pair shows: pairs 0 and 1 one 
 SIZES = dict(img_dim=20, embed_size=16, word_dim=10, vocab_size=30, sim_dim=8)
 
 
-@contextlib.contextmanager
-def cuda(available: bool):
-    saved = torch.cuda.is_available, torch.Tensor.cuda
-    torch.cuda.is_available = lambda: available
-    torch.Tensor.cuda = lambda self, *args, **kwargs: self
-    try:
-        yield
-    finally:
-        torch.cuda.is_available, torch.Tensor.cuda = saved
-
-
 def load_model(checkout: Path):
     spec = importlib.util.spec_from_file_location("sgraf_model", checkout / MODEL_FILE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def commit_of(checkout: Path, given: str | None) -> str:
-    if given:
-        return given
-    try:
-        return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def arrays(prefix: str, values: dict) -> dict:
@@ -99,7 +77,7 @@ def build(model, module_name: str, members: int, seed: int):
                           module_name=module_name, sgr_step=3, margin=0.2, max_violation=True,
                           learning_rate=2e-4, **SIZES)
     torch.manual_seed(seed)
-    with cuda(False):
+    with cuda_as_identity(False):
         sgraf = model.SGRAF(opt)
     if members != 36:  # their EncoderSimilarity hard-codes VisualSA(embed_size, 0.4, 36)
         sgraf.sim_enc.v_global_w = model.VisualSA(opt.embed_size, 0.4, members)
@@ -137,7 +115,7 @@ def spread_scores(sgraf, images, captions) -> None:
     parts = (sgraf.img_enc, sgraf.txt_enc, sgraf.sim_enc)
     saved = [{k: v.clone() for k, v in part.state_dict().items()} for part in parts]
     logits = []
-    with cuda(False), torch.no_grad():
+    with cuda_as_identity(False), torch.no_grad():
         for start in (sgraf.train_start, sgraf.val_start):
             start()
             logits.append(torch.logit(sgraf.forward_sim(*sgraf.forward_emb(images, captions, list(LENGTHS)))))
@@ -170,10 +148,10 @@ def case(model, module_name: str, members: int, seed: int) -> dict:
         out.update(arrays(f"{name}:state", part.state_dict()))
     # one training forward as their train_emb makes it (no clipping, no optimizer step)
     sgraf.train_start()
-    with cuda(False):
+    with cuda_as_identity(False):
         img_embs, cap_embs, cap_lens = sgraf.forward_emb(images, captions, list(LENGTHS))
         sims = sgraf.forward_sim(img_embs, cap_embs, cap_lens)
-    with cuda(True):  # their ContrastiveLoss defines its diagonal mask only when CUDA is there
+    with cuda_as_identity(True):  # their ContrastiveLoss defines its diagonal mask only when CUDA is there
         loss = sgraf.forward_loss(sims)
     loss.backward()
     out.update(img_emb=img_embs.detach().numpy(), cap_emb=cap_embs.detach().numpy(),
@@ -182,7 +160,7 @@ def case(model, module_name: str, members: int, seed: int) -> dict:
         out.update(arrays(f"{name}:grad", {k: p.grad for k, p in part.named_parameters()}))
         out.update(arrays(f"{name}:state_after", part.state_dict()))
     sgraf.val_start()
-    with cuda(False), torch.no_grad():
+    with cuda_as_identity(False), torch.no_grad():
         out["eval_sims"] = sgraf.forward_sim(*sgraf.forward_emb(images, captions, list(LENGTHS))).numpy()
     return out
 

@@ -25,13 +25,13 @@ import argparse
 import contextlib
 import importlib
 import random
-import subprocess
 import sys
 import types
 from pathlib import Path
 
 import numpy as np
 import torch
+from golden_common import commit_of
 from torch import nn
 
 STUBBED = ("transformers", "cv2", "imageio")
@@ -80,16 +80,6 @@ def _forget_lib():
 
 def arrays(prefix: str, state: dict) -> dict:
     return {f"{prefix}:{k}": v.detach().cpu().numpy().copy() for k, v in state.items()}  # not a view
-
-
-def commit_of(checkout: Path, given: str | None) -> str:
-    if given:
-        return given
-    try:
-        return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def np_(t: torch.Tensor) -> np.ndarray:

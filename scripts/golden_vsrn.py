@@ -40,7 +40,6 @@ import argparse
 import contextlib
 import hashlib
 import importlib
-import subprocess
 import sys
 import types
 import warnings
@@ -48,6 +47,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from golden_common import commit_of
 
 REPO = "https://github.com/KunpengLi1994/VSRN"
 THEIR_MODULES = ("model", "opts", "data", "models", "misc", "GCN_lib", "pyciderevalcap", "nltk",
@@ -361,16 +361,6 @@ def step_case(model_module, data) -> dict:
 def sha256_of(checkout: Path) -> dict:
     return {f"sha256:{name}": np.array(hashlib.sha256((checkout / name).read_bytes()).hexdigest())
             for name in READ}
-
-
-def commit_of(checkout: Path, given: str | None) -> str:
-    if given:
-        return given
-    try:
-        return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main(argv=None) -> None:
