@@ -74,17 +74,8 @@ def load_sweep(path, runs_dir=None, seeds=None, overrides=None, name=None) -> Sw
     file's ``base:`` values (their loss options merge into base's); they may not set a grid axis.
     ``name`` replaces the file's ``name:`` (the sweep's folder), so one grid can be swept again with
     an override, e.g. another network, beside the first."""
-    import yaml
-
     path = Path(path)
-    try:
-        spec = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise VseError(f"cannot read sweep file ({exc.strerror})", path) from None
-    except yaml.YAMLError as exc:
-        raise VseError(f"cannot parse sweep file ({str(exc).splitlines()[0]})", path) from None
-    if not isinstance(spec, dict):
-        raise VseError("a sweep file is a mapping with base: and grid:", path)
+    spec = read_yaml_mapping(path, "sweep file", "base: and grid:")
     unknown = sorted(set(spec) - set(SWEEP_KEYS))
     if unknown:
         raise VseError(f"unknown sweep key(s) {', '.join(unknown)} (expected {', '.join(SWEEP_KEYS)}; "
@@ -179,6 +170,22 @@ def run_config(base: dict, values: dict, path=None) -> dict:
 
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def read_yaml_mapping(path: Path, what: str, holds: str) -> dict:
+    """The YAML mapping in ``path`` (a sweep or tune file); one-line VseError naming the file when it
+    cannot be read or parsed, or is not a mapping (``holds``: what the mapping should hold)."""
+    import yaml
+
+    try:
+        spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise VseError(f"cannot read {what} ({exc.strerror})", path) from None
+    except yaml.YAMLError as exc:
+        raise VseError(f"cannot parse {what} ({str(exc).splitlines()[0]})", path) from None
+    if not isinstance(spec, dict):
+        raise VseError(f"a {what} is a mapping with {holds}", path)
+    return spec
 
 
 def check_folder_name(name: str, what: str, where=None) -> str:

@@ -38,7 +38,7 @@ from pipeline.core.config import LOSS_FLAGS, TrainConfig, execution_only, option
 from pipeline.core.errors import VseError
 from pipeline.core.fsutil import atomic_path
 from pipeline.training.run_folder import best_record, read_validation_log
-from pipeline.training.sweep import LOSS_OPTION_PREFIX, check_folder_name, run_config
+from pipeline.training.sweep import LOSS_OPTION_PREFIX, check_folder_name, read_yaml_mapping, run_config
 
 TUNE_KEYS = ("name", "runs_dir", "base", "search")
 DISTRIBUTIONS = ("uniform", "log_uniform", "int", "choice")
@@ -132,17 +132,8 @@ def parse_budget(text: str) -> Budget:
 def load_tune(path, runs_dir=None, name=None) -> TuneSpec:
     """Read and check a tune file: every problem is one VseError naming the file and the key,
     raised before any trial runs."""
-    import yaml
-
     path = Path(path)
-    try:
-        spec = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise VseError(f"cannot read tune file ({exc.strerror})", path) from None
-    except yaml.YAMLError as exc:
-        raise VseError(f"cannot parse tune file ({str(exc).splitlines()[0]})", path) from None
-    if not isinstance(spec, dict):
-        raise VseError("a tune file is a mapping with base: and search:", path)
+    spec = read_yaml_mapping(path, "tune file", "base: and search:")
     unknown = sorted(set(spec) - set(TUNE_KEYS))
     if unknown:
         hint = (" (a tune file searches one configuration: tune each method of a comparison from its own "
