@@ -134,3 +134,16 @@ print(json.dumps({{"steps_per_epoch": len(pairs), "step_s": times,
             "steps_per_epoch": result["steps_per_epoch"],
             "epoch_s_at_this_pace": round(step * result["steps_per_epoch"]),
             "peak_rss_mb": round(result["peak_rss_mb"])}
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what ``platform`` says."""
+    import platform
+
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

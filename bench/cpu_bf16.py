@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -41,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchkit import write_report  # noqa: E402
+from benchkit import cpu_name, write_report  # noqa: E402
 
 from pipeline.core.runtime import EMULATED_BF16_ENV, cpu_native_bf16  # noqa: E402
 
@@ -211,17 +210,6 @@ def main(argv=None) -> int:
         report["note"] = "emulated bf16 (--allow-emulated): a test of this script, not a measurement"
     write_report(report, Path(args.out))
     return 0
-
-
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), else what ``platform`` says."""
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

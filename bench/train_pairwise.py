@@ -15,7 +15,7 @@ medians reported with max/min:
 - ``ours``: the network's train-mode forward (B × B scores), the hinge loss (margin 0.2, hardest
   negatives), backward, gradient clipping at 2 and an Adam step;
 - ``authors``: their ``SGRAF.train_emb`` on the same batch and weights of the same sizes (their
-  model.py imported at run time from ``--authors``, default /work/upstream/Paranioar+SGRAF, with
+  model.py imported at run time from ``--authors`` (default: $VSE_SGRAF_CHECKOUT), with
   ``torch.cuda.is_available`` False; skipped when absent);
 - ``gemm``: the matrix products alone of the same step (image fc, the BiGRU, VisualSA/TextSA's
   linears, word × region attention, the attended context, the local similarity's linear, SGR's
@@ -36,7 +36,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -50,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-AUTHORS = Path("/work/upstream/Paranioar+SGRAF")
+AUTHORS = os.environ.get("VSE_SGRAF_CHECKOUT", "")  # a Paranioar/SGRAF checkout (python3.6), if any
 SIZES = {"authors": dict(batch=128, members=36, feature_dim=2048, embed=1024, sim_dim=256, word_dim=300,
                          vocab=8000),
          "small": dict(batch=32, members=36, feature_dim=256, embed=256, sim_dim=64, word_dim=64, vocab=1000)}
@@ -303,7 +302,9 @@ def main(argv=None) -> int:
     parser.add_argument("--small", action="store_true", help="small sizes: a quick run")
     parser.add_argument("--networks", default="sgr,saf")
     parser.add_argument("--steps", type=int, default=5, help="interleaved timed rounds (after one warm-up)")
-    parser.add_argument("--authors", default=str(AUTHORS), help="a Paranioar/SGRAF checkout (python3.6)")
+    parser.add_argument("--authors", default=AUTHORS,
+                        help="a Paranioar/SGRAF checkout (python3.6; default: $VSE_SGRAF_CHECKOUT); "
+                        "without one the authors' step is left out")
     parser.add_argument("--bf16", action="store_true", help="also our step under bf16 autocast")
     parser.add_argument("--vsrn", action="store_true", help="also VSRN's step")
     parser.add_argument("--no-memory", action="store_true")
@@ -315,7 +316,7 @@ def main(argv=None) -> int:
     if args.child:
         child(args.child, args)
         return 0
-    from benchkit import write_report
+    from benchkit import cpu_name, write_report
 
     if args.profile:
         size = SIZES["small" if args.small else "authors"]
@@ -378,16 +379,6 @@ def main(argv=None) -> int:
     report["load_after"] = os.getloadavg()
     write_report(report, Path(args.out))
     return 0
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

@@ -46,8 +46,8 @@ def tune_command(config, budget, trials, metric, pruner, sampler_seed, storage, 
         run_tune,
         storage_url,
         summary_lines,
-        write_plots,
     )
+    from pipeline.training.tune_plots import write_plots
 
     if trials is not None and trials < 1:
         raise click.UsageError("--trials must be at least 1")
