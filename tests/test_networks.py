@@ -374,3 +374,22 @@ def test_compare_reads_a_pairwise_runs_ranks(sgr_run):
     assert result.exit_code == 0, result.output
     rsum = [line.split() for line in result.output.splitlines() if line.startswith("rsum")][0]
     assert rsum[1] == rsum[2] and float(rsum[3]) == 0.0 and float(rsum[4]) == 1.0
+
+
+@pytest.mark.parametrize("network, options, expected", [("sgr", {}, True), ("saf", {}, True),
+                                                         ("sgr", {"score_is_sigmoid": False}, False),
+                                                         ("vse++", {}, False)])
+def test_the_run_tells_decl_when_the_scores_are_sigmoids(sets, tmp_path, network, options, expected):
+    """Built as `vse train` builds it: decl on SGR/SAF reads their raw score as DECL's code does (a
+    mutation dropping the call in build_run leaves it False and fails here); the run's own option
+    wins; a dual network's cosine is read as it is."""
+    from conftest import QUIET, TINY_TRAIN
+
+    from pipeline.core.config import TrainConfig
+    from pipeline.training.build import build_trainer
+
+    extra = {"network_options": {"sim_dim": 8}} if network != "vse++" else {"image_pool": "mean"}
+    config = TrainConfig(features=str(sets), run_dir=str(tmp_path / "run"), network=network, loss="decl",
+                         loss_options=dict(options), **{**TINY_TRAIN, **extra})
+    trainer = build_trainer(config, **QUIET)
+    assert trainer.loss.score_is_sigmoid is expected

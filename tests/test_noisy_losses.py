@@ -654,7 +654,8 @@ def test_rcl_and_decl_train_a_dual_network_on_noisy_pairs(tiny_cache, tmp_path, 
 
 def test_decl_reads_the_raw_score_of_a_sigmoid_network():
     """SGR and SAF score σ(raw); DECL's authors take tanh and the evidence of raw: the factory tells
-    the loss, unless the run's options say otherwise (a mutation dropping the call leaves it False)."""
+    the loss, unless the run's options say otherwise (tests/test_networks.py checks it through
+    build_trainer, where dropping the call fails)."""
     from types import SimpleNamespace
 
     from pipeline.models.decl import EvidentialLoss
