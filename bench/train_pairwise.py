@@ -45,8 +45,10 @@ from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))  # golden_common: the authors' CUDA calls as identity
 
 import torch  # noqa: E402
+from golden_common import cuda_as_identity  # noqa: E402
 from torch import nn  # noqa: E402
 
 AUTHORS = os.environ.get("VSE_SGRAF_CHECKOUT", "")  # a Paranioar/SGRAF checkout (python3.6), if any
@@ -112,17 +114,6 @@ def ours_step(network: str, size: dict, dtype=None):
     return step
 
 
-@contextlib.contextmanager
-def no_cuda(available: bool = False):
-    saved = torch.cuda.is_available, torch.Tensor.cuda
-    torch.cuda.is_available = lambda: available
-    torch.Tensor.cuda = lambda self, *args, **kwargs: self
-    try:
-        yield
-    finally:
-        torch.cuda.is_available, torch.Tensor.cuda = saved
-
-
 def authors_step(network: str, size: dict, checkout: Path):
     spec = importlib.util.spec_from_file_location("sgraf_authors_model", checkout / "model.py")
     module = importlib.util.module_from_spec(spec)
@@ -132,7 +123,7 @@ def authors_step(network: str, size: dict, checkout: Path):
                           learning_rate=2e-4, img_dim=size["feature_dim"], embed_size=size["embed"],
                           word_dim=size["word_dim"], vocab_size=size["vocab"], sim_dim=size["sim_dim"])
     torch.manual_seed(0)
-    with no_cuda():
+    with cuda_as_identity():
         sgraf = module.SGRAF(opt)
     if size["members"] != 36:
         sgraf.sim_enc.v_global_w = module.VisualSA(size["embed"], 0.4, size["members"])
@@ -140,7 +131,7 @@ def authors_step(network: str, size: dict, checkout: Path):
     criterion = sgraf.criterion
 
     def loss(scores):  # their diagonal mask exists only under torch.cuda.is_available()
-        with no_cuda(True):
+        with cuda_as_identity(True):
             return criterion(scores)
     sgraf.criterion = loss
     sgraf.train_start()
@@ -148,7 +139,7 @@ def authors_step(network: str, size: dict, checkout: Path):
     lengths = lengths.tolist()
 
     def step():
-        with no_cuda():
+        with cuda_as_identity():
             sgraf.train_emb(images, captions, lengths)
     return step
 

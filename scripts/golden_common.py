@@ -8,6 +8,7 @@ import contextlib
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import torch
 
 
@@ -33,3 +34,13 @@ def cuda_as_identity(available: bool = False):
         yield
     finally:
         torch.cuda.is_available, torch.Tensor.cuda = saved
+
+
+def write_bundles(out: Path, prefix: str, cases: dict, meta: dict) -> None:
+    """OUT/{prefix}_{case}.npz for each case: its arrays and the provenance ``meta`` (repo, commit,
+    sha256 of the files read)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, values in cases.items():
+        path = out / f"{prefix}_{name}.npz"
+        np.savez_compressed(path, **values, **meta)
+        print(f"{path}: {len(values)} arrays, {path.stat().st_size} bytes")

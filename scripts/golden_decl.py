@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from golden_common import commit_of
+from golden_common import commit_of, write_bundles
 from torch import nn
 
 CODE = "2022-ACMMM-DECL"
@@ -411,11 +411,7 @@ def main(argv=None) -> None:
         train_mod = importlib.import_module("train")
         cases = {"sgraf": sgraf_case(decl_mod, decl_mod), "steps": steps_case(decl_mod, decl_mod),
                  "correspondence": correspondence_case(decl_mod, train_mod)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, values in cases.items():
-        path = args.out / f"decl_{name}.npz"
-        np.savez_compressed(path, **values, **meta)
-        print(f"{path}: {len(values)} arrays, {path.stat().st_size} bytes")
+    write_bundles(args.out, "decl", cases, meta)
 
 
 if __name__ == "__main__":

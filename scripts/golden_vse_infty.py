@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from golden_common import commit_of
+from golden_common import commit_of, write_bundles
 from torch import nn
 
 STUBBED = ("transformers", "cv2", "imageio")
@@ -219,11 +219,7 @@ def main(argv=None) -> None:
                  "augment": augment_case(encoders, image_caption)}
     with reference_code(args.bigru):
         cases["text"] = text_case(importlib.import_module("lib.encoders"))
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, values in cases.items():
-        path = args.out / f"vse_infty_{name}.npz"
-        np.savez_compressed(path, **values, **meta)
-        print(f"{path}: {len(values)} arrays, {path.stat().st_size} bytes")
+    write_bundles(args.out, "vse_infty", cases, meta)
 
 
 if __name__ == "__main__":

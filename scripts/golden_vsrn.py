@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from golden_common import commit_of
+from golden_common import commit_of, write_bundles
 
 REPO = "https://github.com/KunpengLi1994/VSRN"
 THEIR_MODULES = ("model", "opts", "data", "models", "misc", "GCN_lib", "pyciderevalcap", "nltk",
@@ -379,11 +379,7 @@ def main(argv=None) -> None:
         utils = importlib.import_module("misc.utils")
         cases = {"image": image_case(model_module), "text": text_case(model_module),
                  "caption": caption_case(data, models, utils), "step": step_case(model_module, data)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, values in cases.items():
-        path = args.out / f"vsrn_{name}.npz"
-        np.savez_compressed(path, **values, **meta)
-        print(f"{path}: {len(values)} arrays, {path.stat().st_size} bytes")
+    write_bundles(args.out, "vsrn", cases, meta)
 
 
 if __name__ == "__main__":
