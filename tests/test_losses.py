@@ -387,10 +387,10 @@ def test_uses_relevance_flags():
 
 @pytest.mark.parametrize("name, options, message", [
     ("triplet", {}, "unknown loss 'triplet'"),
-    ("mh", {"marg": 0.1}, "unknown option(s) marg for loss 'mh'"),
+    ("mh", {"marg": 0.1}, "loss mh has no option marg (its options: mask_same_image, warmup_epochs, margin"),
     ("csn", {"tau": 0.0}, "tau must be > 0"),
-    ("order", {"reduction": "mean"}, "reduction must be 'sum' or 'max'"),
-    ("mh", {"negative_set_size": 0}, "negative_set_size must be None or an integer >= 1"),
+    ("order", {"reduction": "mean"}, "reduction must be one of sum, max, got 'mean'"),
+    ("mh", {"negative_set_size": 0}, "negative_set_size must be an integer >= 1 or null"),
     ("mh", {"warmup_epochs": -1}, "warmup_epochs must be an integer >= 0"),
     ("lseh", {"warmup_epochs": 0.5}, "warmup_epochs must be an integer >= 0"),
     ("ladder", {"levels": 4}, "levels=4 has no defaults"),

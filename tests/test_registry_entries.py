@@ -53,39 +53,14 @@ def test_every_set_pool_keeps_its_contract(name):
 
 @pytest.mark.parametrize("name", registry.NETWORKS.names)
 def test_every_network_builds_and_keeps_its_contract(name):
-    cls = registry.NETWORKS.get_part(name)
-    if getattr(cls, "kind", "dual") == "pairwise":
-        results = run_network_contract(name, PAIRWISE_OPTIONS.get(name), timing=False)
-        assert results and all(r.ok for r in results), [(r.check, r.detail) for r in results]
-        return
-    _check_dual_network(cls, registry.NETWORK_DEFAULTS.get(name, {}))
-
-
-def _check_dual_network(cls, defaults: dict):
-    from pipeline.models.vse_model import ModelConfig
-
-    torch.manual_seed(0)
-    pools = {"image_pool": defaults.get("image_pool"), "text_pool": defaults.get("text_pool", registry.LAST)}
-    config = ModelConfig(vocab_size=20, feature_dim=10, embed_dim=8, word_dim=6, **pools)
-    model = cls(config).eval()
-    batch = 4
-    images = torch.randn((batch, 5, 10) if config.image_pool else (batch, 10))
-    lengths = torch.tensor([6, 3, 5, 2])
-    tokens = torch.randint(3, 20, (batch, 6)).masked_fill(torch.arange(6) >= lengths[:, None], 0)
-    img, cap = model(images, tokens, lengths)
-    assert img.shape == cap.shape == (batch, 8) and torch.isfinite(img).all() and torch.isfinite(cap).all()
-    torch.testing.assert_close(img.norm(dim=1), torch.ones(batch), rtol=0, atol=1e-5)
-    torch.testing.assert_close(cap.norm(dim=1), torch.ones(batch), rtol=0, atol=1e-5)
-    order = torch.tensor([2, 0, 3, 1])
-    img_p, cap_p = model(images[order], tokens[order], lengths[order])
-    torch.testing.assert_close(img_p, img[order], rtol=0, atol=1e-5)  # float32: each row alone, 1e-5
-    torch.testing.assert_close(cap_p, cap[order], rtol=0, atol=1e-5)
-    model.train()
-    img, cap = model(images, tokens, lengths)
-    (img @ cap.T).sum().backward()
-    missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
-    assert not missing, f"no gradient reaches {missing}"
-    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    """The contract of its kind (``network_check``): a dual one's embeddings (shape, finite, each row
+    its item's alone, independent of the batch order, a gradient to every parameter), a pairwise
+    one's scores; and its declaration agrees with its class."""
+    declared, cls = registry.NETWORKS.spec(name), registry.NETWORKS.get_part(name)
+    assert getattr(cls, "kind", "dual") == declared.kind
+    assert declared.vse_heads or getattr(cls, "Options", None) is declared.Options
+    results = run_network_contract(name, PAIRWISE_OPTIONS.get(name), timing=False)
+    assert results and all(r.ok for r in results), [(r.check, r.detail) for r in results]
 
 
 # ---------------------------------------------------------------------------- readers

@@ -93,7 +93,7 @@ def no_test_split(monkeypatch):
 @pytest.mark.parametrize("search, base, flags, key, problem", [
     ({"lrr": {"uniform": [0.1, 0.2]}}, {}, (), "search: lrr", "unknown option"),
     ({"loss_options.tua": {"uniform": [0.1, 0.2]}}, {}, (), "search: loss_options.tua",
-     "unknown option(s) tua"),
+     "loss mh has no option tua (its options: "),
     ({"margin": {"uniform": [0.5, 0.1]}}, {}, (), "search: margin", "empty range [0.5, 0.1]"),
     ({"warmup_epochs": {"int": [0, 2]}}, {}, (), "search: warmup_epochs",
      "unknown option (expected a training option, TrainConfig field, or loss_options.<option>); did you mean "

@@ -18,7 +18,6 @@ A new option is one field here, declared with ``option(...)``.
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
@@ -27,12 +26,10 @@ from pipeline.core.registry import (
     ADAM_KERNELS,
     BACKBONES,
     CROP_MODES,
-    DUAL_NETWORKS,
     IMAGE_DATASET_KINDS,
     IMAGE_POOLS,
     LAST,
     LOSSES,
-    NETWORK_DEFAULTS,
     NETWORKS,
     NOISE_MODES,
     PROJECTIONS,
@@ -43,7 +40,7 @@ from pipeline.core.registry import (
     check_image_pool,
     check_text_pool,
 )
-from pipeline.core.values import finite, is_int, is_number
+from pipeline.core.values import as_type
 
 META = "vse"  # the key of an option's facts in its field's metadata
 
@@ -135,8 +132,9 @@ class TrainConfig:
                                        "same update, rounded differently.",
                               choices=ADAM_KERNELS, before="default")
     # ---- the model
-    network: str = option("vse++", f"{', '.join(NETWORKS.names)}, or your own pairwise network FILE.py:Class "
-                                   "(pipeline/models/network.py). vse-infty pools sets with GPO unless "
+    network: str = option("vse++", f"{', '.join(NETWORKS.names)}, or your own network FILE.py:Class, "
+                                   "dual or pairwise as it declares (pipeline/models/network.py). "
+                                   "vse-infty pools sets with GPO unless "
                                    "--image-pool / --text-pool say otherwise; sgr and saf score each pair "
                                    "jointly over a cache of sets.", before="vse++")
     network_options: dict = option(dict, "The network's own options (--network-option NAME=VALUE; sgr, saf, "
@@ -217,7 +215,7 @@ class TrainConfig:
     def __post_init__(self):
         for name, value in self.checked(vars(self)).items():
             setattr(self, name, value)
-        for name, value in NETWORK_DEFAULTS.get(self.network, {}).items():  # e.g. VSE∞: GPO on both sides
+        for name, value in NETWORKS.defaults(self.network).items():  # its declaration's: e.g. VSE∞, GPO
             if getattr(self, name) == self.default(name):
                 setattr(self, name, value)
         if self.caption_loss_weight is None:  # unset, and the network sets none: off, stored as such
@@ -227,9 +225,9 @@ class TrainConfig:
 
     @property
     def pairwise(self) -> bool:
-        """The network scores pairs jointly: any network but the dual built-ins (a user's
-        network is a pairwise one, models/network.py)."""
-        return self.network not in DUAL_NETWORKS
+        """The network scores pairs jointly: the kind its declaration says (a user's
+        ``FILE.py:Class`` declares its own; models/network.py)."""
+        return NETWORKS.spec(self.network).kind == "pairwise"
 
     @classmethod
     def from_dict(cls, values: dict) -> TrainConfig:
@@ -253,7 +251,7 @@ class TrainConfig:
         hints = typing.get_type_hints(cls)
         out = {}
         for name, value in values.items():
-            value = out[name] = _check_type(name, value, hints[name])
+            value = out[name] = as_type(name, value, hints[name], error=VseError, text_numbers=True)
             facts = info(name, cls)
             if value is None:
                 continue
@@ -272,21 +270,8 @@ class TrainConfig:
     def check(self) -> None:
         """Options that only make sense together (VseError otherwise)."""
         LOSSES.check(self.loss)
-        NETWORKS.check(self.network)
-        if self.pairwise:
-            given = [flag for flag, used in (("--image-pool", self.image_pool is not None),
-                                             ("--text-pool", self.text_pool != LAST), ("--rc", self.rc))
-                     if used]
-            if given:
-                raise VseError(f"{', '.join(given)}: not for --network {self.network}, which scores each "
-                               "pair from the members of an image's set and the words of a caption (a cache "
-                               "of sets: `vse extract --grid` or imported regions)")
-        elif self.network == "vsrn" and (self.image_pool != "vsrn" or self.text_pool != LAST):
-            raise VseError("--network vsrn reasons over the members with its own pool and reads captions "
-                           "with VSE++'s GRU: drop --image-pool and --text-pool")
-        elif self.network_options and self.network != "vsrn":  # vsrn's: checked as its model is built
-            raise VseError(f"--network {self.network} has no network options (its options are flags); "
-                           f"got {', '.join(sorted(self.network_options))}")
+        NETWORKS.spec(self.network).check(self)  # its kind's rules and its own (its options: when built)
+        # the option's own rule, whatever the network: the caption branch reads the vsrn pool's regions
         if self.caption_loss_weight and (self.image_pool != "vsrn" or self.text_features):
             raise VseError("VSRN's caption branch (--caption-loss-weight, 1 by default for --network vsrn) "
                            "writes each caption's word ids from the regions of --network vsrn: it needs that "
@@ -356,6 +341,12 @@ class TrainConfig:
 
 
 # ---------------------------------------------------------------------------- the loss flags
+# A loss's options are declared once, by the loss (its ``Options``: default, type, range, choices;
+# ``models.losses.VseLoss``), and checked there: a new loss, built-in or FILE.py:Class, takes them by
+# --loss-option KEY=VALUE and config files' ``loss_options:`` and touches nothing here. These five
+# flags are only the older command-line spellings of options of the built-in losses, kept as they
+# were (torch-free, for --help); tests/test_option_declarations.py checks each against the losses'
+# declarations (the key is declared, with this type).
 @dataclass(frozen=True)
 class LossFlag:
     """A flag for one loss option (``loss_options[key]``): a loss's own options are not fields."""
@@ -467,51 +458,3 @@ def resume_config(saved_values: dict, config, given, where, cls=TrainConfig, sam
     notes += [f"{name} {getattr(config, name)!r} (the same file as the run's {getattr(saved, name)!r})"
               for name in renamed]
     return config, saved, notes
-
-
-# ---------------------------------------------------------------------------- type checks
-_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "text",
-          dict: "a mapping of option names to values", list: "a list"}
-
-
-def _check_type(name: str, value, hint):
-    """``value`` as option ``name`` of annotation ``hint`` (VseError if it is not one)."""
-    allowed = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    if value is None and type(None) in allowed:
-        return None
-    kinds = [t for t in allowed if t is not type(None)]
-    errors = []
-    for kind in kinds:
-        try:
-            return _as_kind(name, value, kind)
-        except _WrongKind:
-            errors.append(kind)
-    optional = " (or null)" if type(None) in allowed else ""
-    raise VseError(f"{name} must be {' or '.join(_KINDS[k] for k in errors)}{optional}, got {value!r}")
-
-
-class _WrongKind(Exception):
-    pass
-
-
-def _as_kind(name: str, value, kind):
-    if kind is float and isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            pass
-    if kind is bool:
-        ok = isinstance(value, bool)
-    elif kind is int:
-        ok = is_int(value)
-        value = int(value) if ok else value
-    elif kind is float:
-        ok = is_number(value)
-        value = finite(float(value), name, error=VseError) if ok else value
-    elif kind is dict:
-        ok = isinstance(value, dict) and all(isinstance(key, str) for key in value)
-    else:
-        ok = isinstance(value, kind)
-    if not ok:
-        raise _WrongKind
-    return value

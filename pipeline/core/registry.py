@@ -22,7 +22,7 @@ import importlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from pipeline.core.plugin_import import check_spec
+from pipeline.core.plugin_import import check_spec, is_import_path
 
 
 class Registry(Mapping):
@@ -66,9 +66,10 @@ class Reader:
 
     ``reader``: ``"module:function"``, called as ``function(root, **options) -> Dataset``.
     ``images``: the layout has image files (extract, RC training, evaluation on images); a
-    feature-only layout (precomputed features) has none. ``layout``: ``"module:Class"``, a
-    frozen dataclass of the reader's own options, whose field names are the command-line flags
-    (``csv_img_key`` ↔ ``--csv-img-key``); the reader gets an instance as ``layout=``.
+    feature-only layout (precomputed features) has none. ``layout``: ``"module:Class"``, the
+    reader's own options: a frozen dataclass of ``values.declare`` fields (torch-free, beside the
+    reader), whose field names are the command-line flags (``csv_img_key`` ↔ ``--csv-img-key``);
+    the reader gets an instance as ``layout=``.
     """
 
     reader: str
@@ -108,29 +109,35 @@ class ReaderRegistry(Registry):
     def reader_options(self, kind: str, **values) -> dict:
         """The reader's keyword options for ``kind`` from option values by name (None = not
         given): ``{"layout": Layout(**given)}`` for a layout with options, else ``{}``. An option
-        of another layout is refused in one line."""
+        of another layout is refused in one line naming the layouts it is for; any other unknown
+        name, a wrong type or a value out of range by the one check of a part's options
+        (``values.declared_options``)."""
         from pipeline.core.errors import VseError
+        from pipeline.core.values import declared_options
 
         self.check_kind(kind)
-        unknown = sorted(set(values) - set(self.option_names()))
-        if unknown:
-            raise TypeError(f"not reader options: {', '.join(unknown)}")
         given = {name: value for name, value in values.items() if value is not None}
         cls = self.layout_class(kind)
         own = {f.name for f in dataclasses.fields(cls)} if cls is not None else set()
-        foreign = [name for name in given if name not in own]
+        foreign = [name for name in given if name not in own and name in self.option_names()]
         if foreign:
             owners = [k for k in self.entries if (c := self.layout_class(k)) is not None
                       and foreign[0] in {f.name for f in dataclasses.fields(c)}]
-            raise VseError(f"{', '.join('--' + n.replace('_', '-') for n in foreign)}: only for "
+            raise VseError(f"{', '.join(map(_flag, foreign))}: only for "
                            f"--dataset {' or '.join(owners)} (the {kind} layout has no such option)")
-        return {"layout": cls(**given)} if cls is not None else {}
+        layout = declared_options(cls, given, f"--dataset {kind}", error=VseError, spell=_flag)
+        return {"layout": layout} if cls is not None else {}
 
     def check_kind(self, kind) -> None:
         from pipeline.core.errors import VseError
 
         if kind not in self.entries:
             raise VseError(f"unknown dataset kind {kind!r} (known: {', '.join(self.entries)})")
+
+
+def _flag(name: str) -> str:
+    """A reader option's command-line flag: ``csv_img_key`` → ``--csv-img-key``."""
+    return "--" + name.replace("_", "-")
 
 
 READERS = ReaderRegistry({
@@ -165,22 +172,131 @@ LOSSES = Registry("loss", {
 # ---------------------------------------------------------------------------- networks
 # `vse train --network`: a network declares its kind (``models.network``): "dual" encodes each side
 # to one vector and scores their similarity; "pairwise" encodes local features and scores every
-# pair jointly. vse++, vse-infty and vsrn are one dual model whose image side differs by its pool.
+# pair jointly. Each network's declaration (``NetworkSpec``: kind, defaults, options, rules) lives
+# next to its code, in a torch-free module; this list only names them.
 NETWORK_KINDS = ("dual", "pairwise")
-NETWORKS = Registry("network", {
-    "vse++": "pipeline.models.vse_model:VSEModel",    # VSE++: one vector per side, a GRU over words
-    "vse-infty": "pipeline.models.vse_model:VSEModel",  # VSE∞: sets pooled (GPO unless --image-pool)
-    "vsrn": "pipeline.models.vse_model:VSEModel",     # VSRN: GCN reasoning + GRU over the members
-    "sgr": "pipeline.models.sgraf:SGR",               # SGRAF's similarity graph reasoning (pairwise)
-    "saf": "pipeline.models.sgraf:SAF",               # SGRAF's similarity attention filtration (pairwise)
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """What a network declares besides its code, torch-free, so that ``TrainConfig`` applies and
+    checks it without building anything (a built-in's lives beside its module; a user's
+    ``FILE.py:Class`` declares the same as class attributes: ``NetworkSpec.of_class``).
+
+    ``kind``: "dual" or "pairwise". ``model``: ``"module:Class"``, the network's class (imports
+    torch). ``defaults``: the options the network sets when they are left at their defaults.
+    ``Options``: the frozen dataclass of its own options (``--network-option``), or None.
+    ``rules``: ``check(config)`` functions, the network's own rules for a ``TrainConfig``.
+    ``vse_heads``: the network is VSE's model (``vse_model.VSEModel``, built from a ``ModelConfig``):
+    the head options apply (--image-pool, --text-pool, --rc, ...); any other network is built from
+    a ``NetworkConfig`` and encodes cached features itself. ``model_fields``: for VSE's model,
+    ``"module:function"`` giving the ``ModelConfig`` fields its options set, as
+    ``function(network_options, set_kind, dataset_names)``.
+    """
+
+    kind: str
+    model: str = ""
+    defaults: dict = dataclasses.field(default_factory=dict)
+    Options: type | None = None
+    rules: tuple = ()
+    vse_heads: bool = False
+    model_fields: str | None = None
+
+    def __post_init__(self):
+        if self.kind not in NETWORK_KINDS:
+            raise ValueError(f"kind must be {' or '.join(NETWORK_KINDS)}, got {self.kind!r}")
+
+    @classmethod
+    def of_class(cls, network_class: type, spec: str = "") -> NetworkSpec:
+        """The declaration of a user's network class: its ``kind`` (a class that declares none is
+        dual, as ``models.network.network_kind`` reads a model), ``defaults``, ``Options`` and
+        ``check(config)``, when it has them."""
+        from pipeline.core.errors import VseError
+
+        kind = getattr(network_class, "kind", "dual")
+        if kind not in NETWORK_KINDS:
+            raise VseError(f"network {spec or network_class.__name__} declares kind {kind!r}; expected "
+                           f"{' or '.join(NETWORK_KINDS)}")
+        check = getattr(network_class, "check", None)
+        return cls(kind, model=spec, defaults=dict(getattr(network_class, "defaults", None) or {}),
+                   Options=getattr(network_class, "Options", None), rules=(check,) if callable(check) else ())
+
+    def own_fields(self, network_options: dict, set_kind: str | None, dataset_names=()) -> dict:
+        """The ``ModelConfig`` fields of VSE's model that this network's options set (``model_fields``;
+        imports its module); no pool options otherwise."""
+        if self.model_fields is None:
+            return {"pool_options": {}}
+        module, _, name = self.model_fields.partition(":")
+        return getattr(importlib.import_module(module), name)(network_options, set_kind, dataset_names)
+
+    def check(self, config) -> None:
+        """The rules of this network's kind, then its own, for ``config`` (a ``TrainConfig``)."""
+        from pipeline.core.errors import VseError
+
+        if not self.vse_heads:
+            given = [flag for flag, used in (("--image-pool", config.image_pool is not None),
+                                             ("--text-pool", config.text_pool != LAST), ("--rc", config.rc))
+                     if used]
+            if given and self.kind == "pairwise":
+                raise VseError(f"{', '.join(given)}: not for --network {config.network}, which scores each "
+                               "pair from the members of an image's set and the words of a caption (a cache "
+                               "of sets: `vse extract --grid` or imported regions)")
+            if given:
+                raise VseError(f"{', '.join(given)}: not for --network {config.network}, which encodes "
+                               "cached images and captions with its own layers (a feature cache, its own "
+                               "pooling)")
+        elif config.network_options and self.Options is None:
+            raise VseError(f"--network {config.network} has no network options (its options are flags); "
+                           f"got {', '.join(sorted(config.network_options))}")
+        for rule in self.rules:
+            rule(config)
+
+
+class NetworkRegistry(Registry):
+    """``--network`` names → their declarations (``"module:NAME"`` of a ``NetworkSpec``)."""
+
+    def spec(self, name: str) -> NetworkSpec:
+        """The declaration of a built-in name or of a user's ``FILE.py:Class`` (which imports it);
+        VseError for anything else."""
+        self.check(name)
+        if name in self:
+            return super().get_part(name)
+        from pipeline.core.plugin_import import plugin_class
+
+        return NetworkSpec.of_class(plugin_class(name, self.kind), name)
+
+    def get_part(self, name: str):
+        """The network's class (imports its module, and torch)."""
+        module, _, attribute = self.spec(name).model.partition(":")
+        return getattr(importlib.import_module(module), attribute)
+
+    def defaults(self, name) -> dict:
+        """What network ``name`` sets when an option is left at its default; none for a name that
+        is neither a network nor an import path (``check`` refuses it)."""
+        known = isinstance(name, str) and (name in self or is_import_path(name))
+        return dict(self.spec(name).defaults) if known else {}
+
+    @property
+    def dual_names(self) -> tuple[str, ...]:
+        return tuple(name for name in self.names if self.spec(name).kind == "dual")
+
+
+NETWORKS = NetworkRegistry("network", {
+    "vse++": "pipeline.models.vse_spec:VSE_PLUS_PLUS",  # VSE++: one vector per side, a GRU over words
+    "vse-infty": "pipeline.models.vse_spec:VSE_INFTY",  # VSE∞: sets pooled (GPO unless --image-pool)
+    "vsrn": "pipeline.models.vsrn_spec:VSRN",           # VSRN: GCN reasoning + GRU over the members
+    "sgr": "pipeline.models.sgraf_spec:SGR",            # SGRAF's similarity graph reasoning (pairwise)
+    "saf": "pipeline.models.sgraf_spec:SAF",            # SGRAF's similarity attention filtration (pairwise)
 })
-DUAL_NETWORKS = ("vse++", "vse-infty", "vsrn")
-# What a dual network sets when the option is left at its default (TrainConfig applies it).
-NETWORK_DEFAULTS = {
-    "vse-infty": {"image_pool": "gpo", "text_pool": "gpo"},
-    "vsrn": {"image_pool": "vsrn", "size_augment": "none",   # VSRN does not drop regions,
-             "caption_loss_weight": 1.0, "embed_dim": 2048},  # writes captions from them; train.py's size
-}
+
+
+def __getattr__(name: str):
+    """The names of the lists the declarations replaced, derived from them (imported on use)."""
+    if name == "DUAL_NETWORKS":
+        return NETWORKS.dual_names
+    if name == "NETWORK_DEFAULTS":
+        return {network: defaults for network in NETWORKS.names if (defaults := NETWORKS.defaults(network))}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # ---------------------------------------------------------------------------- image backbones
 BACKBONES = Registry("backbone", {

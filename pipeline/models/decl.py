@@ -6,11 +6,12 @@ bundles of tests/test_decl_golden.py (scripts/golden_decl.py) hold its values.""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from pipeline.core import values
+from pipeline.core.values import declare
 from pipeline.models.losses import Batch, with_positives
 from pipeline.models.noisy_losses import NoisyPairLoss
 
@@ -45,28 +46,24 @@ class EvidentialLoss(NoisyPairLoss):
     name = "decl"
     sample_pass = True
 
-    def __init__(self, tau: float = 0.1, margin: float = 0.2, hinge_weight: float = 0.8,
-                 kl_weight: float = 0.1, anneal_epochs: int = 0, eta: float = 0.025, mu: int = 5,
-                 batch_size: int | None = None, warmup_epochs: int = 5, evidence_loss: str = "mse",
-                 clean_rule: str = "evidence", score_is_sigmoid: bool = False,
-                 mask_same_image: bool = False):
-        super().__init__(mask_same_image)
-        self.tau, self.margin = values.positive(tau, "tau"), values.within(margin, "margin", low=0)
-        self.hinge_weight = values.within(hinge_weight, "hinge_weight", low=0)
-        self.kl_weight = values.within(kl_weight, "kl_weight", low=0)
-        self.eta = values.within(eta, "eta", low=0)  # the hardest-negative count only ever shrinks
-        if evidence_loss not in DECL_EVIDENCE_LOSSES:
-            raise ValueError(f"evidence_loss must be one of {', '.join(DECL_EVIDENCE_LOSSES)}, "
-                             f"got {evidence_loss!r}")
-        if clean_rule not in DECL_CLEAN_RULES:
-            raise ValueError(f"clean_rule must be one of {', '.join(DECL_CLEAN_RULES)}, got {clean_rule!r}")
-        for value, low, what in ((anneal_epochs, 0, "anneal_epochs"), (warmup_epochs, 0, "warmup_epochs"),
-                                 (mu, 1, "mu")):
-            values.int_at_least(value, what, low)
-        values.int_at_least(batch_size, "batch_size", 1, or_none=True)
-        self.anneal_epochs, self.warmup_epochs, self.mu = anneal_epochs, warmup_epochs, mu
-        self.batch_size, self.evidence_loss, self.clean_rule = batch_size, evidence_loss, clean_rule
-        self.score_is_sigmoid = bool(score_is_sigmoid)
+    @dataclass(frozen=True)
+    class Options(NoisyPairLoss.Options):
+        mask_same_image: bool = declare(False, "Theirs: only the diagonal is a positive.")
+        tau: float = declare(0.1, "The evidence's temperature.", above=0)
+        margin: float = declare(0.2, "The robust dynamic hinge's margin.", low=0)
+        hinge_weight: float = declare(0.8, "The hinge's weight (0: off).", low=0)
+        kl_weight: float = declare(0.1, "The KL term's weight (0: off).", low=0)
+        anneal_epochs: int = declare(0, "The KL weight grows over this many epochs (0: at once).", low=0)
+        eta: float = declare(0.025, "The hardest-negative count shrinks by this per training call.", low=0)
+        mu: int = declare(5, "The hardest-negative count's floor.", low=1)
+        batch_size: int | None = declare(None, "The run's batch size (null: the largest batch seen).", low=1)
+        warmup_epochs: int = declare(5, "Epochs every pair counts as clean.", low=0)
+        evidence_loss: str = declare("mse", "The evidence loss.", choices=DECL_EVIDENCE_LOSSES)
+        clean_rule: str = declare("evidence", "The division's rule.", choices=DECL_CLEAN_RULES)
+        score_is_sigmoid: bool = declare(False, "The network's score is sigmoid(raw): read back as logit S.")
+
+    def __init__(self, **options):
+        super().__init__(**options)
         self.step, self.largest_batch = 0, 0  # the training calls so far, the largest batch they had
         self.register_buffer("clean", torch.ones(0, dtype=torch.bool))
 

@@ -5,7 +5,10 @@ padded set into one vector.  Pure torch, no file I/O; the definitions are docs/P
 
 - Pools, one interface ``pool(x (B, K, E), lengths (B,)) → (B, E)``; members at positions
   ``>= length`` are padding whose values are never read: ``MeanPool``, ``MaxPool``, ``GPO``
-  (built by name or import path with ``build_pool``; the names are ``registry.SET_POOLS``).
+  (built by name or import path with ``build_pool``; the names are ``registry.SET_POOLS``). A
+  pool's options (``pool_options``) are its ``Options``, a frozen dataclass of ``values.declare``
+  fields, checked by ``build_pool`` (``values.declared_options``) before it is built as
+  ``Class(dim=E, **options)``; a user's pool may declare them the same way.
 - ``SetImageHead``: per-member projection (fc, or fc + MLP) → pool → L2 norm
   (VSE∞'s ``EncoderImageAggr``).
 - ``BiGRUTextEncoder``: words → bidirectional GRU (directions averaged) → pool → L2 norm
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +34,7 @@ from pipeline.core.errors import VseError
 from pipeline.core.plugin_import import check_spec, class_file, is_import_path, plugin_class, user_code_error
 from pipeline.core.registry import SET_POOLS, SET_PROJECTIONS
 from pipeline.core.tokens import PAD_ID
+from pipeline.core.values import NoOptions, declare, declared_options, options_of
 from pipeline.models.layers import bigru_states, l2_normalize, load_word_vectors
 
 # VSE∞'s constants (lib/modules/aggr/gpo.py, lib/encoders.py)
@@ -63,6 +68,8 @@ def check_lengths(x: torch.Tensor, lengths: torch.Tensor) -> None:
 class MeanPool(nn.Module):
     """The mean of each set's members."""
 
+    Options = NoOptions
+
     def __init__(self, dim: int | None = None):
         super().__init__()
 
@@ -75,6 +82,8 @@ class MeanPool(nn.Module):
 
 class MaxPool(nn.Module):
     """The largest value of each dimension over each set's members."""
+
+    Options = NoOptions
 
     def __init__(self, dim: int | None = None):
         super().__init__()
@@ -109,15 +118,23 @@ class GPO(nn.Module):
     authors keep a dict of them per length on the CPU, outside the state dict).
     """
 
-    def __init__(self, dim: int | None = None, d_pe: int = GPO_PE_DIM, d_hidden: int = GPO_HIDDEN,
-                 temperature: float = GPO_TEMPERATURE):
+    @dataclass(frozen=True)
+    class Options:
+        d_pe: int = declare(GPO_PE_DIM, "The size of a rank's sin/cos encoding (even).", low=2)
+        d_hidden: int = declare(GPO_HIDDEN, "The hidden size of the GRU over the ranks.", low=1)
+        temperature: float = declare(GPO_TEMPERATURE, "The softmax temperature over the ranks.", above=0)
+
+        def __post_init__(self):
+            if self.d_pe % 2:
+                raise ValueError(f"d_pe must be even (sin and cos of each frequency), got {self.d_pe}")
+
+    def __init__(self, dim: int | None = None, **options):
         super().__init__()
-        if d_pe % 2 or d_pe < 2 or d_hidden < 1 or not temperature > 0:
-            raise ValueError(f"GPO needs an even d_pe >= 2, d_hidden >= 1 and temperature > 0, got "
-                             f"{d_pe}, {d_hidden}, {temperature}")
-        self.d_pe, self.d_hidden, self.temperature = d_pe, d_hidden, float(temperature)
-        self.gru = nn.GRU(d_pe, d_hidden, 1, batch_first=True, bidirectional=True)
-        self.linear = nn.Linear(d_hidden, 1, bias=False)
+        self.options = declared_options(self.Options, options, "pool gpo")
+        self.d_pe, self.d_hidden, self.temperature = (self.options.d_pe, self.options.d_hidden,
+                                                      self.options.temperature)
+        self.gru = nn.GRU(self.d_pe, self.d_hidden, 1, batch_first=True, bidirectional=True)
+        self.linear = nn.Linear(self.d_hidden, 1, bias=False)
         self.largest_set = 0  # the widest batch pooled so far (a shape: no host sync); not state
 
     def weight_table(self, size: int) -> torch.Tensor:
@@ -173,7 +190,8 @@ def pool_class(spec: str) -> type:
 
 def build_pool(pool: str | nn.Module, dim: int, options: dict | None = None) -> nn.Module:
     """A pool over members of size ``dim``: a module as given, or a name / import path built
-    as ``Class(dim=dim, **options)``."""
+    as ``Class(dim=dim, **options)``, its options checked against its ``Options`` first when it
+    declares them (``values.options_of``)."""
     options = dict(options or {})
     if isinstance(pool, nn.Module):
         if options:
@@ -181,6 +199,12 @@ def build_pool(pool: str | nn.Module, dim: int, options: dict | None = None) -> 
         return pool
     cls = pool_class(pool)
     users = is_import_path(pool)
+    declared = options_of(cls, besides=("dim",))
+    if declared is not None:
+        try:
+            declared_options(declared, options, f"pool {pool}", error=VseError)
+        except VseError as exc:
+            raise VseError(str(exc), class_file(cls, pool) if users else None) from None
     try:
         built = cls(dim=dim, **options)
     except Exception as exc:  # a user's class: whatever its own code raised, said in one line

@@ -10,6 +10,12 @@ with a loss that has ``scored(scores, image_ids=None, relevance=None)`` (every s
 ``VseLoss`` that does not declare ``needs_embeddings``).
 Its parameters, if any, are trained with the model.  Only training imports the file: a
 checkpoint holds the model, so evaluation never needs the loss.
+
+Its options (``--loss-option``, ``loss_options:``) are its ``__init__``'s keywords; declared as a
+built-in loss's are (an ``Options`` frozen dataclass of ``values.declare`` fields: a subclass of
+``VseLoss`` extends ``VseLoss.Options``, and any other class receives them as keywords), they are
+checked before the class is built, in one line naming the file and the option
+(``values.declared_options``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from torch import nn
 from pipeline.core.errors import VseError
 from pipeline.core.plugin_import import class_file, is_import_path, plugin_class, user_code_error
 from pipeline.core.registry import LOSSES
+from pipeline.core.values import declared_options, options_of
 from pipeline.models.losses import build_loss
 from pipeline.models.similarity import SIMILARITIES
 
@@ -48,6 +55,12 @@ def loss_class(spec: str) -> type:
     return plugin_class(spec, "loss")
 
 
+def options_class(spec: str) -> type | None:
+    """The ``Options`` dataclass a loss (a built-in name or an import path) is built from, or None."""
+    check_loss_name(spec)
+    return options_of(loss_class(spec) if is_import_path(spec) else LOSSES.get_part(spec))
+
+
 def make_loss(spec: str, options: dict | None = None) -> nn.Module:
     """The loss ``spec`` (built-in name or import path) built with ``options``."""
     options = dict(options or {})
@@ -58,6 +71,12 @@ def make_loss(spec: str, options: dict | None = None) -> nn.Module:
         except ValueError as exc:
             raise VseError(str(exc)) from exc
     cls = loss_class(spec)
+    declared = options_of(cls)
+    if declared is not None:  # checked as a built-in loss's are: one line naming the file
+        try:
+            declared_options(declared, options, f"loss {spec}", error=VseError)
+        except VseError as exc:
+            raise VseError(str(exc), class_file(cls, spec)) from None
     try:
         loss = cls(**options)
     except Exception as exc:  # the user's class: whatever its own code raised, said in one line

@@ -19,8 +19,10 @@ config validation, the docs and the tests derive from it.  What a loss is lives 
 class: ``name``, ``similarity`` (a name of ``similarity.SIMILARITIES``: how the model's
 embeddings are scored, in training and evaluation), ``uses_relevance`` (the trainer then
 needs a relevance file) and ``collapse_value(global_batch)`` (the value when all embeddings
-are equal, for the trainer's warning; None: no warning).  A user's own loss (any
-``nn.Module`` with this call; ``pipeline.models.loss_plugins``) may declare the same attributes.
+are equal, for the trainer's warning; None: no warning), and its options, ``Options`` (a frozen
+dataclass of ``values.declare`` fields: defaults, ranges, choices; ``VseLoss`` checks them).  A
+user's own loss (any ``nn.Module`` with this call; ``pipeline.models.loss_plugins``) may declare the
+same attributes.
 
 The similarity and the loss are computed in float32 (float64 for float64 inputs) with
 autocast disabled: a B × B table is cheap, and hinges of bf16 scores are too coarse.
@@ -28,8 +30,10 @@ autocast disabled: a B × B table is cheap, and hinges of bf16 scores are too co
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -38,6 +42,7 @@ from torch import nn
 from pipeline.core import registry, values
 from pipeline.core.errors import VseError
 from pipeline.core.plugin_import import class_file
+from pipeline.core.values import declare
 from pipeline.models.similarity import image_caption_scores
 
 LADDER_DEFAULTS = {  # levels → (thetas, margins, betas), from the CVSE++ paper
@@ -47,17 +52,19 @@ LADDER_DEFAULTS = {  # levels → (thetas, margins, betas), from the CVSE++ pape
 
 
 def build_loss(name: str, **options) -> nn.Module:
-    """The built-in loss ``name`` (one of ``LOSS_NAMES``) with its options; ValueError for
-    unknowns."""
+    """The built-in loss ``name`` (one of ``LOSS_NAMES``) with its options (its ``Options``);
+    ValueError for an unknown name or option, or a wrong value."""
     if name not in LOSS_NAMES:
         raise ValueError(f"unknown loss {name!r} (known: {', '.join(LOSS_NAMES)})")
-    cls = registry.LOSSES.get_part(name)
-    allowed = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise ValueError(f"unknown option(s) {', '.join(unknown)} for loss {name!r} "
-                         f"(allowed: {', '.join(allowed)})")
-    return cls(**options)
+    return registry.LOSSES.get_part(name)(**options)
+
+
+def options_signature(options_class) -> inspect.Signature:
+    """``(self, *, name=default, ...)``: the signature of a loss built from ``options_class``."""
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    return inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+                             + [inspect.Parameter(f.name, keyword, default=f.default)
+                                for f in dataclasses.fields(options_class)])
 
 
 class Batch(NamedTuple):
@@ -74,17 +81,56 @@ class Batch(NamedTuple):
 
 
 class VseLoss(nn.Module):
-    """Common input checks and batch preparation; subclasses define ``value(batch)``."""
+    """Common input checks, the options and batch preparation; subclasses define ``value(batch)``.
+
+    A loss's options are its ``Options``, a frozen dataclass of ``values.declare`` fields that
+    extends its base class's (``class Options(VseLoss.Options): ...``): the loss is built as
+    ``Loss(**options)``, and this class checks them (``values.declared_options``: an unknown name,
+    a wrong type, a value out of range or choices; the dataclass's ``__post_init__`` for rules
+    between options), keeps them as ``self.options`` and sets each as an attribute
+    (``self.margin``). A subclass's ``__init__(**options)``, if any, only derives its state
+    (parameters, buffers) from them after ``super().__init__(**options)``."""
 
     name = ""                  # the registry name of a built-in loss
     similarity = "cosine"      # the score S of the embeddings (similarity.SIMILARITIES)
     uses_relevance = False
     needs_embeddings = False   # reads the embeddings, not only S: no loss of a pairwise network
 
-    def __init__(self, mask_same_image: bool = True):
+    @dataclass(frozen=True)
+    class Options:
+        mask_same_image: bool = declare(True, "Pairs of the same image are no negatives (false: only the "
+                                              "diagonal is a positive).")
+
+    def __init__(self, *args, **options):
         super().__init__()
-        self.mask_same_image = bool(mask_same_image)
+        names = [f.name for f in dataclasses.fields(self.Options)]
+        if len(args) > len(names) or set(names[:len(args)]) & set(options):
+            raise TypeError(f"{type(self).__name__} takes its options by name ({', '.join(names)})")
+        options.update(zip(names, args))  # positional: in field order (VseLoss(mask_same_image))
+        owner = f"loss {self.name or type(self).__name__}"
+        self.options = values.declared_options(self.Options, options, owner)
+        for name in names:
+            setattr(self, name, getattr(self.options, name))
         self.epoch = 0
+
+    def __init_subclass__(cls, **kwargs):
+        """A subclass's ``__init__`` that takes its options as ``**options`` shows them as its
+        signature (``inspect.signature``, help()): the fields of its ``Options``, with their defaults."""
+        super().__init_subclass__(**kwargs)
+        clashes = [f.name for f in dataclasses.fields(cls.Options) if hasattr(cls, f.name)]
+        if clashes:
+            raise TypeError(f"{cls.__name__}: options named as attributes of the loss: {', '.join(clashes)}")
+        init = vars(cls).get("__init__")
+        if init is None:
+            inherited = cls.__init__
+
+            def init(self, *args, **options):
+                inherited(self, *args, **options)
+
+            init.__qualname__, cls.__init__ = f"{cls.__qualname__}.__init__", init
+        parameters = list(inspect.signature(init).parameters.values())[1:]
+        if all(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters):
+            init.__signature__ = options_signature(cls.Options)
 
     def set_epoch(self, epoch: int) -> None:
         """Told by the trainer at the start of each (0-based) epoch."""
@@ -176,9 +222,9 @@ class SumHingeLoss(VseLoss):
 
     name = "sh"
 
-    def __init__(self, margin: float = 0.2, mask_same_image: bool = True):
-        super().__init__(mask_same_image)
-        self.margin = values.within(margin, "margin", low=0)
+    @dataclass(frozen=True)
+    class Options(VseLoss.Options):
+        margin: float = declare(0.2, "The hinge margin.", low=0)
 
     def value(self, batch: Batch) -> torch.Tensor:
         to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, self.margin)
@@ -190,9 +236,10 @@ class _HardestNegativeHinge(VseLoss):
     ``warmup_epochs=E`` sums the hinges over all negatives for epochs 0 … E-1 (``set_epoch``),
     as VSE∞'s code does for its first epoch. Subclasses give the hinge costs."""
 
-    def __init__(self, warmup_epochs: int = 0, mask_same_image: bool = True):
-        super().__init__(mask_same_image)
-        self.warmup_epochs = int(values.int_at_least(warmup_epochs, "warmup_epochs", 0))
+    @dataclass(frozen=True)
+    class Options(VseLoss.Options):
+        warmup_epochs: int = declare(0, "Sum of hinges for the first E epochs (VSE∞'s "
+                                        "--vse_mean_warmup_epochs).", low=0)
 
     def collapse_value(self, global_batch: int) -> float | None:
         """Every hardest hinge is (about) the margin: 2 · B · margin (after any warm-up)."""
@@ -217,14 +264,11 @@ class MaxHingeLoss(_HardestNegativeHinge):
 
     name = "mh"
 
-    def __init__(self, margin: float = 0.2, negative_set_size: int | None = None,
-                 warmup_epochs: int = 0, mask_same_image: bool = True):
-        super().__init__(warmup_epochs, mask_same_image)
-        self.margin = values.within(margin, "margin", low=0)
-        if negative_set_size is not None and not values.is_int_at_least(negative_set_size, 1):
-            raise ValueError(f"negative_set_size must be None or an integer >= 1, "
-                             f"got {negative_set_size!r}")
-        self.negative_set_size = negative_set_size
+    @dataclass(frozen=True)
+    class Options(_HardestNegativeHinge.Options):
+        margin: float = declare(0.2, "The hinge margin.", low=0)
+        negative_set_size: int | None = declare(None, "The hardest negative among k random negatives.",
+                                                low=1)
 
     def value(self, batch: Batch) -> torch.Tensor:
         to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, self.margin)
@@ -250,17 +294,16 @@ class OrderLoss(VseLoss):
 
     similarity = "order"
 
-    def __init__(self, margin: float = 0.05, reduction: str = "sum", squared: bool = True,
-                 mask_same_image: bool = True):
-        super().__init__(mask_same_image)
-        if reduction not in ("sum", "max"):
-            raise ValueError(f"reduction must be 'sum' or 'max', got {reduction!r}")
-        if not isinstance(squared, bool):
-            raise ValueError(f"squared must be true or false, got {squared!r}")
-        self.margin = values.within(margin, "margin", low=0)
-        self.reduction = reduction
-        self.squared = squared
-        self.similarity = "order" if squared else "order-norm"
+    @dataclass(frozen=True)
+    class Options(VseLoss.Options):
+        margin: float = declare(0.05, "The hinge margin.", low=0)
+        reduction: str = declare("sum", "sum (Order0) or max (Order++: the hardest negative).",
+                                 choices=("sum", "max"))
+        squared: bool = declare(True, "The score -||max(0, c - i)||^2 (false: VSE++ code's unsquared norm).")
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.similarity = "order" if self.squared else "order-norm"
 
     def value(self, batch: Batch) -> torch.Tensor:
         to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, self.margin)
@@ -283,19 +326,17 @@ class SemanticHardNegativeLoss(_HardestNegativeHinge):
 
     uses_relevance = True
 
-    def __init__(self, margin: float = 0.185, lambda_: float = 0.025,
-                 zero_margin_same_image: bool = False, warmup_epochs: int = 0,
-                 mask_same_image: bool = True):
-        super().__init__(warmup_epochs, mask_same_image)
-        self.margin = values.within(margin, "margin", low=0)
-        self.lambda_ = values.within(lambda_, "lambda_", low=0)
-        if not isinstance(zero_margin_same_image, bool):
-            raise ValueError(f"zero_margin_same_image must be true or false, "
-                             f"got {zero_margin_same_image!r}")
-        if zero_margin_same_image and self.mask_same_image:
-            raise ValueError("zero_margin_same_image needs mask_same_image=false (with the mask, "
-                             "same-image pairs are no negatives at all)")
-        self.zero_margin_same_image = zero_margin_same_image
+    @dataclass(frozen=True)
+    class Options(_HardestNegativeHinge.Options):
+        margin: float = declare(0.185, "The hinge margin.", low=0)
+        lambda_: float = declare(0.025, "The weight of the semantic margin.", low=0)
+        zero_margin_same_image: bool = declare(False, "Same-image pairs get margin 0 (needs "
+                                                      "mask_same_image false), as the LSEH code.")
+
+        def __post_init__(self):
+            if self.zero_margin_same_image and self.mask_same_image:
+                raise ValueError("zero_margin_same_image needs mask_same_image=false (with the mask, "
+                                 "same-image pairs are no negatives at all)")
 
     def value(self, batch: Batch) -> torch.Tensor:
         semantic = batch.relevance.masked_fill(batch.same_image, 0.0)
@@ -322,26 +363,31 @@ class LadderLoss(VseLoss):
 
     uses_relevance = True
 
-    def __init__(self, levels: int = 2, thetas=None, margins=None, betas=None,
-                 positive_in_more_relevant: bool = False, mask_same_image: bool = True):
-        super().__init__(mask_same_image)
-        if not isinstance(positive_in_more_relevant, bool):
-            raise ValueError(f"positive_in_more_relevant must be true or false, "
-                             f"got {positive_in_more_relevant!r}")
-        self.positive_in_more_relevant = positive_in_more_relevant
-        values.int_at_least(levels, "levels", 2)
-        defaults = LADDER_DEFAULTS.get(int(levels))
-        if defaults is None and None in (thetas, margins, betas):
-            raise ValueError(f"levels={levels} has no defaults: give thetas, margins and betas")
-        given = (thetas, margins, betas)
-        thetas, margins, betas = (
-            values.finite_list(default if value is None else value, name, *bounds)
-            for name, value, default, bounds in zip(("thetas", "margins", "betas"), given, defaults or given,
-                                                    ((-1, 1), (0, None), (0, None))))
-        if (len(thetas), len(margins), len(betas)) != (levels - 1, levels, levels):
-            raise ValueError(f"levels={levels} needs {levels - 1} thetas, {levels} margins and "
-                             f"{levels} betas, got {len(thetas)}, {len(margins)}, {len(betas)}")
-        self.levels, self.thetas, self.margins, self.betas = int(levels), thetas, margins, betas
+    @dataclass(frozen=True)
+    class Options(VseLoss.Options):
+        levels: int = declare(2, "L, the levels (2 or 3 have the paper's defaults).", low=2)
+        thetas: list | tuple | None = declare(None, "L - 1 relevance thresholds in [-1, 1] (default: the "
+                                                    "paper's).")
+        margins: list | tuple | None = declare(None, "L margins >= 0 (default: the paper's).")
+        betas: list | tuple | None = declare(None, "L weights >= 0 (default: the paper's).")
+        positive_in_more_relevant: bool = declare(False, "Count the positive in every more-relevant set, "
+                                                         "as the reference code.")
+
+        def __post_init__(self):
+            """The paper's thetas, margins and betas of ``levels`` where none are given, as lists."""
+            levels, given = self.levels, (self.thetas, self.margins, self.betas)
+            defaults = LADDER_DEFAULTS.get(levels)
+            if defaults is None and None in given:
+                raise ValueError(f"levels={levels} has no defaults: give thetas, margins and betas")
+            names, bounds = ("thetas", "margins", "betas"), ((-1, 1), (0, None), (0, None))
+            thetas, margins, betas = (
+                values.finite_list(default if value is None else value, name, *low_high)
+                for name, value, default, low_high in zip(names, given, defaults or given, bounds))
+            if (len(thetas), len(margins), len(betas)) != (levels - 1, levels, levels):
+                raise ValueError(f"levels={levels} needs {levels - 1} thetas, {levels} margins and "
+                                 f"{levels} betas, got {len(thetas)}, {len(margins)}, {len(betas)}")
+            for name, value in (("thetas", thetas), ("margins", margins), ("betas", betas)):
+                object.__setattr__(self, name, value)
 
     def value(self, batch: Batch) -> torch.Tensor:
         to_captions, to_images = _hinge_costs(batch.scores, batch.negatives, self.margins[0])
@@ -366,9 +412,9 @@ class CrossModalInfoNCELoss(VseLoss):
 
     name = "csn"
 
-    def __init__(self, tau: float = 0.1, mask_same_image: bool = True):
-        super().__init__(mask_same_image)
-        self.tau = values.positive(tau, "tau")
+    @dataclass(frozen=True)
+    class Options(VseLoss.Options):
+        tau: float = declare(0.1, "The temperature.", above=0)
 
     def value(self, batch: Batch) -> torch.Tensor:
         logits = (batch.scores / self.tau).masked_fill(~with_positives(batch.negatives),
@@ -384,10 +430,10 @@ class HardestNegativeContrastiveLoss(VseLoss):
 
     name = "cmn"
 
-    def __init__(self, margin: float = 0.2, tau: float = 0.1, mask_same_image: bool = True):
-        super().__init__(mask_same_image)
-        self.margin = values.within(margin, "margin", low=0)
-        self.tau = values.positive(tau, "tau")
+    @dataclass(frozen=True)
+    class Options(VseLoss.Options):
+        margin: float = declare(0.2, "The margin a.", low=0)
+        tau: float = declare(0.1, "The temperature.", above=0)
 
     def value(self, batch: Batch) -> torch.Tensor:
         scores = batch.scores.masked_fill(~batch.negatives, -math.inf)
@@ -412,9 +458,9 @@ class MultiViewNTXentLoss(VseLoss):
 
     needs_embeddings = True  # image–image and caption–caption terms: no score matrix holds them
 
-    def __init__(self, tau: float = 0.1, mask_same_image: bool = True):
-        super().__init__(mask_same_image)
-        self.tau = values.positive(tau, "tau")
+    @dataclass(frozen=True)
+    class Options(VseLoss.Options):
+        tau: float = declare(0.1, "The temperature.", above=0)
 
     def value(self, batch: Batch) -> torch.Tensor:
         size = len(batch.img)
@@ -442,9 +488,14 @@ class CLIPInfoNCELoss(VseLoss):
 
     name = "infonce"
 
-    def __init__(self, init_scale: float = 1 / 0.07, max_scale: float = 100.0, mask_same_image: bool = True):
-        super().__init__(mask_same_image)
-        self.max_log_scale, init_log_scale = _clamped_log_scale(init_scale, max_scale)
+    @dataclass(frozen=True)
+    class Options(VseLoss.Options):
+        init_scale: float = declare(1 / 0.07, "The learned scale's start, in [1, max_scale].")
+        max_scale: float = declare(100.0, "The scale is clamped to [1, max_scale] after each step.", low=1)
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.max_log_scale, init_log_scale = _clamped_log_scale(self.init_scale, self.max_scale)
         self.logit_scale = nn.Parameter(torch.tensor(init_log_scale))
 
     def after_step(self) -> None:
@@ -468,12 +519,17 @@ class SigmoidPairLoss(VseLoss):
 
     name = "siglip"
 
-    def __init__(self, init_scale: float = 10.0, init_bias: float = -10.0, max_scale: float = 100.0,
-                 mask_same_image: bool = True):
-        super().__init__(mask_same_image)
-        self.max_log_scale, init_log_scale = _clamped_log_scale(init_scale, max_scale)
+    @dataclass(frozen=True)
+    class Options(VseLoss.Options):
+        init_scale: float = declare(10.0, "The learned scale's start, in [1, max_scale].")
+        init_bias: float = declare(-10.0, "The learned bias's start.")
+        max_scale: float = declare(100.0, "The scale is clamped to [1, max_scale] after each step.", low=1)
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.max_log_scale, init_log_scale = _clamped_log_scale(self.init_scale, self.max_scale)
         self.logit_scale = nn.Parameter(torch.tensor(init_log_scale))
-        self.logit_bias = nn.Parameter(torch.tensor(values.finite(init_bias, "init_bias")))
+        self.logit_bias = nn.Parameter(torch.tensor(self.init_bias))
 
     after_step = CLIPInfoNCELoss.after_step
 
@@ -529,10 +585,10 @@ def _not_a_scalar(loss: VseLoss, value) -> Exception:
     return VseError(message, class_file(type(loss), type(loss).__name__))
 
 
-def _clamped_log_scale(init_scale, max_scale) -> tuple[float, float]:
-    """(log max_scale, log init_scale) of a learned logit scale kept in [1, max_scale] (``after_step``):
-    max_scale >= 1, and init_scale inside that range (one outside it would be moved after the first step)."""
-    max_scale = values.within(max_scale, "max_scale", low=1)
+def _clamped_log_scale(init_scale: float, max_scale: float) -> tuple[float, float]:
+    """(log max_scale, log init_scale) of a learned logit scale kept in [1, max_scale] (``after_step``;
+    max_scale >= 1 is declared): init_scale inside that range (one outside it would be moved after the
+    first step)."""
     return math.log(max_scale), math.log(values.within(init_scale, "init_scale", low=1, high=max_scale))
 
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from pipeline.core import values
+from pipeline.core.values import declare
 from pipeline.models.losses import Batch
 from pipeline.models.noisy_losses import NoisyPairLoss, Phase
 
@@ -62,24 +63,26 @@ class NoisyCorrespondenceRectifier(NoisyPairLoss):
     sample_pass = True
     sample_pass_shuffled = True  # their eval_train reads the shuffled training loader
 
-    def __init__(self, margin: float = 0.2, warmup_epochs: int = 1, p_threshold: float = 0.5,
-                 soft_margin: str = "exponential", soft_margin_base: float = 10.0,
-                 schedule: str = "alternate", per_pair_labels: bool = False, warmup_sum: bool = False,
-                 mask_same_image: bool = False):
-        super().__init__(mask_same_image)
-        self.margin = values.within(margin, "margin", low=0)
-        values.int_at_least(warmup_epochs, "warmup_epochs", 0)
-        # a clean probability (the GMM's posterior) is compared with it
-        self.warmup_epochs, self.p_threshold = warmup_epochs, values.within(p_threshold, "p_threshold", 0, 1)
-        if soft_margin not in SOFT_MARGINS:
-            raise ValueError(f"soft_margin must be one of {', '.join(SOFT_MARGINS)}, got {soft_margin!r}")
-        if schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
-        self.soft_margin, self.schedule = soft_margin, schedule
-        self.base = values.positive(soft_margin_base, "soft_margin_base")
-        if self.base == 1:
-            raise ValueError("soft_margin_base must not be 1")
-        self.per_pair_labels, self.warmup_sum = bool(per_pair_labels), bool(warmup_sum)
+    @dataclass(frozen=True)
+    class Options(NoisyPairLoss.Options):
+        mask_same_image: bool = declare(False, "Theirs: only the diagonal is a positive.")
+        margin: float = declare(0.2, "α, the margin every soft margin scales.", low=0)
+        warmup_epochs: int = declare(1, "Epochs of warm-up (no division).", low=0)
+        p_threshold: float = declare(0.5, "Judged clean: a clean probability (the GMM's posterior) above "
+                                          "this.", low=0, high=1)
+        soft_margin: str = declare("exponential", "s(y) (their --soft_margin).", choices=SOFT_MARGINS)
+        soft_margin_base: float = declare(10.0, "b of the exponential soft margin (not 1).", above=0)
+        schedule: str = declare("alternate", "alternate (theirs) or joint.", choices=SCHEDULES)
+        per_pair_labels: bool = declare(False, "Each pair's margin from its own label (theirs broadcast).")
+        warmup_sum: bool = declare(False, "The warm-up sums the hinges (theirs: row and column means).")
+
+        def __post_init__(self):
+            if self.soft_margin_base == 1:
+                raise ValueError("soft_margin_base must not be 1")
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.base = self.soft_margin_base
         self.register_buffer("clean_probability", torch.ones(self.networks, 0, dtype=torch.float64))
         self.register_buffer("judged_clean", torch.ones(self.networks, 0, dtype=torch.bool))
 

@@ -2,25 +2,38 @@
 
 Two kinds (``registry.NETWORK_KINDS``), designed from two real cases:
 
-- ``dual`` (VSE++, VSE∞; ``vse_model.VSEModel``): each side is encoded to one vector, and the
-  score of a pair is their similarity. ``forward(images, *captions)`` → (image embeddings,
-  caption embeddings); the trainer gathers them across processes and the loss scores them.
-- ``pairwise`` (SGR, SAF; ``sgraf``): each side is encoded to local features (an image block,
-  a caption block), and ``score(image_block, caption_block)`` gives the (Bi, Bc) scores of every
-  pair, jointly. ``forward(images, captions, lengths)`` → the batch's (B, B) score matrix;
+- ``dual`` (VSE++, VSE∞, VSRN; ``DualNetwork``): each side is encoded to one vector, and the
+  score of a pair is their similarity. ``forward(images, *captions)`` → (image embeddings (B, E),
+  caption embeddings (B, E)); the trainer gathers them across processes and the loss scores them.
+- ``pairwise`` (SGR, SAF; ``PairwiseNetwork``): each side is encoded to local features (an image
+  block, a caption block), and ``score(image_block, caption_block)`` gives the (Bi, Bc) scores of
+  every pair, jointly. ``forward(images, captions, lengths)`` → the batch's (B, B) score matrix;
   the loss takes it (``VseLoss.scored``).
 
-``PairwiseNetwork`` is the base class of pairwise networks: it owns the options (a frozen
-dataclass per network, ``Options``: its own options, declared once, checked here), the build
-from a ``NetworkConfig`` (what a checkpoint keeps to rebuild the network), the forward of a
-training batch and the blocked scoring of evaluation. A subclass owns only ``encode_images``,
-``encode_captions`` and ``score``. A user's network is ``FILE.py:Class`` (a subclass, or any
-module with the same members); ``vse check-network`` runs its contract (``network_check``).
+A network is its class and its declaration (``registry.NetworkSpec``: kind, defaults, ``Options``,
+``check(config)``), which ``TrainConfig`` applies and checks without building anything. A built-in
+network's declaration is a torch-free module beside its code (``vse_spec``, ``vsrn_spec``,
+``sgraf_spec``) named by one ``registry.NETWORKS`` line; a user's network is ``FILE.py:Class``,
+whose class declares the same as attributes (``kind``, ``defaults``, ``Options``, optionally a
+static ``check(config)``): a subclass of ``PairwiseNetwork`` or ``DualNetwork`` has them.
+``build_network`` builds either kind from a ``NetworkConfig`` (what a checkpoint keeps to rebuild
+it); ``vse check-network`` runs either kind's contract (``network_check``).
 
-Inputs: images are sets ``(B, K, D)`` of member features (CNN grid cells, precomputed
-regions); captions are ``(tokens (B, T) int64, lengths (B,))`` for a network with its own word
-encoder (``vocab_size > 0``), or ``(token vectors (B, T, d), lengths)`` of `vse encode-text
---tokens` (``text_dim > 0``). Lengths stay on the CPU; positions >= length are padding.
+The base classes own the options (a frozen dataclass per network, ``Options``: its own options,
+declared once, checked here) and the forward. A ``PairwiseNetwork`` subclass owns only
+``encode_images``, ``encode_captions`` and ``score`` (the base gives the training batch's forward
+and the blocked scoring of evaluation); a ``DualNetwork`` subclass owns two modules,
+``image_encoder`` (images → (B, E)) and ``text_encoder`` (a caption batch → (B, E)), which
+evaluation and `vse embed` run one side at a time, and declares ``takes_sets``. VSE's own model
+(``vse_model.VSEModel``, VSE++ / VSE∞ / VSRN) is a ``DualNetwork`` built from a ``ModelConfig``
+(the head options of ``TrainConfig``: pools, projections, RC's CNN); every other network reads
+cached features and is built from a ``NetworkConfig``.
+
+Inputs: images are sets ``(B, K, D)`` of member features (CNN grid cells, precomputed regions),
+or for a dual network that does not take sets one vector ``(B, D)`` each; captions are
+``(tokens (B, T) int64, lengths (B,))`` for a network with its own word encoder (``vocab_size >
+0``), or ``(token vectors (B, T, d), lengths)`` of `vse encode-text --tokens` (``text_dim > 0``).
+Lengths stay on the CPU; positions >= length are padding.
 """
 
 from __future__ import annotations
@@ -43,7 +56,8 @@ class NetworkConfig:
 
     network: str                # a name of registry.NETWORKS, or FILE.py:Class
     feature_dim: int            # the size of an image member
-    set_size: int               # members per image (K of the cache); layers over member slots need it
+    set_size: int               # members per image (K of the cache); layers over member slots need it;
+                                # 0: one vector per image (a dual network that does not take sets)
     embed_dim: int = 1024
     vocab_size: int = 0         # > 0: captions are word ids, encoded by the network's own GRU
     word_dim: int = 300
@@ -65,7 +79,15 @@ class NetworkConfig:
 
     @property
     def similarity(self) -> str:
-        return "cosine"  # the scores of a pairwise network are its own: no similarity of vectors
+        """A pairwise network's scores are its own (no similarity of vectors); a dual network's
+        embeddings are scored by cosine (a user's network is trained with a cosine loss)."""
+        return "cosine"
+
+    @property
+    def image_pool(self) -> str | None:
+        """What pools an image's set (what evaluation checks a cache against): the network itself
+        when its images are sets, None when they are one vector each."""
+        return self.network if self.set_size else None
 
 
 class PairwiseNetwork(nn.Module):
@@ -73,6 +95,7 @@ class PairwiseNetwork(nn.Module):
 
     kind = "pairwise"
     Options = None               # a frozen dataclass of the network's own options, or None
+    defaults: dict = {}          # TrainConfig options the network sets when they are left at their defaults
     backbone = None              # no CNN inside (RC mode is for dual networks)
     eval_pair_budget = 1 << 22   # floats of one scoring chunk's largest intermediate (16 MB: cache-sized
                                  # chunks measured faster on a CPU than large ones)
@@ -113,6 +136,38 @@ class PairwiseNetwork(nn.Module):
         return {}
 
 
+class DualNetwork(nn.Module):
+    """Base of networks that encode each side to one vector (see the module's text): a subclass
+    builds ``image_encoder`` and ``text_encoder`` (``nn.Module``s) in ``__init__``."""
+
+    kind = "dual"
+    Options = None               # a frozen dataclass of the network's own options, or None
+    defaults: dict = {}          # TrainConfig options the network sets when they are left at their defaults
+    takes_sets = False           # images are sets (B, K, D) of a set cache; False: one vector (B, D) each
+    backbone = None              # no CNN inside (RC mode is VSE's model's)
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        if isinstance(config, NetworkConfig):  # VSE's own model: its ModelConfig holds its options
+            self.options = network_options(type(self), config.options, config.network)
+
+    def forward(self, images: torch.Tensor, *captions):
+        """(image embeddings (B, E), caption embeddings (B, E)) of a training batch. Members cached
+        as float16 arrive as float32 (``at_least_float32``)."""
+        return self.image_encoder(at_least_float32(images)), self.text_encoder(*captions)
+
+    def auxiliary_losses(self) -> dict:
+        """Extra loss terms of the last forward pass (name → scalar), added to the loss and logged."""
+        return {}
+
+    def head_state_dict(self) -> dict:
+        return self.state_dict()
+
+    def pool_weights(self, sizes: dict | None = None) -> dict:
+        return {}
+
+
 def at_least_float32(x: torch.Tensor) -> torch.Tensor:
     """float16 / bfloat16 features (a set cache's members) as float32; float32 and float64 as given."""
     return x.to(torch.promote_types(x.dtype, torch.float32)) if x.is_floating_point() else x
@@ -129,39 +184,16 @@ def network_kind(model: nn.Module) -> str:
 
 
 def network_options(cls, given: dict | None, spec: str = "") -> object:
-    """The ``Options`` of network class ``cls`` from ``given`` (name → value), checked: an unknown
-    name or a wrong type is a VseError naming the network and its options."""
-    given = dict(given or {})
-    options_class = getattr(cls, "Options", None)
-    if options_class is None:
-        if given:
-            raise VseError(f"network {spec or cls.__name__} has no options; got {', '.join(sorted(given))}")
-        return None
-    known = {f.name: f for f in dataclasses.fields(options_class)}
-    unknown = sorted(set(given) - set(known))
-    if unknown:
-        raise VseError(f"network {spec or cls.__name__} has no option {', '.join(unknown)} "
-                       f"(its options: {', '.join(known)})")
-    checked = {}
-    for name, value in given.items():
-        default = known[name].default
-        if isinstance(default, bool):
-            ok = isinstance(value, bool)
-        elif isinstance(default, int):
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        elif isinstance(default, float):
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            value = float(value) if ok else value
-        else:
-            ok = isinstance(value, type(default))
-        if not ok:
-            raise VseError(f"network {spec or cls.__name__}: option {name} must be like {default!r}, "
-                           f"got {value!r}")
-        checked[name] = value
-    try:
-        return options_class(**checked)
-    except (TypeError, ValueError) as exc:
-        raise VseError(f"network {spec or cls.__name__}: {exc}") from exc
+    """The ``Options`` of network class ``cls`` from ``given`` (name → value), checked by the one check
+    of a part's options (``values.declared_options``): an unknown name, a wrong type or a value out of
+    range is a VseError naming the network and the option. None for a network without options."""
+    from pipeline.core.values import declared_options
+
+    owner, options_class = f"network {spec or cls.__name__}", getattr(cls, "Options", None)
+    if options_class is not None and not dataclasses.is_dataclass(options_class):
+        raise VseError(f"{owner} declares Options that are not a dataclass")
+    options = declared_options(options_class, given, owner, error=VseError)
+    return None if options_class is None else options
 
 
 def network_class(spec: str) -> type:
@@ -170,13 +202,23 @@ def network_class(spec: str) -> type:
     return plugin_class(spec, "network") if is_import_path(spec) else NETWORKS.get_part(spec)
 
 
+# What each kind's class must have once built, and what it is for (a refusal names the first missing).
+MEMBERS = {"pairwise": (("encode_images", "encode_captions", "score"),
+                        "a pairwise network encodes images and captions into blocks and scores every pair "
+                        "of two blocks"),
+           "dual": (("image_encoder", "text_encoder"),
+                    "a dual network encodes images and captions into one vector each, side by side")}
+
+
 def build_network(config: NetworkConfig) -> nn.Module:
-    """A pairwise network (built-in or a user's) from its config; VseError naming the class's
-    file when a user's class cannot be built or is not a network."""
-    cls = network_class(config.network)
-    if getattr(cls, "kind", "dual") != "pairwise":
-        raise VseError(f"network {config.network} is not a pairwise network (kind "
-                       f"{getattr(cls, 'kind', 'dual')!r}); a dual network is built from a ModelConfig")
+    """A network built from a ``NetworkConfig`` (built-in or a user's, either kind: its declaration
+    says which); VseError naming the class's file when a user's class cannot be built or is not a
+    network of its kind. VSE's own model is built from a ``ModelConfig`` (``vse_model``)."""
+    declared = NETWORKS.spec(config.network)
+    if declared.vse_heads:
+        raise VseError(f"network {config.network} is VSE's model, built from a ModelConfig (vse_model), "
+                       "not from a NetworkConfig")
+    cls, kind = network_class(config.network), declared.kind
     users = is_import_path(config.network)
     try:
         model = cls(config)
@@ -188,13 +230,15 @@ def build_network(config: NetworkConfig) -> nn.Module:
             raise
         raise VseError(f"cannot build network {config.network} ({str(exc).splitlines()[0][:160]})",
                        class_file(cls, config.network) if users else None) from exc
-    for name in ("encode_images", "encode_captions", "score"):
+    names, purpose = MEMBERS[kind]
+    for name in names:
         if not callable(getattr(model, name, None)):
-            raise VseError(f"network {config.network} has no {name}(): a pairwise network encodes "
-                           "images and captions into blocks and scores every pair of two blocks")
+            where = class_file(cls, config.network) if users and kind == "dual" else None
+            raise VseError(f"network {config.network} has no {name}{'()' if kind == 'pairwise' else ''}: "
+                           f"{purpose}", where)
     if users:  # what the loss and the metrics read, checked where the user's network hands it over
-        model.register_forward_hook(functools.partial(_check_score_matrix, config.network,
-                                                      class_file(cls, config.network)))
+        check = _check_score_matrix if kind == "pairwise" else _check_embeddings
+        model.register_forward_hook(functools.partial(check, config.network, class_file(cls, config.network)))
     return model
 
 
@@ -208,3 +252,17 @@ def _check_score_matrix(spec: str, where: str, module, args, scores) -> None:
     got = f"shape {tuple(scores.shape)}" if isinstance(scores, torch.Tensor) else type(scores).__name__
     raise VseError(f"network {spec} returned scores of {got} for a batch of {batch} pairs; forward(images, "
                    f"captions, lengths) must give the ({batch}, {batch}) score matrix", where)
+
+
+def _check_embeddings(spec: str, where: str, module, args, out) -> None:
+    """A forward hook on a user's dual network: ``forward(images, *captions)`` gives (image embeddings
+    (B, E), caption embeddings (B, E)); anything else is a VseError naming the network and what it
+    returned."""
+    batch = len(args[0]) if args and isinstance(args[0], torch.Tensor) else None
+    pair = isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(x, torch.Tensor) for x in out)
+    if pair and all(x.ndim == 2 and len(x) == batch for x in out) and out[0].shape[1] == out[1].shape[1]:
+        return
+    got = (", ".join(str(tuple(x.shape)) for x in out) if pair
+           else f"{len(out)} outputs" if isinstance(out, (tuple, list)) else type(out).__name__)
+    raise VseError(f"network {spec} returned {got} for a batch of {batch} pairs; forward(images, *captions) "
+                   f"must give (image embeddings ({batch}, E), caption embeddings ({batch}, E))", where)

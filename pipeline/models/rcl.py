@@ -5,10 +5,11 @@ class and the trainer's contract: ``pipeline.models.noisy_losses``). Equal to th
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-from pipeline.core import values
+from pipeline.core.values import declare
 from pipeline.models.losses import Batch, with_positives
 from pipeline.models.noisy_losses import NoisyPairLoss
 
@@ -53,16 +54,16 @@ class ComplementaryContrastiveLoss(NoisyPairLoss):
 
     name = "rcl"
 
-    def __init__(self, tau: float = 0.05, variant: str = "log", q: float = 0.2, ratio: float = -1.0,
-                 eps: float = 1e-10, mask_same_image: bool = False):
-        super().__init__(mask_same_image)
-        self.tau = values.positive(tau, "tau")
-        if variant not in RCL_VARIANTS:
-            raise ValueError(f"variant must be one of {', '.join(RCL_VARIANTS)}, got {variant!r}")
-        # q: GCE's exponent, in (0, 1] (1: the mean absolute error, towards 0: −log); read by ``gce`` only
-        self.variant, self.q = variant, values.within(values.positive(q, "q"), "q", high=1)
-        self.ratio = values.finite(ratio, "ratio")
-        self.eps = values.within(eps, "eps", low=0)
+    @dataclass(frozen=True)
+    class Options(NoisyPairLoss.Options):
+        mask_same_image: bool = declare(False, "Theirs: only the diagonal is a positive.")
+        tau: float = declare(0.05, "The softmax temperature.", above=0)
+        variant: str = declare("log", "h, the cost of a negative's p (their --loss).",
+                               choices=tuple(RCL_VARIANTS))
+        q: float = declare(0.2, "GCE's exponent (1: the mean absolute error, towards 0: -log); gce only.",
+                           above=0, high=1)
+        ratio: float = declare(-1.0, "The share of each query's negatives pushed, drawn (<= 0 or >= 1: all).")
+        eps: float = declare(1e-10, "Their eps, in the softmax's denominator and in log / gce.", low=0)
 
     def value(self, batch: Batch) -> torch.Tensor:
         scores, negatives = batch.scores, batch.negatives

@@ -25,7 +25,6 @@ authors' loop does.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -35,6 +34,7 @@ from torch import nn
 from pipeline.core.tokens import PAD_ID
 from pipeline.models.layers import bigru_states
 from pipeline.models.network import NetworkConfig, PairwiseNetwork
+from pipeline.models.sgraf_spec import SGRAFOptions  # their declaration (torch-free)
 
 EPS = 1e-8
 WORD_INIT = 0.1
@@ -103,23 +103,6 @@ def xavier_(module: nn.Module) -> None:
         elif isinstance(m, nn.BatchNorm1d):
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
-
-
-@dataclass(frozen=True)
-class SGRAFOptions:
-    """SGRAF's own options (`--network-option NAME=VALUE`); the defaults are the authors'."""
-
-    sim_dim: int = 256         # size of a similarity vector (--sim_dim)
-    sgr_steps: int = 3         # SGR's reasoning steps (--sgr_step)
-    smooth: float = 9.0        # λ of the cross-attention's softmax (hard-coded in model.py)
-    dropout: float = 0.4       # of the word embeddings and the self-attentions
-    caption_chunk: int = 0     # captions scored at once (0: by the memory budget)
-
-    def __post_init__(self):
-        if self.sim_dim < 1 or self.sgr_steps < 1 or self.caption_chunk < 0:
-            raise ValueError("sim_dim and sgr_steps must be >= 1, caption_chunk >= 0")
-        if not 0 <= self.dropout < 1 or not math.isfinite(self.smooth):
-            raise ValueError("dropout must be in [0, 1) and smooth finite")
 
 
 class ImageBlock(NamedTuple):

@@ -22,6 +22,7 @@ from pipeline.core.registry import LAST, PROJECTIONS
 from pipeline.core.tokens import PAD_ID
 from pipeline.models.heads import GPO, BiGRUTextEncoder, SetImageHead, TokenSetTextEncoder
 from pipeline.models.layers import l2_normalize, load_word_vectors, pack_by_length
+from pipeline.models.network import DualNetwork, NetworkConfig, build_network
 from pipeline.models.set_augment import size_augment
 from pipeline.models.similarity import SIMILARITIES  # the one list of similarity names
 
@@ -235,14 +236,12 @@ def join_state(head: dict, cnn: dict | None = None) -> dict:
     return {**head, **{CNN_PREFIX + k: v for k, v in (cnn or {}).items()}}
 
 
-class VSEModel(nn.Module):
-    """The dual network (``models.network``): ``forward`` gives the embeddings of both sides."""
-
-    kind = "dual"
+class VSEModel(DualNetwork):
+    """VSE's dual network (``models.network``), built from a ``ModelConfig``: VSE++, VSE∞ and VSRN
+    (their declarations: ``vse_spec``, ``vsrn_spec``); ``forward`` gives the embeddings of both sides."""
 
     def __init__(self, cfg: ModelConfig, backbone: PixelBackbone | None = None):
-        super().__init__()
-        self.config = cfg
+        super().__init__(cfg)
         self.image_encoder = ImageEncoder(cfg, backbone)
         self.text_encoder = text_encoder_for(cfg)
         self.caption_decoder = None
@@ -284,6 +283,10 @@ class VSEModel(nn.Module):
     def backbone(self) -> PixelBackbone | None:
         return self.image_encoder.backbone
 
+    @property
+    def takes_sets(self) -> bool:
+        return self.image_encoder.takes_sets
+
     @torch.no_grad()
     def pool_weights(self, sizes: dict | None = None) -> dict:
         """The weights learned pools give each rank (VSE∞'s GPO), side ("image", "text") →
@@ -316,7 +319,7 @@ def model_of_checkpoint(state: dict, checkpoint, backbone: PixelBackbone | None 
             model = CoTrained([_model_of_config(config) for _ in range(int(config["co_trained"]))])
             model.load_state_dict(state["model"])
             return model
-        if "network" in config:  # a pairwise network: no CNN inside
+        if "network" in config:  # a network built from a NetworkConfig (pairwise, or a user's dual): no CNN
             model = _model_of_config(config, backbone)
             model.load_state_dict(state["model"])
         else:  # VSRN's caption branch trains only: a model for inference is built without it
@@ -331,10 +334,8 @@ def model_of_checkpoint(state: dict, checkpoint, backbone: PixelBackbone | None 
 
 
 def _model_of_config(config: dict, backbone: PixelBackbone | None = None):
-    """The untrained network a checkpoint's ``model_config`` describes: a pairwise network
-    (``network`` key, models.network) or the dual model."""
+    """The untrained network a checkpoint's ``model_config`` describes: a network built from a
+    ``NetworkConfig`` (``network`` key, models.network: pairwise, or a user's dual) or VSE's model."""
     if "network" in config:
-        from pipeline.models.network import NetworkConfig, build_network
-
         return build_network(NetworkConfig.from_dict(config))
     return VSEModel(ModelConfig.from_dict(config), backbone)

@@ -215,6 +215,17 @@ def onnx_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vse" / "onnx"
 
 
+def network_kind_of(network: str) -> str | None:
+    """The kind a checkpoint's network declares (``registry.NETWORKS.spec``); None when its file
+    cannot be read now."""
+    from pipeline.core.registry import NETWORKS
+
+    try:
+        return NETWORKS.spec(network).kind
+    except VseError:
+        return None
+
+
 def refuse_pairwise(state: dict, checkpoint) -> None:
     """A pairwise network (models.network) has no embeddings: embed, index, search and serve
     refuse its checkpoint in one line, naming what to use instead."""
@@ -224,6 +235,10 @@ def refuse_pairwise(state: dict, checkpoint) -> None:
                        "scored as the mean of their scores: it has no single embedding to index or search. "
                        "Embed with a checkpoint of one network for the shortlist", checkpoint)
     network = config.get("network")
+    if network is not None and network_kind_of(network) == "dual":
+        raise VseError(f"network {network} is a dual network of your own: vse embed, index, search and serve "
+                       "read VSE's built-in models (vse++, vse-infty, vsrn) for now; evaluate it with `vse "
+                       "evaluate --checkpoint`", checkpoint)
     if network is not None:
         raise VseError(f"network {network} scores each image–caption pair jointly: it has no embeddings "
                        "to index or search. Embed with a dual checkpoint (--network vse++ or vse-infty) for "

@@ -22,11 +22,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from pipeline.core.config import TrainConfig
 from pipeline.core.errors import VseError
+from pipeline.core.registry import NETWORKS
 from pipeline.core.runtime import needs_grad_scaler
 from pipeline.data.batches import CachedFeatures, PairSource
 from pipeline.data.captions import CachedCaptionTokens, CaptionEncoder, GRUCaptions, open_caption_features
 from pipeline.models.loss_plugins import loss_traits, make_loss
-from pipeline.models.network import NetworkConfig, build_network
+from pipeline.models.network import NetworkConfig, build_network, network_class
 from pipeline.models.vse_model import ModelConfig, VSEModel
 from pipeline.text.vocabulary import Vocabulary
 
@@ -80,7 +81,7 @@ def tell_loss_the_scores(cfg: TrainConfig, loss: torch.nn.Module, model: torch.n
 
 def create_model(cfg: TrainConfig, source: PairSource, captions: CaptionEncoder, traits, device,
                  distributed: bool) -> torch.nn.Module:
-    """The network of ``cfg.network``: the dual VSE model, or a pairwise network; k copies of it
+    """The network of ``cfg.network`` (dual or pairwise, as it declares); k copies of it
     trained together (``models.cotrain``) when the loss declares ``networks = k`` (NCR)."""
     if traits.networks > 1:
         if cfg.rc:
@@ -95,9 +96,13 @@ def create_model(cfg: TrainConfig, source: PairSource, captions: CaptionEncoder,
 
 def _create_network(cfg: TrainConfig, source: PairSource, captions: CaptionEncoder, traits, device,
                     distributed: bool) -> torch.nn.Module:
-    if cfg.pairwise:
-        return create_pairwise_network(cfg, source, captions, traits).to(device)
-    own = vsrn_fields(cfg, source) if cfg.network == "vsrn" else {"pool_options": {}}
+    """The network as its declaration says (``registry.NetworkSpec``): VSE's model from the head
+    options (vse++, vse-infty, vsrn), any other network from a ``NetworkConfig``, by its kind."""
+    declared = NETWORKS.spec(cfg.network)
+    if not declared.vse_heads:
+        build = create_pairwise_network if declared.kind == "pairwise" else create_dual_network
+        return build(cfg, source, captions, traits).to(device)
+    own = network_fields(cfg, source, declared)
     model_config = ModelConfig(  # the loss declares the similarity its scores use
         feature_dim=source.feature_dim, embed_dim=cfg.embed_dim, img_norm=cfg.img_norm,
         similarity=traits.similarity, projection=cfg.projection, **image_fields(cfg, source),
@@ -125,27 +130,50 @@ def create_pairwise_network(cfg: TrainConfig, source: PairSource, captions: Capt
         raise VseError(f"--network {cfg.network} attends over the members of each image's set, but this "
                        "cache holds one vector per image: extract one with --grid (or import regions)",
                        source.location)
-    if isinstance(captions, GRUCaptions):
-        text = {"vocab_size": len(captions.vocab), "word_dim": 50 if cfg.glove else cfg.word_dim}
-    elif isinstance(captions, CachedCaptionTokens):
-        text = {"text_dim": captions.file.dim}
-    else:
-        raise VseError(f"--network {cfg.network} attends over the words of each caption, but this file "
-                       "holds one vector per caption: make token vectors with `vse encode-text --tokens`",
-                       cfg.text_features)
+    text = network_text_fields(cfg, captions)
     return build_network(NetworkConfig(network=cfg.network, feature_dim=source.feature_dim,
                                        set_size=int(source.index.set_size), embed_dim=cfg.embed_dim,
                                        options=dict(cfg.network_options), **text))
 
 
-def vsrn_fields(cfg: TrainConfig, source: PairSource) -> dict:
-    """`--network vsrn`'s pool options (its image encoder variant, chosen from the data when
-    ``auto``: models.vsrn.resolve_variant) and its own options, checked."""
-    from pipeline.models.vsrn import model_fields
+def create_dual_network(cfg: TrainConfig, source: PairSource, captions: CaptionEncoder, traits):
+    """A dual network built from a ``NetworkConfig`` (a user's ``FILE.py:Class``, a ``DualNetwork``)
+    over cached features: one vector per image or sets, as its class declares (``takes_sets``),
+    and word ids or cached token vectors; refused in one line where it cannot train."""
+    if traits.similarity != "cosine":
+        raise VseError(f"loss {cfg.loss} scores by {traits.similarity}; --network {cfg.network} gives "
+                       "embeddings scored by cosine (as evaluation scores them): pick a cosine loss")
+    takes_sets = bool(getattr(network_class(cfg.network), "takes_sets", False))
+    if takes_sets != (source.set_kind is not None):
+        held = "one vector per image" if source.set_kind is None else f"sets ({source.set_kind})"
+        wants = "sets of members (extract one with --grid, or import regions)" if takes_sets else \
+            "one vector per image"
+        raise VseError(f"--network {cfg.network} reads {wants}, but this cache holds {held}", source.location)
+    return build_network(NetworkConfig(network=cfg.network, feature_dim=source.feature_dim,
+                                       set_size=int(source.index.set_size) if takes_sets else 0,
+                                       embed_dim=cfg.embed_dim, options=dict(cfg.network_options),
+                                       **network_text_fields(cfg, captions)))
 
+
+def network_text_fields(cfg: TrainConfig, captions: CaptionEncoder) -> dict:
+    """A ``NetworkConfig``'s caption fields: word ids (its own word encoder) or cached token vectors;
+    a file of one vector per caption is refused."""
+    if isinstance(captions, GRUCaptions):
+        return {"vocab_size": len(captions.vocab), "word_dim": 50 if cfg.glove else cfg.word_dim}
+    if isinstance(captions, CachedCaptionTokens):
+        return {"text_dim": captions.file.dim}
+    raise VseError(f"--network {cfg.network} attends over the words of each caption, but this file "
+                   "holds one vector per caption: make token vectors with `vse encode-text --tokens`",
+                   cfg.text_features)
+
+
+def network_fields(cfg: TrainConfig, source: PairSource, declared) -> dict:
+    """The ``ModelConfig`` fields that the options of VSE's model's network set (its declaration's
+    ``model_fields``: `--network vsrn`'s pool options, its image encoder variant chosen from the data
+    when ``auto`` (models.vsrn.resolve_variant), and its own options, checked); none otherwise."""
     attrs = getattr(getattr(source, "index", None), "attrs", {})
     names = [attrs.get("dataset", ""), str(attrs.get("dataset_root", "")).rstrip("/").rsplit("/", 1)[-1]]
-    return model_fields(cfg.network_options, source.set_kind, names)
+    return declared.own_fields(cfg.network_options, source.set_kind, names)
 
 
 def image_fields(cfg: TrainConfig, source: PairSource) -> dict:

@@ -37,6 +37,7 @@ from pathlib import Path
 from pipeline.core.config import LOSS_FLAGS, TrainConfig, execution_only, option_names
 from pipeline.core.errors import VseError
 from pipeline.core.fsutil import atomic_path
+from pipeline.core.values import allowed_types, option_types
 from pipeline.training.run_folder import best_record, read_validation_log
 from pipeline.training.sweep import LOSS_OPTION_PREFIX, check_folder_name, read_yaml_mapping, run_config
 
@@ -152,13 +153,50 @@ def load_tune(path, runs_dir=None, name=None) -> TuneSpec:
         if base.get(key, TrainConfig.default(key)) == TEST_SPLIT:
             raise VseError(f"base: {key}: a tune never reads the {TEST_SPLIT!r} split (it validates "
                            "on dev; test is for the seeds of the chosen options)", path)
-    params = [_param(key, value, base, path) for key, value in search.items()]
+    losses = _tune_losses(base, search)
+    params = [_param(key, value, base, path, losses) for key, value in search.items()]
     tune = TuneSpec(path, name, Path(runs_dir or spec.get("runs_dir") or "runs"), base, params)
     _check_corners(tune)
     return tune
 
 
-def _param(key, value, base: dict, path) -> Param:
+def _tune_losses(base: dict, search: dict) -> list:
+    """The losses a tune's trials may train with: the searched choices, else base's (or the default)."""
+    searched = search.get("loss")
+    if isinstance(searched, dict) and isinstance(searched.get("choice"), list):
+        return [spec for spec in searched["choice"] if isinstance(spec, str)]
+    return [base.get("loss", TrainConfig.default("loss"))]
+
+
+def _declared_loss_options(losses: list) -> list:
+    """The ``Options`` dataclasses of ``losses`` (a loss that declares none, or a name or file that is
+    no loss, left out: the corners say so)."""
+    from pipeline.models.loss_plugins import options_class
+
+    declared = []
+    for spec in losses:
+        try:
+            declared.append(options_class(spec))
+        except VseError:
+            continue
+    return [options for options in declared if options is not None]
+
+
+def _integer_loss_option(option: str, losses: list) -> bool:
+    """Some loss of ``losses`` declares its option ``option`` an integer."""
+    hints = [option_types(declared).get(option) for declared in _declared_loss_options(losses)]
+    return any(hint is not None and set(allowed_types(hint)) - {type(None)} == {int} for hint in hints)
+
+
+def _loss_option_named(key: str, losses: list) -> str | None:
+    """The loss option ``key`` names: one of ``losses`` declares it, or it is a loss flag's name
+    (``LOSS_FLAGS``: ``lseh_lambda`` → ``lambda_``); None otherwise."""
+    spelled = next((flag.key for name, flag in LOSS_FLAGS.items() if key in (name, flag.key)), None)
+    declared = any(key in option_types(options) for options in _declared_loss_options(losses))
+    return spelled or (key if declared else None)
+
+
+def _param(key, value, base: dict, path, losses: list) -> Param:
     where = f"search: {key}"
     if not isinstance(key, str):
         raise VseError(f"{where}: a key is an option name", path)
@@ -171,8 +209,8 @@ def _param(key, value, base: dict, path) -> Param:
                            "fix it in base: or search it, not both", path)
     else:
         if key not in option_names() or key == "loss_options":
-            hint = next((f"; did you mean {LOSS_OPTION_PREFIX}{flag.key}?"
-                         for name, flag in LOSS_FLAGS.items() if key in (name, flag.key)), "")
+            option = _loss_option_named(key, losses)
+            hint = f"; did you mean {LOSS_OPTION_PREFIX}{option}?" if option else ""
             raise VseError(f"{where}: unknown option (expected a training option, TrainConfig field, "
                            f"or {LOSS_OPTION_PREFIX}<option>){hint}", path)
         if key in NOT_SEARCHED or key in execution_only():
@@ -204,8 +242,8 @@ def _param(key, value, base: dict, path) -> Param:
     if low >= high:
         raise VseError(f"{where}: empty range [{low}, {high}] (low must be below high; a single value "
                        "goes in base:)", path)
-    loss_flag = next((f for f in LOSS_FLAGS.values() if key == LOSS_OPTION_PREFIX + f.key), None)
-    if kind != "int" and loss_flag is not None and loss_flag.type is int:
+    option = key[len(LOSS_OPTION_PREFIX):] if key.startswith(LOSS_OPTION_PREFIX) else None
+    if kind != "int" and option and _integer_loss_option(option, losses):
         raise VseError(f"{where}: an integer option: use {{int: [low, high]}} or {{choice: [...]}}", path)
     if kind == "log_uniform" and low <= 0:
         raise VseError(f"{where}: log_uniform range [{low}, {high}] reaches 0 or below (a log scale "

@@ -1,12 +1,15 @@
 """The options of the ``csv`` reader (``CsvLayout``): which columns, which separator, which split.
-Torch- and numpy-free, so option parsing (``core.config``, ``--help``) reads them cheaply."""
+Torch- and numpy-free, so option parsing (``core.config``, ``--help``) reads them cheaply. They are
+declared as every part's options are (``values.declare`` fields, checked by
+``values.declared_options`` through ``READERS.reader_options``)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from pipeline.core.errors import VseError
+from pipeline.core.values import checked_option, declare, option_facts, option_types
 
 CSV_SPLITS = ("train", "dev", "test")
 # A split column's values: train/dev/test, and "val" for dev as in Karpathy's files.
@@ -27,40 +30,43 @@ class CsvLayout:
     ratio or seed is refused for a file whose split column is read.
     """
 
-    csv_img_key: str = "filepath"    # image path, relative to the CSV's folder
-    csv_caption_key: str = "title"
-    csv_separator: str = ","         # one character; "\\t" (backslash t) or "tab" for TSV
-    csv_split_key: str | None = None  # None: CSV_SPLIT_KEY when the file has it; "": no column
-    csv_id_key: str | None = None    # None: the image path is the image id
-    split_ratio: tuple[float, float, float] | None = None  # "0.8,0.1,0.1"; None: CSV_SPLIT_RATIO
-    split_seed: int | None = None    # None: CSV_SPLIT_SEED
+    csv_img_key: str = declare("filepath", "The image path column (paths relative to the CSV's folder).")
+    csv_caption_key: str = declare("title", "The caption column.")
+    csv_separator: str = declare(",", "One character; \"\\t\" (backslash t) or \"tab\" for TSV.")
+    csv_split_key: str | None = declare(None, "None: CSV_SPLIT_KEY when the file has it; \"\": no column.")
+    csv_id_key: str | None = declare(None, "None: the image path is the image id.")
+    # "0.8,0.1,0.1" or three numbers, kept as a tuple; None: CSV_SPLIT_RATIO
+    split_ratio: str | list | tuple | None = declare(None, "Train, dev, test shares of a seeded split.")
+    split_seed: int | None = declare(None, "The seed of a seeded split; None: CSV_SPLIT_SEED.", low=0)
 
     def __post_init__(self):
+        hints = option_types(CsvLayout)
+        for field_ in fields(self):  # the declared types and ranges, for a layout built directly too
+            try:
+                checked_option(option_flag(field_.name), getattr(self, field_.name), hints[field_.name],
+                               option_facts(field_))
+            except ValueError as exc:
+                raise VseError(str(exc)) from None
         for name in ("csv_img_key", "csv_caption_key"):
             value = getattr(self, name)
-            if not isinstance(value, str) or not value.strip():
+            if not value.strip():
                 raise VseError(f"{option_flag(name)} must name a column, got {value!r}")
             object.__setattr__(self, name, value.strip())
         for name in ("csv_split_key", "csv_id_key"):
             value = getattr(self, name)
-            if value is not None and not isinstance(value, str):
-                raise VseError(f"{option_flag(name)} must name a column, got {value!r}")
             if value is not None:
                 value = value.strip()
                 object.__setattr__(self, name, value if value or name == "csv_split_key" else None)
         if self.csv_img_key == self.csv_caption_key:
             raise VseError(f"--csv-img-key and --csv-caption-key name the same column {self.csv_img_key!r}")
         separator = self.csv_separator
-        separator = {"\\t": "\t", "tab": "\t"}.get(separator, separator) if isinstance(separator, str) else ""
+        separator = {"\\t": "\t", "tab": "\t"}.get(separator, separator)
         if len(separator) != 1 or separator in '"\r\n' or separator.isalnum():
             raise VseError("--csv-separator must be one character other than a letter, digit, quote or "
                            f"line break (\\t for TSV), got {self.csv_separator!r}")
         object.__setattr__(self, "csv_separator", separator)
         if self.split_ratio is not None:
             object.__setattr__(self, "split_ratio", parse_split_ratio(self.split_ratio))
-        if self.split_seed is not None and (isinstance(self.split_seed, bool)
-                                            or not isinstance(self.split_seed, int)):
-            raise VseError(f"--split-seed must be an integer, got {self.split_seed!r}")
 
     @property
     def seeded_split(self) -> tuple[tuple[float, float, float], int]:
