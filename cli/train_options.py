@@ -33,7 +33,9 @@ class TrainOption(click.Option):
     def get_help_extra(self, ctx):
         extra = super().get_help_extra(ctx)
         default = self.config_class.default(self.name)
-        if self.is_bool_flag and self.secondary_opts:
+        if self.is_bool_flag and self.secondary_opts and default is None:
+            extra.pop("default", None)  # decided by the config (its help says how)
+        elif self.is_bool_flag and self.secondary_opts:
             extra["default"] = (self.opts if default else self.secondary_opts)[0].lstrip("-")
         elif default not in (None, "") and not self.is_bool_flag:
             extra["default"] = str(default)
@@ -66,11 +68,11 @@ def field_option(name: str, config_class=TrainConfig):
     if facts.metavar:
         kwargs["metavar"] = facts.metavar
     hint = typing.get_type_hints(config_class)[name]
-    if hint is bool:
+    if hint in (bool, bool | None):  # bool | None: unset until the config resolves it (--cpu-amp)
         if facts.flag_value is not UNSET:  # one-way flag (--no-img-norm)
             return click.option(facts.flag, name, flag_value=facts.flag_value, **kwargs)
         if facts.flag:  # --amp/--no-amp
-            return click.option(facts.flag, name, **kwargs)
+            return click.option(facts.flag, name, is_flag=True, **kwargs)
         return click.option(options.flag_name(name), name, is_flag=True, **kwargs)
     return click.option(facts.flag or options.flag_name(name), name, type=_value_type(name, config_class),
                         **kwargs)

@@ -7,13 +7,13 @@ laptop, on one GPU and under ``torchrun`` behaves the same way apart from speed.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import random
 
 import numpy as np
 import torch
 
+from pipeline.core.cpuinfo import NATIVE_BF16_FLAGS, cpu_native_bf16  # noqa: F401  (re-exported)
 from pipeline.core.errors import VseError
 
 
@@ -66,25 +66,6 @@ def amp_dtype(device: torch.device) -> torch.dtype | None:
 
 # Set to 1, --cpu-amp runs on a CPU without native bf16 too (emulated, slow: to test code paths).
 EMULATED_BF16_ENV = "VSE_ALLOW_EMULATED_BF16"
-# /proc/cpuinfo flags of native bf16 arithmetic: x86's AVX512-BF16 and AMX, Arm's BF16 extension.
-NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
-
-
-@functools.lru_cache(maxsize=None)
-def cpu_native_bf16(cpuinfo: str | None = None) -> bool:
-    """Whether this CPU computes bf16 natively, read from the flags it reports (never guessed from
-    a model name); False where they cannot be read. Without it, bf16 is emulated and slower."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = open("/proc/cpuinfo", encoding="utf-8", errors="replace").read()
-        except OSError:
-            return False
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip().lower() in ("flags", "features") and NATIVE_BF16_FLAGS & set(value.split()):
-            return True
-    return False
-
 
 def train_dtype(device: torch.device, amp: bool, cpu_amp: bool = False) -> torch.dtype | None:
     """The autocast dtype of a training step: ``amp_dtype`` on a GPU (``amp``); bf16 on a CPU
