@@ -67,16 +67,32 @@ def model_fields(given: dict | None, set_kind: str | None, dataset_names=()) -> 
             "network_options": dataclasses.asdict(dataclasses.replace(options, variant=variant))}
 
 
-def member_norm(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def member_norm(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """The authors' ``l2norm(x)`` of a (B, K, E) tensor: over dim 1, the members, no eps; padding
-    left out (set to 0)."""
-    x = x.masked_fill(~mask[..., None], 0.0)
+    left out (set to 0). ``mask`` None: every set full."""
+    if mask is not None:
+        x = x.masked_fill(~mask[..., None], 0.0)
     norm = x.square().sum(dim=1, keepdim=True).sqrt()
     return x / norm.masked_fill(norm == 0, 1.0)
 
 
+def folds(dim: int, rows: int, inter: int | None = None) -> bool:
+    """Whether ``RegionGCN`` multiplies its maps' weights first (θ's with φ's, W's with g's: E × E
+    products) instead of mapping each of the ``rows`` members (padding included) twice per pair:
+    ``rows·E² + E²·I`` multiply-adds per pair against ``2·rows·E·I`` (I = ``inter``), three times
+    that with the backward; for I = E: when E < rows. Both ways give the same values to rounding
+    (tests/test_vsrn_fold.py)."""
+    inter = inter or dim
+    return dim * (rows + inter) < 2 * rows * inter
+
+
 class RegionGCN(nn.Module):
-    """One ``Rs_GCN`` layer over the members of each set (channels = E, inter = E)."""
+    """One ``Rs_GCN`` layer over the members of each set (channels = E, inter = E).
+
+    Where ``folds`` says so, the four maps run as two: ``R = θ(v) φ(v)ᵀ`` is
+    ``(v Wθᵀ Wφ + bθᵀ Wφ) vᵀ + θ(v) bφ`` (the last term constant along each row), and
+    ``W (R g(v)) + b_W`` is ``R (v (W W_g)ᵀ + W b_g) + b_W``: the same values to rounding, each
+    member mapped twice instead of four times, the weights multiplied in its place."""
 
     def __init__(self, dim: int, inter: int | None = None):
         super().__init__()
@@ -89,18 +105,36 @@ class RegionGCN(nn.Module):
         nn.init.zeros_(self.bn.weight)  # Rs_GCN.py: W's BatchNorm starts at γ = β = 0
         nn.init.zeros_(self.bn.bias)
 
-    def forward(self, v: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        keep = mask[..., None].to(v.dtype)
-        relation = self.theta(v) @ self.phi(v).transpose(1, 2)            # (B, K, K)
-        relation = relation * keep * keep.transpose(1, 2) / lengths.to(v)[:, None, None]
-        y = self.W(relation @ self.g(v))                                   # (B, K, E)
-        return self._batch_norm(y, mask) + v
+    def forward(self, v: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor,
+                full: bool = False) -> torch.Tensor:
+        """``full``: every set has all K members (nothing to mask)."""
+        fold = folds(v.shape[2], v.shape[0] * v.shape[1], self.g.out_features)
+        if fold:
+            theta, phi, g, W = self.theta, self.phi, self.g, self.W
+            u = nn.functional.linear(v, phi.weight.t() @ theta.weight, phi.weight.t() @ theta.bias)
+            row_term = nn.functional.linear(v, (theta.weight.t() @ phi.bias)[None],   # θ(v)·bφ: (B, K, 1)
+                                            (theta.bias @ phi.bias)[None])
+            relation = torch.baddbmm(row_term, u, v.transpose(1, 2))     # (B, K, K)
+        else:
+            relation = self.theta(v) @ self.phi(v).transpose(1, 2)
+        if full:
+            relation = relation / v.shape[1]
+        else:
+            keep = mask[..., None].to(v.dtype)
+            relation = relation * keep * keep.transpose(1, 2) / lengths.to(v)[:, None, None]
+        if fold:
+            mapped = nn.functional.linear(v, W.weight @ g.weight, W.weight @ g.bias)
+            y = torch.baddbmm(W.bias, relation, mapped)                    # (B, K, E)
+        else:
+            y = self.W(relation @ self.g(v))
+        return self._batch_norm(y, None if full else mask) + v
 
-    def _batch_norm(self, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _batch_norm(self, y: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """BatchNorm1d over E of the (B·K) members; in training its statistics are the valid
-        members' (with sets of one length K: the authors' (B, E, K) BatchNorm exactly)."""
+        members' (with sets of one length K: the authors' (B, E, K) BatchNorm exactly). ``mask``
+        None: every set full."""
         bn = self.bn
-        flat = y[mask]                                                     # (members, E)
+        flat = y.reshape(-1, y.shape[2]) if mask is None else y[mask]      # (members, E)
         if bn.training:
             out = torch.nn.functional.batch_norm(flat, bn.running_mean, bn.running_var, bn.weight, bn.bias,
                                                  True, bn.momentum, bn.eps)
@@ -109,6 +143,8 @@ class RegionGCN(nn.Module):
         else:
             out = torch.nn.functional.batch_norm(flat, bn.running_mean, bn.running_var, bn.weight, bn.bias,
                                                  False, 0.0, bn.eps)
+        if mask is None:
+            return out.view_as(y)
         full = torch.zeros_like(y)
         full[mask] = out
         return full
@@ -129,15 +165,23 @@ class VSRNReasoning(nn.Module):
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         lengths = lengths.to(torch.int64)
+        counts = lengths.cpu()
         mask = torch.arange(x.shape[1], device=x.device)[None] < lengths.to(x.device)[:, None]
-        v = member_norm(x, mask) if self.region_norm else x.masked_fill(~mask[..., None], 0.0)
+        full = bool((counts == x.shape[1]).all())  # the authors' sets: no mask to apply, nothing to pack
+        kept = None if full else mask
+        if self.region_norm:
+            v = member_norm(x, kept)
+        else:
+            v = x if full else x.masked_fill(~mask[..., None], 0.0)
         for layer in self.gcn:
-            v = layer(v, mask, lengths.to(x.device))
-        v = member_norm(v, mask)
-        self.last_regions = (v, mask, lengths.cpu())
+            v = layer(v, mask, lengths.to(x.device), full)
+        v = member_norm(v, kept)
+        self.last_regions = (v, mask, counts)
         dtype = self.rnn.weight_ih_l0.dtype  # the GRU in its own precision, autocast off (as the text GRU)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            _, hidden = self.rnn(pack_by_length(v.to(dtype), lengths.cpu()))
+            # full sets unpacked: the same last states, without the packed backward's zeroed
+            # (members, 3E) gradient at every step (15 % of a step: bench/results/vsrn_step_profile.json)
+            _, hidden = self.rnn(v.to(dtype) if full else pack_by_length(v.to(dtype), counts))
             out = hidden[-1]
             if self.image_bn is not None:
                 out = self.image_bn(out)
@@ -194,13 +238,17 @@ class CaptionDecoder(nn.Module):
 
         if region_lengths is None:
             region_lengths = mask.sum(dim=1).cpu()
+        full = bool((region_lengths == regions.shape[1]).all())  # the authors' sets: no padding
         tokens, lengths = self.cut(tokens, lengths)
         with torch.autocast(device_type=regions.device.type, enabled=False):
             # in the decoder's own precision (float32 under autocast, as the GRUs here; float64 in tests),
             # packed: the encoder's last state is each set's own, after its last real region
             inputs = self.dropout(self.vid2hid(regions.to(self.vid2hid.weight.dtype)))
-            packed, state = self.encoder(pack_by_length(inputs, region_lengths))
-            encoded, _ = pad_packed_sequence(packed, batch_first=True, total_length=regions.shape[1])
+            if full:
+                encoded, state = self.encoder(inputs)
+            else:
+                packed, state = self.encoder(pack_by_length(inputs, region_lengths))
+                encoded, _ = pad_packed_sequence(packed, batch_first=True, total_length=regions.shape[1])
             # one <pad> column more: every caption, the longest too, has its <pad> after <end> to predict
             tokens = torch.nn.functional.pad(tokens, (0, 1), value=PAD_ID)
             steps = min(tokens.shape[1] - 1, self.max_len - 1)
@@ -208,23 +256,27 @@ class CaptionDecoder(nn.Module):
             # A [h_enc; h_dec] + a = (A_enc h_enc + a) + A_dec h_dec: the regions' half once, not per word
             hidden = encoded.shape[2]
             keys = torch.nn.functional.linear(encoded, self.attend.weight[:, :hidden], self.attend.bias)
-            logits = []
+            states = []
             for t in range(steps):
                 query = torch.nn.functional.linear(state[-1], self.attend.weight[:, hidden:])  # (B, H)
                 weights = self.score(torch.tanh(keys + query[:, None]))[..., 0]
-                weights = torch.softmax(weights.masked_fill(~mask, -torch.inf), dim=1)
-                context = (weights[..., None] * encoded).sum(dim=1)         # (B, H)
+                if not full:
+                    weights = weights.masked_fill(~mask, -torch.inf)
+                weights = torch.softmax(weights, dim=1)
+                context = torch.bmm(weights[:, None], encoded)[:, 0]         # (B, H)
                 step_input = self.dropout(torch.cat([words[:, t], context], dim=1))
                 step, state = self.decoder(step_input[:, None], state)
-                logits.append(self.out(step[:, 0]))
-            logits = torch.stack(logits, dim=1)                             # (B, T, vocab)
+                states.append(step)
+            states = torch.cat(states, dim=1)                               # (B, T, H)
             position = torch.arange(steps, device=tokens.device)[None]
             lengths = lengths.to(tokens.device)[:, None]
             counted = position < lengths                          # the words after <start>, then a <pad>
             # the <pad> after <end> as PAD_ID, never what the batch's padding holds
             target = tokens[:, 1:steps + 1].masked_fill(position >= lengths - 1, PAD_ID)
-            nll = -torch.log_softmax(logits, dim=2).gather(2, target[..., None])[..., 0]
-            return (nll * counted).sum() / len(tokens)
+            # the vocabulary map and its softmax once, over the predicted words only (no row past a
+            # caption's <pad> is read): one product instead of one per step
+            logits = self.out(states[counted])                              # (words, vocab)
+            return torch.nn.functional.cross_entropy(logits, target[counted], reduction="sum") / len(tokens)
 
 
 class AdamListingTwice(torch.optim.Adam):
