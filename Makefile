@@ -25,6 +25,9 @@
 #   make f8k-noisy   — training on noisy pairs, the fast loop: mh, csn, infonce, siglip, rcl, decl, ncr
 #                      without noise and at 20/50% caption- and image-level noise, 3 seeds
 #                      (bench/results/f8k_noisy/)
+#   make f8k-tuned   — the same methods at 0/20/50% caption noise, each tuned on dev with one budget
+#                      (TUNE_BUDGET), then 3 seeds on test beside the default-options table
+#                      (experiments/f8k_tune.yaml, bench/tune_table.py; bench/results/f8k_tuned/)
 #   make f8k-noisy-sgr — SGR at 20% image-level noise: mh, rcl, ncr, 3 seeds, a small size
 #                      (experiments/f8k_noisy_sgr.yaml; bench/results/f8k_noisy_sgr/; then the claims)
 #   make f8k-text-pool — VSE++'s GRU vs VSE∞'s BiGRU + GPO caption encoder, one seed
@@ -42,7 +45,7 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
 .PHONY: install demo test bench f8k-vsepp f8k-losses f8k-fast f8k-sets f8k-vse-infty f8k-text-pool f8k-sgraf \
-	f8k-saf-short f8k-sgraf-short f8k-vsrn-short f8k-noisy f8k-noisy-sgr clean
+	f8k-saf-short f8k-sgraf-short f8k-vsrn-short f8k-noisy f8k-tuned f8k-noisy-sgr clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -219,6 +222,14 @@ f8k-noisy: $(F8K_FEATURES) $(F8K_TEXT)
 	$(VSE) evaluate --runs '$(F8K_RUNS)/noisy/*' --split test --judgments $(JUDGMENTS) --out $(NOISY_OUT)/results.csv
 	$(VSE) report $(NOISY_OUT)/results.csv --columns noisy | tee $(NOISY_OUT)/table_noisy.md
 	$(VSE) report $(NOISY_OUT)/results.csv --columns human | tee $(NOISY_OUT)/table_human.md
+
+# Equal tuning (experiments/f8k_tune.yaml says what a budget can and cannot settle on 2 cores): one
+# `vse tune` study per method × noise with the same budget, two at a time; resumable step by step.
+TUNE_BUDGET ?= 6x2
+
+f8k-tuned: $(F8K_FEATURES) $(F8K_TEXT)
+	$(PY) bench/tune_table.py experiments/f8k_tune.yaml --budget $(TUNE_BUDGET) --jobs 2 \
+	  --runs-dir $(F8K_RUNS) --judgments $(JUDGMENTS)
 
 f8k-noisy-sgr: $(F8K_GRID) $(F8K_TOKENS)
 	$(VSE) sweep experiments/f8k_noisy_sgr.yaml --runs-dir $(F8K_RUNS) --jobs 2

@@ -120,13 +120,22 @@ def _peaked_last(row: dict) -> bool:
         return False
 
 
-def main(path: str, claims: str = "fast") -> dict:
+def claim_groups(rows) -> dict:
+    """Each configuration of ``rows`` (a results table's rows, over seeds) by the names a claim may
+    give it: its loss (the first configuration of that loss) and its label (the run name without
+    the seed)."""
     groups = {}
-    for g in seed_groups(read_results(path)):
+    for g in seed_groups(rows):
         groups.setdefault(g.rows[0].get("loss"), g)
         groups[g.label] = g
+    return groups
+
+
+def verdicts(groups: dict, claims) -> list[dict]:
+    """The verdict of each claim of ``claims`` ((claim, paper, better, worse, metric, lower is
+    better), as in CLAIM_SETS) on ``groups`` (``claim_groups``: configuration name → SeedGroup)."""
     out = []
-    for claim, paper, better, worse, metric, lower in CLAIM_SETS[claims]:
+    for claim, paper, better, worse, metric, lower in claims:
         if better not in groups or worse not in groups or metric not in groups[better].samples:
             out.append({"claim": claim, "verdict": "not measured"})
             continue
@@ -147,6 +156,11 @@ def main(path: str, claims: str = "fast") -> dict:
         out.append({"claim": claim, "paper": paper, "metric": metric,
                     better: {"mean": ma, "std": sa, "n": na}, worse: {"mean": mb, "std": sb, "n": nb},
                     "p_claimed": p_claimed, "p_reverse": p_reverse, "verdict": verdict})
+    return out
+
+
+def main(path: str, claims: str = "fast") -> dict:
+    out = verdicts(claim_groups(read_results(path)), CLAIM_SETS[claims])
     return {"results": path, "test": f"Welch one-sided over seeds, alpha {ALPHA}", "claims": out}
 
 
