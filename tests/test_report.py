@@ -323,3 +323,15 @@ def test_evaluation_id_changes_with_every_option_that_changes_the_numbers(tmp_pa
     before = ident(judgments=judgments)
     judged.write_text("b\n")  # the same path, other judgments
     assert ident(judgments=judgments) != before
+
+
+def test_an_exported_sweeps_seed_folders_group_under_the_study():
+    """`vse tune --export` then `vse sweep --seeds` makes STUDY-best/seed=N runs: one group, labelled
+    by the study."""
+    from pipeline.reports.report import seed_groups
+
+    rows = [{"run": f"mh_clean-best/seed={s}", "rsum": 300.0 + s} for s in range(3)]
+    rows.append({"run": "noise=clean,method=mh,seed=0", "loss": "mh", "rsum": 290.0})
+    groups = seed_groups(rows)
+    assert [g.label for g in groups] == ["mh_clean-best", "noise=clean,method=mh"]
+    assert groups[0].samples["rsum"] == [300.0, 301.0, 302.0]

@@ -94,6 +94,8 @@ def no_test_split(monkeypatch):
     ({"lrr": {"uniform": [0.1, 0.2]}}, {}, (), "search: lrr", "unknown option"),
     ({"loss_options.tua": {"uniform": [0.1, 0.2]}}, {}, (), "search: loss_options.tua",
      "loss mh has no option tua (its options: "),
+    ({"lr": {"log_uniform": [1e-3, 2e-2]}, "loss_options.tua": {"uniform": [0.1, 0.2]}}, {}, (),
+     "search: loss_options.tua", "loss mh has no option tua"),  # the wrong key is named, not the first
     ({"margin": {"uniform": [0.5, 0.1]}}, {}, (), "search: margin", "empty range [0.5, 0.1]"),
     ({"warmup_epochs": {"int": [0, 2]}}, {}, (), "search: warmup_epochs",
      "unknown option (expected a training option, TrainConfig field, or loss_options.<option>); did you mean "

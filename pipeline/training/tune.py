@@ -253,20 +253,26 @@ def _param(key, value, base: dict, path, losses: list) -> Param:
 
 def _check_corners(tune: TuneSpec) -> None:
     """Each searched value at the ends of its range (each choice) with the others at their low
-    end makes a valid config and loss: a bad range is refused now, not in trial 12."""
-    from pipeline.models.loss_plugins import make_loss
-
+    end makes a valid config and loss: a bad range is refused now, not in trial 12. A value that
+    fails on its own is blamed first, so the message names the key that is wrong."""
     low = {p.key: p.corners()[0] for p in tune.params}
+    for param in tune.params:  # alone: the one at fault, not the first key of a failing combination
+        for value in param.corners():
+            _check_values(tune, param.key, value, {param.key: value})
     for param in tune.params:
         for value in param.corners():
-            try:
-                config = TrainConfig.from_dict(run_config(tune.base, {**low, param.key: value}))
-                config.check()
-                make_loss(config.loss, config.loss_kwargs())
-            except VseError as exc:
-                message = str(exc)
-                raise VseError(f"search: {param.key}: {value!r} does not make a run: {message}",
-                               tune.path) from None
+            _check_values(tune, param.key, value, {**low, param.key: value})
+
+
+def _check_values(tune: TuneSpec, key: str, value, searched: dict) -> None:
+    from pipeline.models.loss_plugins import make_loss
+
+    try:
+        config = TrainConfig.from_dict(run_config(tune.base, searched))
+        config.check()
+        make_loss(config.loss, config.loss_kwargs())
+    except VseError as exc:
+        raise VseError(f"search: {key}: {value!r} does not make a run: {exc}", tune.path) from None
 
 
 def check_metric(metric: str, path) -> bool:
