@@ -73,9 +73,9 @@ def train_command(ctx, config_file, resume, overwrite, loss_option, **options):
     config = TrainConfig.from_dict(values)
     if not resume:  # the options first, then the folder (a resumed run takes the run's options)
         config.check()
-    with RunFolder(config.run_dir).claim(resume, overwrite):
-        summary = build_trainer(config, resume=resume, echo=click.echo, given=given,
-                                      overwrite=overwrite).fit()
+    run = RunFolder(config.run_dir, resume=resume, overwrite=overwrite)  # the folder's one owner
+    with run.claim():  # refused here, before anything is built; the trainer asks the same folder
+        summary = build_trainer(config, echo=click.echo, given=given, run=run).fit()
     if distributed.is_main():  # under torchrun the other ranks say nothing
         click.echo(f"done: best validation rsum {summary['best_rsum']:.2f} at epoch {summary['best_epoch']} "
                    f"→ {Path(config.run_dir) / 'best.pt'}")

@@ -164,19 +164,26 @@ def fractional_epochs(records) -> list[float]:
 
 
 class RunFolder:
-    """The files of one run folder, and the rules for them.
+    """The files of one run folder, and the rules for them: the one owner of a training's folder.
 
-    ``start(resume, overwrite)`` decides whether a training may begin here; the trainer then
-    writes its config, validation records and checkpoints through ``save_validation``, which
+    A folder is opened for one training, in its mode (``resume``: continue the run here;
+    ``overwrite``: replace it). ``begin`` is the one way in: it holds the folder (its lock) and
+    checks, once, that the training may begin here (``start``); the command's ``claim`` (before
+    anything is built), a resumed build (before it reads last.pt) and the Trainer's ``fit`` all
+    ask it, and ``held`` lets go when the last of them is done. The trainer then writes its
+    config (``prepare``), validation records and checkpoints through ``save_validation``, which
     saves ``last.pt`` at every validation and ``best.pt`` when rsum improves. An --overwrite
     run holds its records back until its first checkpoint is complete, then swaps the old run's
     files for its own (``REPLACING`` marks the few milliseconds of the swap). The run's other
     files (``vocab.json``, ``noise_index.npy`` and ``noise.json``: the module's list) are written
     by ``prepare``'s ``write_files``, beside the config."""
 
-    def __init__(self, path):
+    def __init__(self, path, resume: bool = False, overwrite: bool = False):
         self.path = Path(path)
+        self.resuming, self.overwriting = resume, overwrite  # the mode of the training it is opened for
         self.lock = RunLock(self.path)
+        self._begun = False          # ``start`` has said yes (or is not this process's to say)
+        self._holders = 0            # ``held`` blocks open: the last one lets go of the lock
         self._replacing = False      # an --overwrite run that has not replaced the old one yet
         self._fresh = True
         self._pending: list[dict] = []
@@ -203,6 +210,42 @@ class RunFolder:
         return self.last.is_file()
 
     # ---------------------------------------------------------------- starting
+    def begin(self, every_rank: bool = False) -> RunFolder:
+        """Hold the folder (RUN/.lock, creating the folder) and check, the first time, that the
+        training it was opened for may begin here (``start``). Under torchrun rank 0 holds and
+        checks; ``every_rank``: every process checks (the command, before a process group exists,
+        so that each one stops on a refusal)."""
+        from pipeline.core.distributed import env_is_main
+
+        self.lock.acquire()
+        if not self._begun and (every_rank or env_is_main()):
+            self.start(self.resuming, self.overwriting)
+        self._begun = True
+        return self
+
+    @contextlib.contextmanager
+    def held(self, every_rank: bool = False):
+        """``begin``, and let go of the folder when the last ``held`` block ends (the command's
+        ``claim`` and the Trainer's ``fit`` may nest; a resumed build's hold ends with them)."""
+        self._holders += 1
+        try:
+            yield self.begin(every_rank)
+        finally:
+            self._holders -= 1
+            if not self._holders:
+                self.lock.release()
+
+    @contextlib.contextmanager
+    def claim(self):
+        """What a command does before building a trainer, so that a refusal comes first: hold the
+        folder and check on every process (if the folder exists; a new one is begun by ``fit``).
+        Hand this folder to ``build_trainer(..., run=)``: it asks here, and checks nothing twice."""
+        if not self.path.is_dir():
+            yield self
+            return
+        with self.held(every_rank=True):
+            yield self
+
     def start(self, resume: bool, overwrite: bool) -> None:
         """Check that a training may begin here (VseError otherwise); call with the lock held."""
         if resume and overwrite:
@@ -240,17 +283,6 @@ class RunFolder:
         if not self._replacing:
             self.write_config(config)
             self._write_files(self.path)
-
-    @contextlib.contextmanager
-    def claim(self, resume: bool, overwrite: bool):
-        """Hold the folder (if it exists) and check that a training may begin here: what a
-        command does before building a trainer, so that a refusal comes first."""
-        if not self.path.is_dir():
-            yield self
-            return
-        with self.lock:
-            self.start(resume, overwrite)
-            yield self
 
     # ---------------------------------------------------------------- config
     def write_config(self, config: dict) -> None:
@@ -322,9 +354,9 @@ class RunFolder:
 
     def resume(self, config, given):
         """last.pt and the config the run continues with (``config.resume_config``: the run's
-        own, with the options in ``given``; files compared by identity). Takes the lock first:
-        no other process may write the run while it is read and continued. Returns (state,
-        config, notes)."""
+        own, with the options in ``given``; files compared by identity). A resumed build calls it
+        once ``begin`` holds the folder (it holds it anyway): no other process may write the run
+        while it is read and continued. Returns (state, config, notes)."""
         from pipeline.core.checkpoint import load_checkpoint
         from pipeline.core.config import resume_config
 

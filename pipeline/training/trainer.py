@@ -14,7 +14,6 @@ import math
 import time
 import warnings
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -32,11 +31,8 @@ from pipeline.core.runtime import (
 from pipeline.data.batches import Batch, LoadFailure, PairBatches, batch_slices, epoch_order
 from pipeline.evaluation.inference import encode_split
 from pipeline.evaluation.metrics import evaluate_embeddings
-from pipeline.models.network import network_kind
 from pipeline.models.vse_model import join_state
-
-if TYPE_CHECKING:  # the Trainer is handed its parts; it does not know how they are built
-    from pipeline.training.build import RunParts
+from pipeline.training.parts import RunParts
 
 
 @dataclass
@@ -48,36 +44,54 @@ class Progress:
     best_epoch: int = -1
 
 
+def _parts(group: str | None, *names: str) -> tuple[property, ...] | property:
+    """Views of the Trainer's parts (``RunParts``, by group): read through ``self.parts``, never
+    copied; assigning one replaces the part (a test may swap the loss)."""
+    def view(name: str) -> property:
+        def owner(trainer):
+            return trainer.parts if group is None else getattr(trainer.parts, group)
+
+        return property(lambda self: getattr(owner(self), name),
+                        lambda self, value: setattr(owner(self), name, value),
+                        doc=f"``parts.{group + '.' if group else ''}{name}``")
+
+    views = tuple(view(name) for name in names)
+    return views[0] if len(views) == 1 else views
+
+
 class Trainer:
     """The loop of one run: fit, step, validate, and the state a checkpoint holds. It is handed
-    its parts (``training.build.RunParts``, built by ``build_run``); its files go through
-    ``RunFolder``. ``training.build.build_trainer`` builds the parts and the Trainer in one call."""
+    its parts (``training.parts.RunParts``, built by ``training.build.build_run``; ``build_trainer``
+    builds both in one call) and keeps them, reading each through the views below; its files go
+    through the run folder (``RunFolder``), which it asks before it trains."""
+
+    cfg, run, echo, settings, file_identity, curves = _parts(
+        None, "config", "run", "echo", "settings", "file_identity", "curves")
+    device, distributed, world, train_dtype, setup_line = _parts(
+        "runtime", "device", "distributed", "world", "train_dtype", "setup_line")
+    source, captions, train_captions, train_caption_image, noise, workers = _parts(
+        "data", "source", "captions", "train_captions", "train_caption_image", "noise", "workers")
+    loss, loss_traits, relevance = _parts("objective", "loss", "loss_traits", "relevance")
+    model, ddp_model, pairwise = _parts("network", "model", "ddp_model", "pairwise")
+    optimizer, scheduler, scaler, trainable, loss_parameters = _parts(
+        "optimization", "optimizer", "scheduler", "scaler", "trainable", "loss_parameters")
+    loop = _parts("settings", "loop")  # epochs, batch (per process), seed, validation
 
     def __init__(self, parts: RunParts):
         self.parts = parts
-        self.cfg, self.run, self.echo = parts.config, parts.run, parts.echo
-        self.resume, self.overwrite = parts.resume, parts.overwrite
-        self.device, self.distributed, self.world = parts.device, parts.distributed, parts.world
-        self.setup_line, self.workers = parts.setup_line, parts.workers
-        self.source, self.index = parts.source, parts.source.index
-        self.train_captions, self.captions = parts.train_captions, parts.captions
-        self.train_caption_image, self.noise = parts.train_caption_image, parts.noise  # noisy pairs or not
-        self.loss, self.loss_traits, self.relevance = parts.loss, parts.loss_traits, parts.relevance
-        self.model, self.ddp_model, self.model_config = parts.model, parts.ddp_model, parts.model.config
-        self.pairwise = network_kind(self.model) == "pairwise"
+        self.progress = Progress()
         self.auxiliary: dict = {}  # the network's own loss terms of the last step
         self.loss_after_step = getattr(self.loss, "after_step", None)
-        self.trainable, self.loss_parameters = parts.trainable, parts.loss_parameters
-        self.optimizer, self.scheduler, self.scaler = parts.optimizer, parts.scheduler, parts.scaler
-        self.train_dtype = parts.train_dtype  # the step's autocast dtype (None: fp32)
-        self.file_identity, self.curves = parts.file_identity, parts.curves
-        self.progress = Progress()
-        self.monitor = CollapseMonitor(self.loss_traits, self.cfg.batch_size * self.world, self.echo)
+        self.monitor = CollapseMonitor(self.loss_traits, self.loop.batch_size * self.world, self.echo)
         self.division: dict = {}  # a dividing method's last division of the training pairs, measured
         if callable(getattr(self.loss, "prepare", None)):  # per-sample state: one entry per caption id
             self.loss.prepare(len(self.index.captions))
         if parts.resume_state is not None:
             self.load_state_dict(parts.resume_state)
+
+    @property
+    def index(self):
+        return self.source.index  # image ids, captions, caption → image, splits
 
     @property
     def vocab(self):
@@ -113,11 +127,11 @@ class Trainer:
 
     # ----------------------------------------------------------------- the loop
     def epoch_batches(self, epoch: int) -> PairBatches:
-        order = epoch_order(len(self.train_captions), self.cfg.seed, epoch)
-        global_batch = self.cfg.batch_size * self.world
+        order = epoch_order(len(self.train_captions), self.loop.seed, epoch)
+        global_batch = self.loop.batch_size * self.world
         slices = batch_slices(len(order), global_batch, drop_last=self.distributed)
         if self.distributed:  # this rank's part of every global batch
-            r, b = dist.rank(), self.cfg.batch_size
+            r, b = dist.rank(), self.loop.batch_size
             slices = [slice(s.start + r * b, s.start + (r + 1) * b) for s in slices]
         return self._pair_batches(order, slices, epoch)
 
@@ -127,17 +141,17 @@ class Trainer:
                            order, slices, epoch)
 
     def loader(self, pairs: PairBatches, start: int):
-        generator = torch.Generator().manual_seed(self.cfg.seed)  # keeps the global RNG untouched
+        generator = torch.Generator().manual_seed(self.loop.seed)  # keeps the global RNG untouched
         return torch.utils.data.DataLoader(
             pairs, batch_size=None, sampler=range(start, len(pairs)), num_workers=self.workers,
             pin_memory=pin_memory(self.device), generator=generator,
             persistent_workers=False)
 
     def fit(self) -> dict:
-        """Train to the end, holding the run folder's lock (pipeline.core.runlock) throughout."""
-        with self.run.lock:
-            if dist.is_main() and not self.resume:  # a run already here is refused, or replaced
-                self.run.start(False, self.overwrite)
+        """Train to the end, holding the run folder (its lock: pipeline.core.runlock) throughout;
+        the folder checks first that the run may begin there (a run already here is refused, or
+        replaced; a resumed build or the command's claim has asked already)."""
+        with self.run.held():
             self.echo(self.setup_line)  # once the folder is ours: a refused second run says one line
             try:
                 return self._fit()
@@ -145,11 +159,11 @@ class Trainer:
                 self.curves.close()
 
     def _fit(self) -> dict:
-        cfg, p = self.cfg, self.progress
+        p = self.progress
         if dist.is_main():
-            self.run.prepare(cfg.to_dict(), self._write_run_files)
+            self.run.prepare(self.cfg.to_dict(), self._write_run_files)  # config.json: the resolved config
         self.model.train()
-        while p.epoch < cfg.epochs:
+        while p.epoch < self.loop.epochs:
             self.train_epoch()
             p.epoch, p.batch = p.epoch + 1, 0
             self.scheduler.step()
@@ -164,14 +178,14 @@ class Trainer:
 
     def train_epoch(self) -> int:
         """Train from the current position to the end of the epoch; returns the pairs seen."""
-        cfg, p = self.cfg, self.progress
+        loop, p = self.loop, self.progress
         if hasattr(self.loss, "set_epoch"):
             self.loss.set_epoch(p.epoch)
         if self.loss_traits.sample_pass and p.batch == 0:  # mid-epoch, the checkpoint holds its result
             self.begin_epoch()
         plan = self.epoch_plan()
         pairs = self.epoch_batches(p.epoch) if plan is None else self.planned_batches(plan)
-        bar = _progress_bar(len(pairs), p.batch, f"epoch {p.epoch + 1}/{cfg.epochs}")
+        bar = _progress_bar(len(pairs), p.batch, f"epoch {p.epoch + 1}/{loop.epochs}")
         started, seen = time.perf_counter(), 0
         logged = (started, p.iteration)
         for batch in self.loader(pairs, p.batch):
@@ -184,13 +198,13 @@ class Trainer:
             seen += _pairs_in(batch) * self.world
             if bar is not None:
                 bar.update(1)
-            if p.iteration % cfg.log_every == 0:
+            if p.iteration % self.settings.logging.log_every == 0:
                 now = time.perf_counter()
                 if bar is not None:
                     bar.set_postfix(loss=f"{loss:.3f}", pairs_s=f"{seen / (now - started):.0f}")
                 self._log_step(loss, (p.iteration - logged[1]) / max(now - logged[0], 1e-9))
                 logged = (now, p.iteration)
-            if cfg.val_every and p.iteration % cfg.val_every == 0 and p.batch < len(pairs):
+            if loop.val_every and p.iteration % loop.val_every == 0 and p.batch < len(pairs):
                 self.validate_and_save()
         if bar is not None:
             bar.close()
@@ -203,10 +217,10 @@ class Trainer:
         which streams of pairs), or None: every step trains the whole model on a batch of every
         pair. A plan trains one of the co-trained networks at a time (``CoTrained.train_member``)."""
         planner = getattr(self.loss, "epoch_plan", None)
-        plan = planner(self.progress.epoch, self.cfg.epochs, self.train_captions) if planner else None
+        plan = planner(self.progress.epoch, self.loop.epochs, self.train_captions) if planner else None
         if plan is not None and not hasattr(self.model, "train_member"):
-            raise VseError(f"loss {self.cfg.loss} plans its epochs network by network, but the model is "
-                           "not co-trained networks (declare networks >= 2)")
+            raise VseError(f"loss {self.settings.loss.name} plans its epochs network by network, but the "
+                           "model is not co-trained networks (declare networks >= 2)")
         return plan
 
     def planned_batches(self, plan: list) -> PlannedBatches:
@@ -227,16 +241,16 @@ class Trainer:
         time drawn afresh."""
         positions, epoch = np.asarray(positions), self.progress.epoch
         n = len(positions)
-        cycle = batch_slices(n, self.cfg.batch_size * self.world, drop_last=self.distributed)
+        cycle = batch_slices(n, self.loop.batch_size * self.world, drop_last=self.distributed)
         if not cycle:
             return None
         if self.distributed:  # this rank's part of every global batch
-            r, b = dist.rank(), self.cfg.batch_size
+            r, b = dist.rank(), self.loop.batch_size
             cycle = [slice(s.start + r * b, s.start + (r + 1) * b) for s in cycle]
         cycles = 1 if stream == 0 else max(1, -(-steps // len(cycle)))
         orders, slices = [], []
         for c in range(cycles):
-            rng = np.random.default_rng([self.cfg.seed, epoch, 2000 + phase, stream, c])
+            rng = np.random.default_rng([self.loop.seed, epoch, 2000 + phase, stream, c])
             orders.append(positions[rng.permutation(n)])
             slices += [slice(s.start + c * n, s.stop + c * n) for s in cycle]
         return np.concatenate(orders), slices
@@ -247,7 +261,7 @@ class Trainer:
         cache order, batches of the run's size; its division measured against the noise index."""
         p = self.progress
         statistics = self.sample_statistics()
-        division = self.loss.begin_epoch(p.epoch, self.train_captions, statistics, self.cfg.seed)
+        division = self.loss.begin_epoch(p.epoch, self.train_captions, statistics, self.loop.seed)
         self.division = {}
         if division is not None:
             from pipeline.models.noisy_losses import division_metrics
@@ -273,9 +287,9 @@ class Trainer:
         1/world of the work."""
         n = len(self.train_captions)
         shuffled = bool(getattr(self.loss, "sample_pass_shuffled", False))
-        order = (np.random.default_rng([self.cfg.seed, self.progress.epoch, 1000]).permutation(n) if shuffled
+        order = (np.random.default_rng([self.loop.seed, self.progress.epoch, 1000]).permutation(n) if shuffled
                  else np.arange(n))
-        slices = batch_slices(len(order), self.cfg.batch_size, drop_last=False)
+        slices = batch_slices(len(order), self.loop.batch_size, drop_last=False)
         mine = dist.dealt(len(slices))
         pairs = self._pair_batches(order, [slices[i] for i in mine], self.progress.epoch)
         was_training = self.model.training
@@ -343,9 +357,9 @@ class Trainer:
             for q in self.loss_parameters:
                 if q.grad is not None:
                     q.grad.div_(self.world)
-        if self.cfg.grad_clip > 0:
+        if self.settings.optimizer.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
-            clip_gradients(self.trainable, self.cfg.grad_clip)
+            clip_gradients(self.trainable, self.settings.optimizer.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         if self.loss_after_step is not None:  # e.g. a learned logit scale clamped (infonce, siglip)
@@ -395,8 +409,8 @@ class Trainer:
         encoded by rank 0 alone (one pass of each side, no pairs to share)."""
         if not (dist.is_main() or self.pairwise):
             return None
-        emb = encode_split(self.model, self.index, self.captions, self.cfg.val_split, self.device,
-                           max_images=self.cfg.val_images, batch_size=self.source.encode_batch_size)
+        emb = encode_split(self.model, self.index, self.captions, self.loop.val_split, self.device,
+                           max_images=self.loop.val_images, batch_size=self.source.encode_batch_size)
         if not dist.is_main():
             return None
         return evaluate_embeddings(emb.images, emb.captions, emb.caption_image, similarity=emb.similarity)
@@ -419,7 +433,7 @@ class Trainer:
             improved = metrics["rsum"] > p.best_rsum
             if improved:
                 p.best_rsum, p.best_epoch = metrics["rsum"], epoch
-            record = {"epoch": epoch, "iteration": p.iteration, "split": self.cfg.val_split,
+            record = {"epoch": epoch, "iteration": p.iteration, "split": self.loop.val_split,
                       "lr": self.optimizer.param_groups[0]["lr"], "time": time.time(), **metrics,
                       **({"noise_true_rate": self.noise.true_rate()} if self.noise is not None else {}),
                       **self.division}
@@ -442,7 +456,7 @@ class Trainer:
         return {
             "model": self.model.head_state_dict(),
             **({"backbone": self.source.checkpoint_entry(backbone)} if backbone is not None else {}),
-            "model_config": self.model_config.to_dict(),
+            "model_config": self.model.config.to_dict(),
             **({"loss": self.loss.state_dict()} if self.loss.state_dict() else {}),
             **self.captions.checkpoint_entry(),  # the vocabulary, or the caption features
             "train_config": self.cfg.to_dict(),
