@@ -1,6 +1,8 @@
-"""Training runs: the ``Trainer`` (fit, step, validate, save) and ``build_run`` that hands it
-its parts (``trainer``), the factories of each part (``factories``), the run folder with its
-files and rules (``run_folder``), TensorBoard curves (``curves``) and grids of runs (``sweep``).
+"""Training runs: the ``Trainer`` (fit, step, validate, save; ``trainer``), ``build_run`` that
+derives each part's settings once (``settings``) and builds the ``RunParts`` (``parts``) the Trainer
+is handed (``build``), the factories of each part (``factories``), the run folder with its files
+and rules, its one owner (``run_folder``), TensorBoard curves (``curves``), grids of runs
+(``sweep``) and Optuna searches over options (``tune``, ``tune_plots``).
 
 May import: ``pipeline.core``, ``models``, ``text``, ``data``, ``relevance``, ``evaluation``.
 """
