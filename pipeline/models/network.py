@@ -90,20 +90,38 @@ class NetworkConfig:
         return self.network if self.set_size else None
 
 
-class PairwiseNetwork(nn.Module):
+class Network(nn.Module):
+    """What both kinds share: the declaration (kind, options, presets) and the hooks the trainer
+    reads after a forward pass. A network subclasses ``DualNetwork`` or ``PairwiseNetwork``."""
+
+    kind: str = ""
+    Options = None               # a frozen dataclass of the network's own options, or None
+    defaults: dict = {}          # TrainConfig options the network sets when they are left at their defaults
+    backbone = None              # no CNN inside (RC mode is VSE's model's)
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        if isinstance(config, NetworkConfig):  # VSE's own model: its ModelConfig holds its options
+            self.options = network_options(type(self), config.options, config.network)
+
+    def auxiliary_losses(self) -> dict:
+        """Extra loss terms of the last forward pass (name → scalar), added to the loss and logged."""
+        return {}
+
+    def head_state_dict(self) -> dict:
+        return self.state_dict()
+
+    def pool_weights(self, sizes: dict | None = None) -> dict:
+        return {}
+
+
+class PairwiseNetwork(Network):
     """Base of networks that score an image–caption pair jointly (see the module's text)."""
 
     kind = "pairwise"
-    Options = None               # a frozen dataclass of the network's own options, or None
-    defaults: dict = {}          # TrainConfig options the network sets when they are left at their defaults
-    backbone = None              # no CNN inside (RC mode is for dual networks)
     eval_pair_budget = 1 << 22   # floats of one scoring chunk's largest intermediate (16 MB: cache-sized
                                  # chunks measured faster on a CPU than large ones)
-
-    def __init__(self, config: NetworkConfig):
-        super().__init__()
-        self.config = config
-        self.options = network_options(type(self), config.options, config.network)
 
     # ---- what a subclass owns
     def encode_images(self, images: torch.Tensor):
@@ -125,47 +143,18 @@ class PairwiseNetwork(nn.Module):
         image_block = self.encode_images(at_least_float32(images))
         return self.score(image_block, self.encode_captions(captions, lengths))
 
-    def auxiliary_losses(self) -> dict:
-        """Extra loss terms of the last forward pass (name → scalar), added to the loss and logged."""
-        return {}
 
-    def head_state_dict(self) -> dict:
-        return self.state_dict()
-
-    def pool_weights(self, sizes: dict | None = None) -> dict:
-        return {}
-
-
-class DualNetwork(nn.Module):
+class DualNetwork(Network):
     """Base of networks that encode each side to one vector (see the module's text): a subclass
     builds ``image_encoder`` and ``text_encoder`` (``nn.Module``s) in ``__init__``."""
 
     kind = "dual"
-    Options = None               # a frozen dataclass of the network's own options, or None
-    defaults: dict = {}          # TrainConfig options the network sets when they are left at their defaults
     takes_sets = False           # images are sets (B, K, D) of a set cache; False: one vector (B, D) each
-    backbone = None              # no CNN inside (RC mode is VSE's model's)
-
-    def __init__(self, config):
-        super().__init__()
-        self.config = config
-        if isinstance(config, NetworkConfig):  # VSE's own model: its ModelConfig holds its options
-            self.options = network_options(type(self), config.options, config.network)
 
     def forward(self, images: torch.Tensor, *captions):
         """(image embeddings (B, E), caption embeddings (B, E)) of a training batch. Members cached
         as float16 arrive as float32 (``at_least_float32``)."""
         return self.image_encoder(at_least_float32(images)), self.text_encoder(*captions)
-
-    def auxiliary_losses(self) -> dict:
-        """Extra loss terms of the last forward pass (name → scalar), added to the loss and logged."""
-        return {}
-
-    def head_state_dict(self) -> dict:
-        return self.state_dict()
-
-    def pool_weights(self, sizes: dict | None = None) -> dict:
-        return {}
 
 
 def at_least_float32(x: torch.Tensor) -> torch.Tensor:
