@@ -36,7 +36,7 @@ medians reported with max/min:
 
 Also the multiply-add count of a forward pass, and the fp32 matmul rate of this CPU (a 2048³
 product), so ``flop / rate`` is a second, cruder limit. Peak memory: each step kind run once in a
-child process of its own, its ``ru_maxrss`` (``nothing_built``: a child that only imports torch,
+child process of its own, its VmHWM (``nothing_built``: a child that only imports torch,
 the floor). Writes bench/results/train_pairwise.json (``--out``; with ``--vsrn``
 train_pairwise_vsrn.json).
 """
@@ -441,12 +441,25 @@ def baseline_memory(args) -> float | None:
 
 
 def child(spec: str, args) -> None:
-    import resource
-
     kind, network = spec.split(":")
     if kind != "none":
         make(kind, network, sizes_of(args), args)()  # one step: its peak
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    print(peak_rss_mb())
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS (MB): /proc's VmHWM, which starts afresh at exec. ``ru_maxrss`` does
+    not: Linux keeps it across execve, so a child of a large parent reported the parent's peak
+    (every kind measured 11,137 MB in one run, the bare import included)."""
+    try:
+        for line in open("/proc/self/status", encoding="ascii"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addmv_", "aten::addbmm")
