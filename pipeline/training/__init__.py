@@ -2,7 +2,8 @@
 derives each part's settings once (``settings``) and builds the ``RunParts`` (``parts``) the Trainer
 is handed (``build``), the factories of each part (``factories``), the run folder with its files
 and rules, its one owner (``run_folder``), TensorBoard curves (``curves``), grids of runs
-(``sweep``) and Optuna searches over options (``tune``, ``tune_plots``).
+(``sweep``) and Optuna searches over options (``tune_spec``: the file; ``tune``: the study;
+``tune_plots``).
 
 May import: ``pipeline.core``, ``models``, ``text``, ``data``, ``relevance``, ``evaluation``.
 """

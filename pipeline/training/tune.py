@@ -24,32 +24,32 @@ killed is marked failed and re-run once with its parameters, never counted twice
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
-import math
 import os
-import re
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.core.config import LOSS_FLAGS, TrainConfig, execution_only, option_names
+from pipeline.core.config import TrainConfig
 from pipeline.core.errors import VseError
 from pipeline.core.fsutil import atomic_path
-from pipeline.core.values import allowed_types, option_types
 from pipeline.training.run_folder import best_record, read_validation_log
-from pipeline.training.sweep import LOSS_OPTION_PREFIX, check_folder_name, read_yaml_mapping, run_config
+from pipeline.training.tune_spec import (  # noqa: F401  (the file's names, re-exported)
+    DEFAULT_METRIC,
+    DISTRIBUTIONS,
+    NOT_SEARCHED,
+    PRUNERS,
+    TEST_SPLIT,
+    TUNE_KEYS,
+    Budget,
+    Param,
+    TuneSpec,
+    check_metric,
+    load_tune,
+    parse_budget,
+)
 
-TUNE_KEYS = ("name", "runs_dir", "base", "search")
-DISTRIBUTIONS = ("uniform", "log_uniform", "int", "choice")
-PRUNERS = ("median", "hyperband", "none")
-DEFAULT_METRIC = "rsum"
-TEST_SPLIT = "test"
-# Options a search may not vary: what and where a run reads (the split it validates on included),
-# how long it trains (the budget's EPOCHS), and where and how it runs.
-NOT_SEARCHED = ("features", "text_features", "relevance", "root", "run_dir", "seed", "epochs",
-                "train_split", "val_split", "val_images", "init_from", "noise_index")
 STUDY_FILE = "study.db"
 TRIAL_FILE = "tune.json"       # in each trial folder, and in the folder an exported sweep fills
 EXPORT_TAG = "# vse tune export"
@@ -58,230 +58,6 @@ MEDIAN_STARTUP_TRIALS = 3      # the median pruner prunes from the 4th trial on,
 RETRIES = 1                    # a killed trial is re-run this many times with its parameters
 UNCLAIMED_GRACE_S = 60         # a RUNNING trial that never named its host is stale after this
 HEARTBEAT_S = 60               # --storage: a trial beats this often; stale after 5 missed beats
-
-
-# ---------------------------------------------------------------------------- the file
-@dataclass
-class Param:
-    """One searched option: ``kind`` (one of DISTRIBUTIONS) over ``values`` ([low, high] or choices)."""
-
-    key: str
-    kind: str
-    values: list
-
-    def suggest(self, trial):
-        if self.kind == "choice":
-            return trial.suggest_categorical(self.key, self.values)
-        low, high = self.values
-        if self.kind == "int":
-            return trial.suggest_int(self.key, low, high)
-        return trial.suggest_float(self.key, float(low), float(high), log=self.kind == "log_uniform")
-
-    def corners(self) -> list:
-        """The values that bound the range, of the type a trial gets: what the checks try."""
-        floats = self.kind in ("uniform", "log_uniform")
-        return [float(v) for v in self.values] if floats else list(self.values)
-
-    def to_dict(self) -> dict:
-        return {self.kind: self.values}
-
-
-@dataclass
-class Budget:
-    trials: int
-    epochs: int
-
-    def __str__(self) -> str:
-        return f"{self.trials}×{self.epochs}"
-
-
-@dataclass
-class TuneSpec:
-    path: Path
-    name: str
-    runs_dir: Path
-    base: dict                      # the file's base: with the tune's own settings (epochs, val_every)
-    params: list[Param] = field(default_factory=list)
-
-    @property
-    def root(self) -> Path:
-        return self.runs_dir / self.name
-
-    def space(self) -> dict:
-        return {p.key: p.to_dict() for p in self.params}
-
-    def trial_config(self, values: dict, run_dir) -> dict:
-        """The training config of one trial: base with the values applied (a sweep's rule)."""
-        config = run_config(self.base, values, self.path)
-        config["run_dir"] = str(run_dir)
-        return config
-
-    def fingerprint(self) -> str:
-        """What the study's trials share: the base and the search space (a digest)."""
-        text = json.dumps({"base": self.base, "space": self.space()}, sort_keys=True, default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def parse_budget(text: str) -> Budget:
-    """'20x3' or '20×3' → 20 trials of 3 epochs."""
-    match = re.fullmatch(r"\s*(\d+)\s*[x×X]\s*(\d+)\s*", str(text))
-    if not match or int(match[1]) < 1 or int(match[2]) < 1:
-        raise VseError(f"--budget is TRIALSxEPOCHS with both at least 1, e.g. 20x3; got {text!r}")
-    return Budget(int(match[1]), int(match[2]))
-
-
-def load_tune(path, runs_dir=None, name=None) -> TuneSpec:
-    """Read and check a tune file: every problem is one VseError naming the file and the key,
-    raised before any trial runs."""
-    path = Path(path)
-    spec = read_yaml_mapping(path, "tune file", "base: and search:")
-    unknown = sorted(set(spec) - set(TUNE_KEYS))
-    if unknown:
-        hint = (" (a tune file searches one configuration: tune each method of a comparison from its own "
-                "file with the same --budget)" if {"grid", "seeds"} & set(unknown) else "")
-        raise VseError(f"unknown tune key(s) {', '.join(unknown)} (expected {', '.join(TUNE_KEYS)}){hint}",
-                       path)
-    base, search = spec.get("base") or {}, spec.get("search") or {}
-    if not isinstance(base, dict) or not isinstance(search, dict):
-        raise VseError("base: and search: must be mappings", path)
-    if not search:
-        raise VseError("search: names no option to tune", path)
-    name = check_folder_name(str(name or spec.get("name") or path.stem), "tune name", path)
-    base = dict(base)
-    base.setdefault("val_every", 0)  # a trial validates at its epoch ends: the pruner's steps
-    for key in ("val_split", "train_split"):
-        if base.get(key, TrainConfig.default(key)) == TEST_SPLIT:
-            raise VseError(f"base: {key}: a tune never reads the {TEST_SPLIT!r} split (it validates "
-                           "on dev; test is for the seeds of the chosen options)", path)
-    losses = _tune_losses(base, search)
-    params = [_param(key, value, base, path, losses) for key, value in search.items()]
-    tune = TuneSpec(path, name, Path(runs_dir or spec.get("runs_dir") or "runs"), base, params)
-    _check_corners(tune)
-    return tune
-
-
-def _tune_losses(base: dict, search: dict) -> list:
-    """The losses a tune's trials may train with: the searched choices, else base's (or the default)."""
-    searched = search.get("loss")
-    if isinstance(searched, dict) and isinstance(searched.get("choice"), list):
-        return [spec for spec in searched["choice"] if isinstance(spec, str)]
-    return [base.get("loss", TrainConfig.default("loss"))]
-
-
-def _declared_loss_options(losses: list) -> list:
-    """The ``Options`` dataclasses of ``losses`` (a loss that declares none, or a name or file that is
-    no loss, left out: the corners say so)."""
-    from pipeline.models.loss_plugins import options_class
-
-    declared = []
-    for spec in losses:
-        try:
-            declared.append(options_class(spec))
-        except VseError:
-            continue
-    return [options for options in declared if options is not None]
-
-
-def _integer_loss_option(option: str, losses: list) -> bool:
-    """Some loss of ``losses`` declares its option ``option`` an integer."""
-    hints = [option_types(declared).get(option) for declared in _declared_loss_options(losses)]
-    return any(hint is not None and set(allowed_types(hint)) - {type(None)} == {int} for hint in hints)
-
-
-def _loss_option_named(key: str, losses: list) -> str | None:
-    """The loss option ``key`` names: one of ``losses`` declares it, or it is a loss flag's name
-    (``LOSS_FLAGS``: ``lseh_lambda`` → ``lambda_``); None otherwise."""
-    spelled = next((flag.key for name, flag in LOSS_FLAGS.items() if key in (name, flag.key)), None)
-    declared = any(key in option_types(options) for options in _declared_loss_options(losses))
-    return spelled or (key if declared else None)
-
-
-def _param(key, value, base: dict, path, losses: list) -> Param:
-    where = f"search: {key}"
-    if not isinstance(key, str):
-        raise VseError(f"{where}: a key is an option name", path)
-    if key.startswith(LOSS_OPTION_PREFIX):
-        option = key[len(LOSS_OPTION_PREFIX):]
-        if not option:
-            raise VseError(f"{where}: name the loss option (loss_options.<option>)", path)
-        if option in (base.get("loss_options") or {}):
-            raise VseError(f"{where}: base: sets loss_options.{option} already (a fixed value); "
-                           "fix it in base: or search it, not both", path)
-    else:
-        if key not in option_names() or key == "loss_options":
-            option = _loss_option_named(key, losses)
-            hint = f"; did you mean {LOSS_OPTION_PREFIX}{option}?" if option else ""
-            raise VseError(f"{where}: unknown option (expected a training option, TrainConfig field, "
-                           f"or {LOSS_OPTION_PREFIX}<option>){hint}", path)
-        if key in NOT_SEARCHED or key in execution_only():
-            raise VseError(f"{where}: not searched (what a run reads, how long it trains and where it "
-                           "runs are fixed; --budget sets the epochs)", path)
-        if key in base:
-            raise VseError(f"{where}: base: sets {key} already (a fixed value); fix it in base: or "
-                           "search it, not both", path)
-    if not isinstance(value, dict) or len(value) != 1 or next(iter(value)) not in DISTRIBUTIONS:
-        raise VseError(f"{where}: expected one distribution, {{uniform | log_uniform | int: [low, high]}} "
-                       f"or {{choice: [values]}}, got {value!r}", path)
-    kind, values = next(iter(value.items()))
-    if kind == "choice":
-        if not isinstance(values, list) or not values:
-            raise VseError(f"{where}: choice needs a non-empty list of values", path)
-        if not all(v is None or isinstance(v, (bool, int, float, str)) for v in values):
-            raise VseError(f"{where}: choices are numbers, strings, booleans or null", path)
-        if len({json.dumps(v) for v in values}) < len(values):
-            raise VseError(f"{where}: a choice is listed twice", path)
-        return Param(key, kind, values)
-    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                  for v in (values if isinstance(values, list) else []))
-    if not isinstance(values, list) or len(values) != 2 or not numeric:
-        raise VseError(f"{where}: {kind} needs a range [low, high] of two finite numbers, got {values!r}",
-                       path)
-    low, high = values
-    if kind == "int" and not all(isinstance(v, int) for v in values):
-        raise VseError(f"{where}: int needs whole numbers, got {values!r}", path)
-    if low >= high:
-        raise VseError(f"{where}: empty range [{low}, {high}] (low must be below high; a single value "
-                       "goes in base:)", path)
-    option = key[len(LOSS_OPTION_PREFIX):] if key.startswith(LOSS_OPTION_PREFIX) else None
-    if kind != "int" and option and _integer_loss_option(option, losses):
-        raise VseError(f"{where}: an integer option: use {{int: [low, high]}} or {{choice: [...]}}", path)
-    if kind == "log_uniform" and low <= 0:
-        raise VseError(f"{where}: log_uniform range [{low}, {high}] reaches 0 or below (a log scale "
-                       "needs low > 0)", path)
-    return Param(key, kind, [low, high])
-
-
-def _check_corners(tune: TuneSpec) -> None:
-    """Each searched value at the ends of its range (each choice) with the others at their low
-    end makes a valid config and loss: a bad range is refused now, not in trial 12. A value that
-    fails on its own is blamed first, so the message names the key that is wrong."""
-    low = {p.key: p.corners()[0] for p in tune.params}
-    for param in tune.params:  # alone: the one at fault, not the first key of a failing combination
-        for value in param.corners():
-            _check_values(tune, param.key, value, {param.key: value})
-    for param in tune.params:
-        for value in param.corners():
-            _check_values(tune, param.key, value, {**low, param.key: value})
-
-
-def _check_values(tune: TuneSpec, key: str, value, searched: dict) -> None:
-    from pipeline.models.loss_plugins import make_loss
-
-    try:
-        config = TrainConfig.from_dict(run_config(tune.base, searched))
-        config.check()
-        make_loss(config.loss, config.loss_kwargs())
-    except VseError as exc:
-        raise VseError(f"search: {key}: {value!r} does not make a run: {exc}", tune.path) from None
-
-
-def check_metric(metric: str, path) -> bool:
-    """True when higher is better; VseError when the validation log has no such metric."""
-    from pipeline.evaluation.metrics import METRIC_KEYS, metric_of
-
-    if metric not in METRIC_KEYS:
-        raise VseError(f"--metric {metric!r} is no validation metric (one of {', '.join(METRIC_KEYS)})", path)
-    return metric_of(metric).higher_is_better
 
 
 # ---------------------------------------------------------------------------- the study
