@@ -128,7 +128,7 @@ step evaluate_amp evaluate_json eval_amp "${CACHED_BEST[@]}" --device "$DEVICE" 
 step evaluate_rc evaluate_json eval_rc --checkpoint "$WORK/rc/best.pt" --root "$DATA" --device "$DEVICE"
 
 "$PY" - "$WORK" "$DEVICE" "$OUT" <<'EOF'
-import json, re, subprocess, sys
+import json, os, re, subprocess, sys
 from pathlib import Path
 import torch
 from pipeline.core.checkpoint import load_checkpoint
@@ -150,7 +150,11 @@ def setup_line(log):
     return next((line for line in (work / log).read_text().splitlines() if line.startswith("device ")), "")
 
 gpu = torch.cuda.is_available() and device == "cuda"
-commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+try:  # a copy of the tree without its .git (a lent GPU machine) says so
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+except OSError:
+    commit = ""
+commit = commit or os.environ.get("VSE_SMOKE_COMMIT", "unknown")
 ddp_line = setup_line("torchrun_2proc.log")
 summary = {
     "device": torch.cuda.get_device_name(0) if gpu else "cpu",

@@ -7,6 +7,7 @@ process, plus the peak memory of each.
     python bench/train_pairwise.py --bf16          # adds our step under bf16 autocast
     python bench/train_pairwise.py --vsrn --authors VSRN_CHECKOUT   # VSRN's step instead
     python bench/train_pairwise.py --vsrn --profile                 # bench/results/vsrn_step_profile.json
+    python bench/train_pairwise.py --device cuda --bf16             # on a GPU: train_pairwise_cuda.json
 
 Sizes (``--small`` shrinks them): a batch of 128 images of 36 regions × 2048 and 128 captions of
 word ids (vocabulary 8,000, word_dim 300, lengths drawn once around Flickr30K's mean of 12 words
@@ -39,6 +40,12 @@ product), so ``flop / rate`` is a second, cruder limit. Peak memory: each step k
 child process of its own, its VmHWM (``nothing_built``: a child that only imports torch,
 the floor). Writes bench/results/train_pairwise.json (``--out``; with ``--vsrn``
 train_pairwise_vsrn.json).
+
+``--device cuda``: every kind on the GPU, the authors' code as it runs there (their ``.cuda()``
+calls real, nothing faked), each step followed by a synchronize; bf16 is autocast on the GPU;
+the matmul rate is the GPU's (fp32 as PyTorch runs it: TF32 off unless
+``torch.backends.cuda.matmul.allow_tf32``); peak memory is ``torch.cuda.max_memory_allocated``
+of one step of each kind, built alone. Files get a ``_cuda`` suffix.
 """
 
 from __future__ import annotations
@@ -81,6 +88,15 @@ SIZES.update({"vsrn_authors": dict(batch=128, members=36, feature_dim=2048, embe
 
 
 # ------------------------------------------------------------------------------------------ inputs
+def to_device(device: str, *tensors):
+    return tuple(t.to(device) for t in tensors)
+
+
+def sync(device: str) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def batch(size: dict, seed: int = 0):
     """Images (B, K, D), word ids (B, T) padded with 0, lengths (B,) sorted longest first."""
     g = torch.Generator().manual_seed(seed)
@@ -111,7 +127,7 @@ def forward_madds(size: dict, lengths, network: str, sgr_steps: int = 3) -> floa
 
 
 # ------------------------------------------------------------------------------------------ steps
-def ours_step(network: str, size: dict, dtype=None):
+def ours_step(network: str, size: dict, dtype=None, device: str = "cpu"):
     from pipeline.models.losses import build_loss
     from pipeline.models.network import NetworkConfig, build_network
 
@@ -119,12 +135,14 @@ def ours_step(network: str, size: dict, dtype=None):
     config = NetworkConfig(network, feature_dim=size["feature_dim"], set_size=size["members"],
                            embed_dim=size["embed"], vocab_size=size["vocab"], word_dim=size["word_dim"],
                            options={"sim_dim": size["sim_dim"]})
-    model = build_network(config).train()
+    model = build_network(config).train().to(device)
     loss_fn = build_loss("mh", margin=0.2, mask_same_image=False)
     opt = torch.optim.Adam(model.parameters(), lr=2e-4)
     images, captions, lengths = batch(size)
-    ids = torch.arange(len(images))
-    cast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if dtype else contextlib.nullcontext
+    images, captions = to_device(device, images, captions)
+    ids = torch.arange(len(images), device=device)
+    kind = torch.device(device).type
+    cast = (lambda: torch.autocast(kind, dtype=torch.bfloat16)) if dtype else contextlib.nullcontext
 
     def step():
         with cast():
@@ -137,7 +155,7 @@ def ours_step(network: str, size: dict, dtype=None):
     return step
 
 
-def authors_step(network: str, size: dict, checkout: Path):
+def authors_step(network: str, size: dict, checkout: Path, device: str = "cpu"):
     spec = importlib.util.spec_from_file_location("sgraf_authors_model", checkout / "model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -146,7 +164,9 @@ def authors_step(network: str, size: dict, checkout: Path):
                           learning_rate=2e-4, img_dim=size["feature_dim"], embed_size=size["embed"],
                           word_dim=size["word_dim"], vocab_size=size["vocab"], sim_dim=size["sim_dim"])
     torch.manual_seed(0)
-    with cuda_as_identity():
+    gpu = str(device).startswith("cuda")  # on a GPU their code runs as written: .cuda() real
+    fake = contextlib.nullcontext if gpu else cuda_as_identity
+    with fake():
         sgraf = module.SGRAF(opt)
     if size["members"] != 36:
         sgraf.sim_enc.v_global_w = module.VisualSA(size["embed"], 0.4, size["members"])
@@ -156,28 +176,32 @@ def authors_step(network: str, size: dict, checkout: Path):
     def loss(scores):  # their diagonal mask exists only under torch.cuda.is_available()
         with cuda_as_identity(True):
             return criterion(scores)
-    sgraf.criterion = loss
+    if not gpu:
+        sgraf.criterion = loss
+    if gpu and size["members"] != 36:
+        sgraf.sim_enc.cuda()
     sgraf.train_start()
     images, captions, lengths = batch(size)
     lengths = lengths.tolist()
 
     def step():
-        with cuda_as_identity():
+        with fake():
             sgraf.train_emb(images, captions, lengths)
     return step
 
 
-def gemm_step(network: str, size: dict):
+def gemm_step(network: str, size: dict, device: str = "cpu"):
     """The products of one training step and their gradients, nothing else (see the module text)."""
     torch.manual_seed(0)
     e, s = size["embed"], size["sim_dim"]
     images, captions, lengths = batch(size)
-    p = lambda *shape: nn.Parameter(torch.randn(*shape) / shape[0] ** 0.5)  # noqa: E731
+    images, captions = to_device(device, images, captions)
+    p = lambda *shape: nn.Parameter(torch.randn(*shape, device=device) / shape[0] ** 0.5)  # noqa: E731
     w = dict(fc=p(size["feature_dim"], e), va=p(e, e), vg=p(e, e), ta=p(e, e), tg=p(e, e), loc=p(e, s),
              glo=p(e, s), ev=p(s, 1), q=[p(s, s) for _ in range(3)], k=[p(s, s) for _ in range(3)],
              g=[p(s, s) for _ in range(3)], att=p(s, 1))
-    embed = nn.Embedding(size["vocab"], size["word_dim"])
-    rnn = nn.GRU(size["word_dim"], e, batch_first=True, bidirectional=True)
+    embed = nn.Embedding(size["vocab"], size["word_dim"]).to(device)
+    rnn = nn.GRU(size["word_dim"], e, batch_first=True, bidirectional=True).to(device)
     params = [v for x in w.values() for v in (x if isinstance(x, list) else [x])]
     params += list(embed.parameters()) + list(rnn.parameters())
     groups = [(int(n), (lengths == n).nonzero().squeeze(1)) for n in lengths.unique()]
@@ -256,7 +280,7 @@ def vsrn_madds(size: dict, lengths, fold: bool | None = None) -> dict:
             "caption_encoder": rows * e * h + 2 * rows * 3 * h * h + rows * h * h, "caption_decoder": decoder}
 
 
-def vsrn_ours_step(size: dict, dtype=None):
+def vsrn_ours_step(size: dict, dtype=None, device: str = "cpu"):
     """`vse train --network vsrn`'s step as the Trainer makes it: VSEModel (their f30k_precomp
     encoder, the caption branch with their options), the max-of-hinges loss + the caption loss,
     backward, clipping at 2 over the list that holds the caption model twice, their Adam list."""
@@ -275,13 +299,15 @@ def vsrn_ours_step(size: dict, dtype=None):
     cfg = ModelConfig(vocab_size=size["vocab"], feature_dim=size["feature_dim"], embed_dim=size["embed"],
                       word_dim=size["word_dim"], image_pool="vsrn", pool_options=VARIANTS["f30k"],
                       caption_loss_weight=1.0, network_options=dataclasses.asdict(options))
-    model = VSEModel(cfg).train()
+    model = VSEModel(cfg).train().to(device)
     loss_fn = MaxHingeLoss(margin=0.2)
     trainable, _ = trainable_parameters(model, loss_fn)
     optimizer = create_optimizer(TrainConfig(features="x.h5", run_dir="r", network="vsrn", lr=2e-4,
                                              grad_clip=2.0), model, trainable)
     images, captions, lengths, _, _ = vsrn_batch(size)
-    cast = (lambda: torch.autocast("cpu", dtype=dtype)) if dtype else contextlib.nullcontext
+    images, captions = to_device(device, images, captions)
+    kind = torch.device(device).type
+    cast = (lambda: torch.autocast(kind, dtype=dtype)) if dtype else contextlib.nullcontext
 
     def step():
         with cast():
@@ -294,7 +320,7 @@ def vsrn_ours_step(size: dict, dtype=None):
     return step
 
 
-def vsrn_authors_step(size: dict, checkout: Path):
+def vsrn_authors_step(size: dict, checkout: Path, device: str = "cpu"):
     """Their ``VSRN.train_emb`` (model.py) on the same sizes: forward_emb, their caption loss
     (``calcualte_caption_loss`` less its CUDA calls), their ContrastiveLoss, backward,
     ``clip_grad_norm`` over their list, Adam. Imported as scripts/golden_vsrn.py does; their
@@ -315,11 +341,16 @@ def vsrn_authors_step(size: dict, checkout: Path):
         torch.manual_seed(0)
         vsrn = module.VSRN(opt)
     clip = module.clip_grad_norm
+    gpu = str(device).startswith("cuda")
+    if gpu:  # built under reference_code's CPU stand-ins; on a GPU it runs as written, .cuda() real
+        for part in (vsrn.img_enc, vsrn.txt_enc, vsrn.caption_model):
+            part.to(device)  # the same Parameter objects: their Adam list still holds them
     images, captions, lengths, labels, masks = vsrn_batch(size)
+    images, captions, labels, masks = to_device(device, images, captions, labels, masks)
     lengths = lengths.tolist()
 
     def step():
-        with warnings.catch_warnings(), cuda_as_identity():
+        with warnings.catch_warnings(), (contextlib.nullcontext() if gpu else cuda_as_identity()):
             warnings.simplefilter("ignore")  # their deprecated calls (F.tanh, clip_grad_norm, ...)
             vsrn.train_start()
             img_emb, cap_emb, regions = vsrn.forward_emb(images, captions, lengths)
@@ -333,7 +364,7 @@ def vsrn_authors_step(size: dict, checkout: Path):
     return step
 
 
-def vsrn_gemm_step(size: dict):
+def vsrn_gemm_step(size: dict, device: str = "cpu"):
     """The products of VSRN's step and their gradients, nothing else, as our step does them
     (the GCN's maps folded where ``vsrn.folds`` says; the image fc, 4 GCN layers, the GRU over
     the members, the caption GRU over the words packed, the caption branch's input map, encoder
@@ -347,7 +378,8 @@ def vsrn_gemm_step(size: dict):
     b, k, d, e = size["batch"], size["members"], size["feature_dim"], size["embed"]
     h, cw = size["caption_hidden"], size["caption_word_dim"]
     images, captions, lengths, _, _ = vsrn_batch(size)
-    p = lambda *shape: nn.Parameter(torch.randn(*shape) / shape[-1] ** 0.5)  # noqa: E731
+    images, captions = to_device(device, images, captions)
+    p = lambda *shape: nn.Parameter(torch.randn(*shape, device=device) / shape[-1] ** 0.5)  # noqa: E731
     fc = p(e, d)
     gcn = [[p(e, e) for _ in range(4)] for _ in range(4)]                   # θ, φ, g, W
     vid2hid, attend_enc, attend_dec, score, out = p(h, e), p(h, h), p(h, h), p(1, h), p(size["vocab"], h)
@@ -356,10 +388,11 @@ def vsrn_gemm_step(size: dict):
     embed, word_embed = nn.Embedding(size["vocab"], size["word_dim"]), nn.Embedding(size["vocab"], cw)
     params = [fc, vid2hid, attend_enc, attend_dec, score, out] + [q for layer in gcn for q in layer]
     for module in (image_gru, text_gru, encoder, decoder, embed, word_embed):
+        module.to(device)
         params += list(module.parameters())
     fold = folds(e, b * k)
     steps = min(int(lengths.max()), size["max_len"] - 1)
-    predicted = torch.arange(steps)[None] < lengths[:, None]
+    predicted = (torch.arange(steps)[None] < lengths[:, None]).to(device)
 
     def step():
         v = (images.reshape(-1, d) @ fc.T).view(b, k, e)
@@ -389,30 +422,33 @@ def vsrn_gemm_step(size: dict):
     return step
 
 
-def matmul_gflops(n: int = 2048, rounds: int = 3) -> float:
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_gflops(n: int = 2048, rounds: int = 3, device: str = "cpu", dtype=torch.float32) -> float:
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     a @ b
-    best = min(_timed(lambda: a @ b) for _ in range(rounds))
+    best = min(_timed(lambda: a @ b, device) for _ in range(rounds))
     return 2 * n ** 3 / best / 1e9
 
 
-def _timed(fn) -> float:
+def _timed(fn, device: str = "cpu") -> float:
+    sync(device)
     start = time.perf_counter()
     fn()
+    sync(device)
     return time.perf_counter() - start
 
 
 def make(kind: str, network: str, size: dict, args):
+    device = args.device
     if network == "vsrn":
-        makers = {"ours": lambda: vsrn_ours_step(size),
-                  "ours_bf16": lambda: vsrn_ours_step(size, torch.bfloat16),
-                  "authors": lambda: vsrn_authors_step(size, Path(args.authors)),
-                  "gemm": lambda: vsrn_gemm_step(size)}
+        makers = {"ours": lambda: vsrn_ours_step(size, device=device),
+                  "ours_bf16": lambda: vsrn_ours_step(size, torch.bfloat16, device),
+                  "authors": lambda: vsrn_authors_step(size, Path(args.authors), device),
+                  "gemm": lambda: vsrn_gemm_step(size, device)}
     else:
-        makers = {"ours": lambda: ours_step(network, size),
-                  "ours_bf16": lambda: ours_step(network, size, torch.bfloat16),
-                  "authors": lambda: authors_step(network, size, Path(args.authors)),
-                  "gemm": lambda: gemm_step(network, size)}
+        makers = {"ours": lambda: ours_step(network, size, device=device),
+                  "ours_bf16": lambda: ours_step(network, size, torch.bfloat16, device),
+                  "authors": lambda: authors_step(network, size, Path(args.authors), device),
+                  "gemm": lambda: gemm_step(network, size, device)}
     return makers[kind]()
 
 
@@ -423,7 +459,16 @@ def sizes_of(args) -> dict:
 # ------------------------------------------------------------------------------------------ runs
 def peak_memory(kind: str, network: str, args) -> float | None:
     """Peak RSS (MB) of a child process that builds ``kind`` and runs one step of it (``child``
-    prints its RSS before building too: what torch's import holds, the floor of every figure)."""
+    prints its RSS before building too: what torch's import holds, the floor of every figure);
+    on a GPU, the peak of ``torch.cuda.max_memory_allocated`` (MB) over building and one step."""
+    if args.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        step = make(kind, network, sizes_of(args), args)
+        step()
+        sync(args.device)
+        del step
+        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
     command = [sys.executable, __file__, "--child", f"{kind}:{network}", "--authors", args.authors,
                "--size", args.size] + (["--vsrn"] if args.vsrn else [])
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
@@ -512,6 +557,7 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true", help="profile one of our steps per network instead "
                         "(bench/results/train_pairwise_profile.json; with --vsrn ours and the authors' at "
                         "--size reduced unless given: bench/results/vsrn_step_profile.json)")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (every kind on the GPU)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out")
     args = parser.parse_args(argv)
@@ -549,9 +595,15 @@ def main(argv=None) -> int:
         write_report(report, out)
         return 0
     size = sizes_of(args)
+    gpu = args.device.startswith("cuda")
     report = {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
               "torch": torch.__version__, "sizes": size, "load_before": os.getloadavg(),
-              "matmul_fp32_gflops": round(matmul_gflops(), 1), "networks": {}}
+              "device": torch.cuda.get_device_name(0) if gpu else "cpu",
+              "matmul_fp32_gflops": round(matmul_gflops(4096 if gpu else 2048, device=args.device), 1),
+              "networks": {}}
+    if gpu:
+        report["tf32"] = torch.backends.cuda.matmul.allow_tf32
+        report["matmul_bf16_gflops"] = round(matmul_gflops(4096, device=args.device, dtype=torch.bfloat16), 1)
     _, _, lengths = batch(size)
     report["caption_lengths_mean"] = round(float(lengths.float().mean()), 2)
     for network in args.networks.split(","):
@@ -562,7 +614,7 @@ def main(argv=None) -> int:
         times = {kind: [] for kind in kinds}
         for _ in range(args.steps):
             for kind, step in steps.items():
-                times[kind].append(_timed(step))
+                times[kind].append(_timed(step, args.device))
         del steps
         if network == "vsrn":
             from pipeline.models.vsrn import folds
@@ -574,10 +626,10 @@ def main(argv=None) -> int:
         median = {k: statistics.median(v) for k, v in times.items()}
         entry = report["networks"][network] = {
             "forward_gflop": round(2 * madds / 1e9, 1), "step_gflop_fwd_bwd": round(6 * madds / 1e9, 1),
-            "median_step_s": {k: round(v, 3) for k, v in median.items()},
+            "median_step_s": {k: round(v, 5) for k, v in median.items()},
             "steps_per_s": {k: round(1 / v, 4) for k, v in median.items()},
             "max_over_min": {k: round(max(v) / min(v), 3) for k, v in times.items()},
-            "step_s": {k: [round(t, 3) for t in v] for k, v in times.items()},
+            "step_s": {k: [round(t, 5) for t in v] for k, v in times.items()},
             "ours_fraction_of_gemm_limit": round(median["gemm"] / median["ours"], 3),
             "ours_fraction_of_matmul_rate": round(6 * madds / median["ours"] / 1e9
                                                   / report["matmul_fp32_gflops"], 3),
@@ -596,13 +648,15 @@ def main(argv=None) -> int:
             entry["speedup_ours_bf16_over_authors"] = (round(median["authors"] / median["ours_bf16"], 3)
                                                        if has_authors else None)
             entry["speedup_bf16_over_fp32"] = round(median["ours"] / median["ours_bf16"], 3)
-        if not args.no_memory:
+        if not args.no_memory and gpu:
+            entry["peak_cuda_mb"] = {kind: peak_memory(kind, network, args) for kind in kinds}
+        elif not args.no_memory:
             entry["peak_rss_mb"] = {kind: peak_memory(kind, network, args) for kind in kinds}
             entry["peak_rss_mb"]["nothing_built"] = baseline_memory(args)
         print(network, json.dumps(entry), file=sys.stderr, flush=True)
     report["load_after"] = os.getloadavg()
-    write_report(report, Path(args.out or results / ("train_pairwise_vsrn.json" if args.vsrn
-                                                     else "train_pairwise.json")))
+    name = ("train_pairwise_vsrn" if args.vsrn else "train_pairwise") + ("_cuda" if gpu else "")
+    write_report(report, Path(args.out or results / f"{name}.json"))
     return 0
 
 
