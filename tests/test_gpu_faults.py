@@ -211,6 +211,29 @@ def test_ranks_that_share_a_gpu_use_gloo(fake_gpus, monkeypatch):
     assert distributed.choose_backend(torch.device("cpu")) == distributed.choose_backend(None) == "gloo"
 
 
+@pytest.mark.parametrize("finetune,freeze_bn,synced", [(True, False, True), (True, True, False),
+                                                        (False, False, False)])
+def test_ddp_syncs_buffers_under_the_name_this_torch_takes(monkeypatch, finetune, freeze_bn, synced):
+    """torch 2.14 renamed DDP's broadcast_buffers to forward_sync_buffers; torch 2.11 (a lent H200)
+    refused the new name, so every torchrun run died at build time there."""
+    import inspect
+    from types import SimpleNamespace
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    taken = inspect.signature(DistributedDataParallel.__init__).parameters
+    assert factories_module._BUFFER_SYNC in taken  # a name this torch's DDP accepts
+    given = {}
+    monkeypatch.setattr(factories_module, "DistributedDataParallel",
+                        lambda model, **kwargs: given.update(kwargs) or model)
+    model = torch.nn.Linear(2, 2)
+    settings = SimpleNamespace(finetune=finetune, freeze_bn=freeze_bn)
+    assert factories_module.wrap_ddp(model, settings, False) is model and not given  # one process: bare
+    factories_module.wrap_ddp(model, settings, True)
+    assert given[factories_module._BUFFER_SYNC] is synced and given["device_ids"] is None
+    assert set(given) <= set(taken)
+
+
 def test_the_process_group_is_destroyed_at_exit(tmp_path, monkeypatch):
     """init_from_env registers its shutdown; shutdown destroys a real (one-process) gloo group."""
     import torch.distributed as dist
@@ -238,7 +261,8 @@ def test_the_process_group_is_destroyed_at_exit(tmp_path, monkeypatch):
 
 def test_only_rank_0_speaks_at_set_up(tiny_cache, tmp_path, monkeypatch):
     said = []
-    trainer = build_trainer(_config(tiny_cache, tmp_path / "a", loss="sh"), echo=said.append)
+    # device cpu named: on a GPU machine auto would pick cuda (seen on a lent H200)
+    trainer = build_trainer(_config(tiny_cache, tmp_path / "a", loss="sh", device="cpu"), echo=said.append)
     assert trainer.setup_line.startswith("device cpu")  # said by fit() once the run folder is locked
     trainer.echo("hello")
     assert said == ["hello"]
@@ -348,8 +372,9 @@ LOSSES = [("sh", {}), ("mh", {}), ("mh", {"negative_set_size": 5}), ("order", {}
 
 @pytest.mark.parametrize("loss,options", LOSSES)
 def test_one_host_sync_per_training_step(tiny_cache, tmp_path, monkeypatch, loss, options):
-    trainer = build_trainer(_config(tiny_cache, tmp_path / "run", loss=loss, loss_options=options),
-                                  **QUIET)
+    # the CPU's reads: device cpu named, as on a GPU machine auto picks cuda (the next test)
+    trainer = build_trainer(_config(tiny_cache, tmp_path / "run", loss=loss, loss_options=options,
+                                    device="cpu"), **QUIET)
     pairs = trainer.epoch_batches(0)
     trainer.step(pairs[0])  # Adam's state exists from now on, as in every later step
     batch = pairs[1]

@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -290,6 +292,13 @@ def wrap_ddp(model: VSEModel, settings: ModelSettings, distributed: bool):
     use, and leaves their gradients None, so the fixed network does not move."""
     if not distributed:
         return model
-    return DistributedDataParallel(model, device_ids=None,
-                                   forward_sync_buffers=settings.finetune and not settings.freeze_bn,
+    sync = settings.finetune and not settings.freeze_bn
+    return DistributedDataParallel(model, device_ids=None, **{_BUFFER_SYNC: sync},
                                    find_unused_parameters=hasattr(model, "train_member"))
+
+
+# torch 2.14 renamed DDP's broadcast_buffers (now deprecated) to forward_sync_buffers; older torch
+# (2.11 on a lent H200) refuses the new name with a TypeError at the first torchrun step
+_BUFFER_SYNC = ("forward_sync_buffers"
+                if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+                else "broadcast_buffers")
