@@ -518,21 +518,25 @@ def profile(network: str, size: dict, args, kind: str = "ours", rows: int = 25) 
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
+    gpu = args.device.startswith("cuda")  # on a GPU: the kernels' time (self_device_time_total)
     step = make(kind, network, size, args)
     step()
-    with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof:
-        wall = _timed(step)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    with torch_profile(activities=activities, record_shapes=True, profile_memory=not gpu) as prof:
+        wall = _timed(step, args.device)
     events = prof.key_averages()
-    total = sum(e.self_cpu_time_total for e in events)
-    matmul = sum(e.self_cpu_time_total for e in events if e.key in MATMUL_OPS)
-    by_shape = sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: -e.self_cpu_time_total)
-    return {"wall_s": round(wall, 3), "self_cpu_s": round(total / 1e6, 3),
+    own = (lambda e: e.self_device_time_total) if gpu else (lambda e: e.self_cpu_time_total)
+    clock = "self_device_s" if gpu else "self_cpu_s"
+    total = sum(own(e) for e in events)
+    matmul = sum(own(e) for e in events if e.key in MATMUL_OPS)
+    by_shape = sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: -own(e))
+    return {"wall_s": round(wall, 4), clock: round(total / 1e6, 4),
             "matmul_share": round(matmul / total, 3),
-            "top_ops": [{"op": e.key, "self_cpu_s": round(e.self_cpu_time_total / 1e6, 3), "calls": e.count,
-                         "share": round(e.self_cpu_time_total / total, 4)}
-                        for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:rows]],
+            "top_ops": [{"op": e.key, clock: round(own(e) / 1e6, 4), "calls": e.count,
+                         "share": round(own(e) / total, 4)}
+                        for e in sorted(events, key=lambda e: -own(e))[:rows]],
             "top_ops_by_shape": [{"op": e.key, "shapes": str(e.input_shapes)[:120], "calls": e.count,
-                                  "self_cpu_s": round(e.self_cpu_time_total / 1e6, 3)}
+                                  clock: round(own(e) / 1e6, 4)}
                                  for e in by_shape[:rows]],
             "allocated_gb_by_op": {e.key: round(e.self_cpu_memory_usage / 2**30, 3) for e in
                                    sorted(events, key=lambda e: -e.self_cpu_memory_usage)[:10]}}
@@ -581,13 +585,15 @@ def main(argv=None) -> int:
                                                                  else "model.py")).exists()
     if args.profile:
         size = sizes_of(args)
-        kinds = ["ours"] + (["authors"] if args.vsrn and has_authors else [])
+        kinds = (["ours"] + (["ours_bf16"] if args.bf16 else [])
+                 + (["authors"] if args.vsrn and has_authors else []))
         report = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "load_before": os.getloadavg(),
                   "sizes": size, "networks": {n if kind == "ours" else f"{n}_{kind}":
                                               profile(n, size, args, kind)
                                               for n in args.networks.split(",") for kind in kinds},
                   "load_after": os.getloadavg()}
-        name = "vsrn_step_profile.json" if args.vsrn else "train_pairwise_profile.json"
+        name = ("vsrn_step_profile" if args.vsrn else "train_pairwise_profile") + (
+            "_cuda" if args.device.startswith("cuda") else "") + ".json"
         out = Path(args.out or results / name)
         if args.vsrn and out.exists():  # the findings written beside the profile stay
             kept = json.loads(out.read_text())
