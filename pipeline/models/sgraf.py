@@ -34,9 +34,9 @@ from torch import nn
 from pipeline.core.tokens import PAD_ID
 from pipeline.models.layers import bigru_states
 from pipeline.models.network import NetworkConfig, PairwiseNetwork
+from pipeline.models.sgraf_ops import EPS, similarity_nodes
 from pipeline.models.sgraf_spec import SGRAFOptions  # their declaration (torch-free)
 
-EPS = 1e-8
 WORD_INIT = 0.1
 
 
@@ -48,49 +48,6 @@ def l2norm(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 def _squared(x: torch.Tensor) -> torch.Tensor:
     """x², as a product (on a CPU ``pow`` was a fifth of SGR's scoring time)."""
     return x * x
-
-
-class _LocalSimilarity(torch.autograd.Function):
-    """``W (l2norm(a) - w)² + b`` in one node of the graph, its gradient by hand: the same numbers as
-    the ops one by one (to rounding), over the largest tensors of a step, (Bi, Bc, L, E), in about
-    half the passes, and one of them kept for backward (``d = l2norm(a) - w``) instead of four (the
-    product, its normalised form, the difference, its square)."""
-
-    @staticmethod
-    def forward(ctx, a, w, weight, bias):
-        norm = torch.linalg.vector_norm(a, dim=-1, keepdim=True)
-        inv = 1.0 / (norm + EPS)
-        d = torch.addcmul(-w, a, inv)  # l2norm(a) - w
-        ctx.save_for_backward(d, w, norm, inv, weight)
-        ctx.bias = bias is not None
-        return F.linear(d * d, weight, bias)
-
-    @staticmethod
-    def backward(ctx, grad):
-        d, w, norm, inv, weight = ctx.saved_tensors
-        flat = grad.reshape(-1, grad.shape[-1])
-        grad_weight = flat.t() @ (d * d).reshape(-1, d.shape[-1]) if ctx.needs_input_grad[2] else None
-        grad_bias = flat.sum(0) if ctx.bias and ctx.needs_input_grad[3] else None
-        gd = (grad * 2) @ weight
-        gd.mul_(d)                                                    # ∂/∂d of the square
-        grad_w = -gd.sum_to_size(w.shape) if ctx.needs_input_grad[1] else None
-        # through c = a / (‖a‖ + ε): (gd - c (c·gd) (‖a‖ + ε) / ‖a‖) / (‖a‖ + ε), c = d + w
-        c = d + w
-        dot = (c * gd).sum(dim=-1, keepdim=True)
-        dot.mul_((norm + EPS) / norm.clamp(min=torch.finfo(norm.dtype).tiny))
-        grad_a = gd.addcmul_(c, dot, value=-1.0).mul_(inv)
-        return grad_a, grad_w, grad_weight, grad_bias
-
-
-def local_similarity(a: torch.Tensor, w: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
-    """``linear((l2norm(a) - w)²)`` (``_LocalSimilarity``); under autocast, in its dtype."""
-    weight, bias = linear.weight, linear.bias
-    kind = a.device.type
-    if torch.is_autocast_enabled(kind):
-        dtype = torch.get_autocast_dtype(kind)
-        a, w, weight, bias = (t.to(dtype) for t in (a, w, weight, bias))
-    with torch.autocast(kind, enabled=False):
-        return _LocalSimilarity.apply(a, w, weight, bias)
 
 
 def xavier_(module: nn.Module) -> None:
@@ -197,13 +154,18 @@ class AttentionFiltration(nn.Module):
         self.pending = []  # per-caption statistics of the chunks of one score() in training
         xavier_(self)
 
-    def forward(self, nodes: torch.Tensor, node_mask: torch.Tensor) -> torch.Tensor:
-        """``nodes`` (Bi, Bc, N, S), ``node_mask`` (Bc, N)."""
-        logits = self.attn_sim_w(nodes).squeeze(-1)  # (Bi, Bc, N)
+    def forward(self, nodes: torch.Tensor, node_mask: torch.Tensor,
+                logits: torch.Tensor | None = None) -> torch.Tensor:
+        """``nodes`` (Bi, Bc, N, S), ``node_mask`` (Bc, N); ``logits`` (Bi, Bc, N): ``attn_sim_w(nodes)``
+        when already computed."""
+        if logits is None:
+            logits = self.attn_sim_w(nodes).squeeze(-1)  # (Bi, Bc, N)
         logits = self._batch_norm(logits, node_mask)
         weights = torch.sigmoid(logits).masked_fill(~node_mask[None], 0.0)
         weights = weights / (weights.abs().sum(dim=-1, keepdim=True) + EPS)
-        return l2norm((weights[..., None] * nodes).sum(dim=-2))
+        # Σ_n weights_n · nodes_n as one product per pair (1 × N by N × S): no (Bi, Bc, N, S) product
+        # tensor forward nor backward (the same sums, to rounding)
+        return l2norm(torch.matmul(weights.unsqueeze(-2), nodes).squeeze(-2))
 
     def _batch_norm(self, logits: torch.Tensor, node_mask: torch.Tensor) -> torch.Tensor:
         bn = self.bn
@@ -322,15 +284,21 @@ class SGRAF(PairwiseNetwork):
         attn = attn.masked_fill(~mask[None, :, :, None], 0.0)
         attn = l2norm(attn, dim=2)                                             # over the words
         attn = torch.softmax(attn * self.options.smooth, dim=-1)               # over the members
-        context = torch.einsum("iclk,ike->icle", attn, v)                      # (Bi, Bc, L, E)
-        sim_loc = l2norm(local_similarity(context, w, self.sim_tranloc_w))    # (Bi, Bc, L, S)
         sim_glo = l2norm(self.sim_tranglo_w(_squared(img.glo[:, None] - cap.glo[None])))  # (Bi, Bc, S)
-        nodes = torch.cat([sim_glo[:, :, None], sim_loc], dim=2)              # (Bi, Bc, L + 1, S)
+        # node 0 sim_glo, then per word l2norm(W_l (l2norm(context) - w)² + b_l) over the attended
+        # context (Bi, Bc, L, E) = attn @ v, computed in cache-sized blocks (sgraf_ops)
+        nodes, logits = similarity_nodes(attn, v, w, sim_glo, self.sim_tranloc_w, self.node_scorer())
         node_mask = torch.cat([torch.ones_like(mask[:, :1]), mask], dim=1)    # (Bc, L + 1)
-        vector = self.reason(nodes, node_mask)
+        vector = self.reason(nodes, node_mask, logits)
         return torch.sigmoid(self.sim_eval_w(vector)).squeeze(-1)
 
-    def reason(self, nodes: torch.Tensor, node_mask: torch.Tensor) -> torch.Tensor:
+    def node_scorer(self) -> nn.Linear | None:
+        """A Linear S → 1 that ``reason`` reads every node through (its ``logits``), if any."""
+        return None
+
+    def reason(self, nodes: torch.Tensor, node_mask: torch.Tensor,
+               logits: torch.Tensor | None) -> torch.Tensor:
+        """The pair's similarity vector from its nodes (Bi, Bc, N, S) (``logits``: ``node_scorer``'s)."""
         raise NotImplementedError
 
     def load_word_vectors(self, vectors: torch.Tensor, mask: torch.Tensor) -> int:
@@ -347,7 +315,8 @@ class SGR(SGRAF):
         self.SGR_module = nn.ModuleList(GraphReasoning(self.options.sim_dim)
                                         for _ in range(self.options.sgr_steps))
 
-    def reason(self, nodes: torch.Tensor, node_mask: torch.Tensor) -> torch.Tensor:
+    def reason(self, nodes: torch.Tensor, node_mask: torch.Tensor,
+               logits: torch.Tensor | None) -> torch.Tensor:
         key_mask = node_mask[None, :, None, :]
         *steps, last = self.SGR_module
         for step in steps:
@@ -362,8 +331,12 @@ class SAF(SGRAF):
         super().__init__(config)
         self.SAF_module = AttentionFiltration(self.options.sim_dim)
 
-    def reason(self, nodes: torch.Tensor, node_mask: torch.Tensor) -> torch.Tensor:
-        return self.SAF_module(nodes, node_mask)
+    def node_scorer(self) -> nn.Linear:
+        return self.SAF_module.attn_sim_w  # its logits made with the nodes (sgraf_ops): no pass of their own
+
+    def reason(self, nodes: torch.Tensor, node_mask: torch.Tensor,
+               logits: torch.Tensor | None) -> torch.Tensor:
+        return self.SAF_module(nodes, node_mask, logits)
 
     def after_chunks(self, order: torch.Tensor) -> None:
         self.SAF_module.update_running(order)
