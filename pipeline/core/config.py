@@ -470,8 +470,9 @@ def cpu_amp_by_default(config: TrainConfig) -> bool:
     was measured faster with quality inside the fp32 seed noise. That holds for the fast loop (vse++
     over cached image vectors and cached caption vectors, linear heads: 1.29× fp32, test rsum 283.5
     ± 0.8 against 282.9 ± 2.2 over 3 seeds; ../shared/results/cpu_bf16.json, README). Sets, the GRU,
-    VSRN and the pairwise networks stay fp32 until their quality is measured (grid-GPO: 2 seeds of 1
-    epoch; SGR/SAF: speed only, bench/results/cpu_bf16_sgraf.json)."""
+    VSRN and the pairwise networks stay fp32 until their quality is measured over a full schedule
+    (grid-GPO: 2 seeds of 1 epoch; SAF: 3 seeds of 1 epoch, inside the noise,
+    bench/results/f8k_saf_short_bf16; SGR: speed only, bench/results/cpu_bf16_sgraf.json)."""
     fast_loop = (config.network == "vse++" and config.image_pool is None and bool(config.text_features)
                  and not config.rc)
     return fast_loop and cpuinfo.cpu_native_bf16()
