@@ -16,6 +16,8 @@
 #                      (experiments/f8k_sgraf.yaml; bench/results/f8k_sgraf/; about 10 h on 2 cores)
 #   make f8k-saf-short — its one-epoch SAF part (experiments/f8k_saf_short.yaml;
 #                      bench/results/f8k_saf_short/, about 1.5 h)
+#   make f8k-saf-short-bf16 — its LSEH rows again under CPU bf16 autocast (needs native bf16;
+#                      experiments/f8k_saf_short_bf16.yaml; bench/results/f8k_saf_short_bf16/, 25 min)
 #   make f8k-sgraf-short — after f8k-saf-short: the same on SGR, then the SGRAF rows (each SGR run's
 #                      scores averaged with the SAF run of its loss and seed; f8k_saf_short.yaml with sgr;
 #                      bench/results/f8k_sgraf_short/)
@@ -45,7 +47,7 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
 .PHONY: install demo test bench f8k-vsepp f8k-losses f8k-fast f8k-sets f8k-vse-infty f8k-text-pool f8k-sgraf \
-	f8k-saf-short f8k-sgraf-short f8k-vsrn-short f8k-noisy f8k-tuned f8k-noisy-sgr clean
+	f8k-saf-short f8k-saf-short-bf16 f8k-sgraf-short f8k-vsrn-short f8k-noisy f8k-tuned f8k-noisy-sgr clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -188,6 +190,12 @@ f8k-saf-short: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
 	$(VSE) report $(SAF_SHORT_OUT)/results.csv --columns recall --epochs-to-best | tee $(SAF_SHORT_OUT)/table_recall.md
 	$(VSE) report $(SAF_SHORT_OUT)/results.csv --columns human | tee $(SAF_SHORT_OUT)/table_human.md
 	$(PY) bench/f8k_claims.py $(SAF_SHORT_OUT)/results.csv --claims saf_short | tee $(SAF_SHORT_OUT)/claims.json
+
+f8k-saf-short-bf16: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
+	$(VSE) sweep experiments/f8k_saf_short_bf16.yaml --runs-dir $(F8K_RUNS)
+	$(VSE) evaluate --runs '$(F8K_RUNS)/saf_short_bf16/*' --split test --judgments $(JUDGMENTS) \
+	  --out $(SAF_SHORT_OUT)_bf16/results.csv
+	$(VSE) report $(SAF_SHORT_OUT)_bf16/results.csv --columns recall --epochs-to-best | tee $(SAF_SHORT_OUT)_bf16/table_recall.md
 
 SGRAF_SHORT_OUT = bench/results/f8k_sgraf_short
 
