@@ -160,16 +160,13 @@ class _LocalSimilarity(torch.autograd.Function):
             d = torch.sub(c, w[cb].reshape(rows, embed), out=_buffer(d_buf, b, rows, embed))  # forward's d
             # ∂/∂d of W d²: 2 (gW) d, its 2 applied where gd is read
             gd = torch.mm(g, weight, out=_buffer(gd_buf, b * rows, embed)).view(b, rows, embed).mul_(d)
-            if grad_w is not None and b > 1 and not gd.is_cpu:  # one kernel, not one per image
+            if grad_w is not None:  # the block's images summed in one pass, on any device
                 block_grad_w = grad_w[cb].view(rows, embed)
-                torch.mul(gd.sum(0), -2.0, out=block_grad_w)  # one block off the CPU: the first
-            elif grad_w is not None:
-                block_grad_w = grad_w[cb].view(rows, embed)
-                for k in range(b):
-                    if ib.start + k == 0:
-                        torch.mul(gd[k], -2.0, out=block_grad_w)
-                    else:
-                        block_grad_w.sub_(gd[k], alpha=2.0)
+                summed = gd.sum(0) if b > 1 else gd[0]
+                if ib.start == 0:  # the first image's blocks write, the others add
+                    torch.mul(summed, -2.0, out=block_grad_w)
+                else:
+                    block_grad_w.sub_(summed, alpha=2.0)
             if grad_weight is not None:
                 grad_weight.addmm_(g.t(), d.mul_(d).view(-1, embed))
             if need_attn or need_v:
