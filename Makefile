@@ -21,6 +21,9 @@
 #   make f8k-sgraf-short — after f8k-saf-short: the same on SGR, then the SGRAF rows (each SGR run's
 #                      scores averaged with the SAF run of its loss and seed; f8k_saf_short.yaml with sgr;
 #                      bench/results/f8k_sgraf_short/)
+#   make f8k-sgraf-bf16 — after f8k-saf-short-bf16 and its SGR twin: the SGR/SAF/SGRAF rows, 2 epochs
+#                      under CPU bf16, the LSEH runs continued from one epoch (experiments/f8k_sgraf_bf16.yaml;
+#                      bench/results/f8k_sgraf_bf16/; about 2.5 h on 2 cores)
 #   make f8k-vsrn-short — MH vs LSEH (svd) on VSRN (embed 256, no caption branch), 3 seeds: one epoch,
 #                      and two with a summed-hinge warm-up (best.pt and last.pt)
 #                      (experiments/f8k_vsrn_short.yaml; bench/results/f8k_vsrn_short/)
@@ -47,7 +50,7 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
 .PHONY: install demo test bench f8k-vsepp f8k-losses f8k-fast f8k-sets f8k-vse-infty f8k-text-pool f8k-sgraf \
-	f8k-saf-short f8k-saf-short-bf16 f8k-sgraf-short f8k-vsrn-short f8k-noisy f8k-tuned f8k-noisy-sgr clean
+	f8k-saf-short f8k-saf-short-bf16 f8k-sgraf-short f8k-sgraf-bf16 f8k-vsrn-short f8k-noisy f8k-tuned f8k-noisy-sgr clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -208,6 +211,26 @@ f8k-sgraf-short: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
 	$(VSE) report $(SGRAF_SHORT_OUT)/results.csv --columns recall --epochs-to-best | tee $(SGRAF_SHORT_OUT)/table_recall.md
 	$(VSE) report $(SGRAF_SHORT_OUT)/results.csv --columns human | tee $(SGRAF_SHORT_OUT)/table_human.md
 	$(PY) bench/f8k_claims.py $(SGRAF_SHORT_OUT)/results.csv --claims sgraf_short | tee $(SGRAF_SHORT_OUT)/claims.json
+
+SGRAF_BF16_OUT = bench/results/f8k_sgraf_bf16
+
+# Issue 43's longer-trained rows: f8k_sgraf_bf16.yaml on each network. Its LSEH runs continue the
+# one-epoch bf16 runs (copied into the sweep's folder, never over a run already there; the sweep
+# resumes them to its epoch count), the MH runs start; then each SGR run with the SAF run of its
+# folder name (the SGRAF rows) and the claims
+f8k-sgraf-bf16: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
+	for net in saf sgr; do for seed in 0 1 2; do \
+	  src="$(F8K_RUNS)/$${net}_short_bf16/method=lseh-svd,seed=$$seed"; \
+	  dst="$(F8K_RUNS)/sgraf_bf16_$$net/method=lseh-svd,seed=$$seed"; \
+	  if [ -d "$$src" ] && [ ! -e "$$dst" ]; then mkdir -p "$$(dirname "$$dst")" && cp -r "$$src" "$$dst"; fi; \
+	done; done
+	$(VSE) sweep experiments/f8k_sgraf_bf16.yaml --network saf --name sgraf_bf16_saf --runs-dir $(F8K_RUNS) --resume
+	$(VSE) sweep experiments/f8k_sgraf_bf16.yaml --network sgr --name sgraf_bf16_sgr --runs-dir $(F8K_RUNS) --resume
+	$(VSE) evaluate --runs '$(F8K_RUNS)/sgraf_bf16_sgr/*' --average-with-runs $(F8K_RUNS)/sgraf_bf16_saf --split test \
+	  --judgments $(JUDGMENTS) --out $(SGRAF_BF16_OUT)/results.csv
+	$(VSE) report $(SGRAF_BF16_OUT)/results.csv --columns recall --epochs-to-best | tee $(SGRAF_BF16_OUT)/table_recall.md
+	$(VSE) report $(SGRAF_BF16_OUT)/results.csv --columns human | tee $(SGRAF_BF16_OUT)/table_human.md
+	$(PY) bench/f8k_claims.py $(SGRAF_BF16_OUT)/results.csv --claims sgraf_bf16 | tee $(SGRAF_BF16_OUT)/claims.json
 
 VSRN_SHORT_OUT = bench/results/f8k_vsrn_short
 

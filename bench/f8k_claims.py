@@ -5,6 +5,7 @@
     python bench/f8k_claims.py bench/results/f8k_vse_infty/results.csv --claims vse_infty
     python bench/f8k_claims.py bench/results/f8k_saf_short/results.csv --claims saf_short
     python bench/f8k_claims.py bench/results/f8k_sgraf_short/results.csv --claims sgraf_short
+    python bench/f8k_claims.py bench/results/f8k_sgraf_bf16/results.csv --claims sgraf_bf16
     python bench/f8k_claims.py bench/results/f8k_vsrn_short/results_last.csv --claims vsrn_last
 
 A configuration is named by its loss, or by its run name without the seed (a sweep's grid
@@ -108,6 +109,11 @@ CLAIM_SETS = {"fast": CLAIMS, "saf_short": _lseh_on("SAF"),
                               *_lseh_on("SAF", "saf_short/method={0}"),
                               *_lseh_on("SGRAF (SGR and SAF scores averaged)",
                                         "sgr_short/method={0} + saf_short/method={0}")],
+              # issue 43: the same claims after two epochs under CPU bf16 (experiments/f8k_sgraf_bf16.yaml)
+              "sgraf_bf16": [*_lseh_on("SGR", "sgraf_bf16_sgr/method={0}", "two epochs"),
+                             *_lseh_on("SAF", "sgraf_bf16_saf/method={0}", "two epochs"),
+                             *_lseh_on("SGRAF (SGR and SAF scores averaged)",
+                                       "sgraf_bf16_sgr/method={0} + sgraf_bf16_saf/method={0}", "two epochs")],
               "sets": SETS_CLAIMS, "vse_infty": VSE_INFTY_CLAIMS, "noisy": NOISY_CLAIMS,
               "noisy_sgr": NOISY_SGR_CLAIMS}
 

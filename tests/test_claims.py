@@ -60,23 +60,28 @@ def test_one_seed_is_not_tested(tmp_path):
     assert out[LSEH_RSUM] == "not testable: 1 and 3 seeds (one seed is an anecdote)"
 
 
-def test_the_sgraf_claims_find_each_network_and_the_average_by_its_run_names(tmp_path):
+@pytest.mark.parametrize("claim_set,sgr_dir,saf_dir,schedule", [
+    ("sgraf_short", "sgr_short", "saf_short", "one epoch"),
+    ("sgraf_bf16", "sgraf_bf16_sgr", "sgraf_bf16_saf", "two epochs"),  # make f8k-sgraf-bf16's folders
+])
+def test_the_sgraf_claims_find_each_network_and_the_average_by_its_run_names(tmp_path, claim_set, sgr_dir,
+                                                                             saf_dir, schedule):
     """`vse evaluate --runs 'sgr_short/*' --average-with-runs saf_short` names its rows
     ``sgr_short/method=M,seed=S``, ``saf_short/...`` and ``A + B``: each network's claim reads its own."""
     rows = []
     for s in range(3):
         for method, gap in (("mh", 0), ("lseh-svd", 1)):
-            sgr, saf = f"sgr_short/method={method},seed={s}", f"saf_short/method={method},seed={s}"
+            sgr, saf = f"{sgr_dir}/method={method},seed={s}", f"{saf_dir}/method={method},seed={s}"
             loss = "lseh" if gap else "mh"
             rows += [[sgr, loss, s, 1, 1, 100 + s + 50 * gap],             # SGR: LSEH far above
                      [saf, loss, s, 1, 1, 100 + s],                       # SAF: equal
                      [f"{sgr} + {saf}", loss, s, 1, 1, 100 + s - 50 * gap]]  # SGRAF: LSEH far below
-    claims = f8k_claims.main(str(write_results(tmp_path / "r.csv", rows)), "sgraf_short")["claims"]
+    claims = f8k_claims.main(str(write_results(tmp_path / "r.csv", rows)), claim_set)["claims"]
     rsum = {c["claim"]: c["verdict"] for c in claims if "(rsum)" in c["claim"]}
     sgraf = "SGRAF (SGR and SAF scores averaged)"
-    assert rsum == {"LSEH (SVD) beats MH on SGR (rsum), one epoch": "holds",
-                    "LSEH (SVD) beats MH on SAF (rsum), one epoch": "inside the seed noise",
-                    f"LSEH (SVD) beats MH on {sgraf} (rsum), one epoch": "reversed"}
+    assert rsum == {f"LSEH (SVD) beats MH on SGR (rsum), {schedule}": "holds",
+                    f"LSEH (SVD) beats MH on SAF (rsum), {schedule}": "inside the seed noise",
+                    f"LSEH (SVD) beats MH on {sgraf} (rsum), {schedule}": "reversed"}
 
 
 def test_the_vsrn_claims_keep_the_warmed_up_pair_apart_from_the_one_epoch_pair(tmp_path):
