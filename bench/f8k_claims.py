@@ -113,7 +113,8 @@ CLAIM_SETS = {"fast": CLAIMS, "saf_short": _lseh_on("SAF"),
               "sgraf_bf16": [*_lseh_on("SGR", "sgraf_bf16_sgr/method={0}", "two epochs"),
                              *_lseh_on("SAF", "sgraf_bf16_saf/method={0}", "two epochs"),
                              *_lseh_on("SGRAF (SGR and SAF scores averaged)",
-                                       "sgraf_bf16_sgr/method={0} + sgraf_bf16_saf/method={0}", "two epochs")],
+                                       "sgraf_bf16_sgr/method={0} + sgraf_bf16_saf/method={0}",
+                                       "two epochs")],
               "sets": SETS_CLAIMS, "vse_infty": VSE_INFTY_CLAIMS, "noisy": NOISY_CLAIMS,
               "noisy_sgr": NOISY_SGR_CLAIMS}
 
