@@ -23,7 +23,7 @@
 #                      bench/results/f8k_sgraf_short/)
 #   make f8k-sgraf-bf16 — after f8k-saf-short-bf16 and its SGR twin: the SGR/SAF/SGRAF rows, 2 epochs
 #                      under CPU bf16, the LSEH runs continued from one epoch (experiments/f8k_sgraf_bf16.yaml;
-#                      bench/results/f8k_sgraf_bf16/; about 2.5 h on 2 cores)
+#                      bench/results/f8k_sgraf_bf16/; about 3 h on 2 cores)
 #   make f8k-vsrn-short — MH vs LSEH (svd) on VSRN (embed 256, no caption branch), 3 seeds: one epoch,
 #                      and two with a summed-hinge warm-up (best.pt and last.pt)
 #                      (experiments/f8k_vsrn_short.yaml; bench/results/f8k_vsrn_short/)
