@@ -100,21 +100,23 @@ def _lseh_on(network: str, label: str = "method={0}", schedule: str = "one epoch
     ]
 
 
+def _lseh_on_sgraf(sgr: str, saf: str, schedule: str = "one epoch") -> list:
+    """The claims on SGR, SAF and their average, from `vse evaluate --runs 'SGR/*' --average-with-runs
+    SAF`'s rows (``SGR/method=M,seed=S``, ``SAF/...`` and ``A + B``)."""
+    return [*_lseh_on("SGR", f"{sgr}/method={{0}}", schedule),
+            *_lseh_on("SAF", f"{saf}/method={{0}}", schedule),
+            *_lseh_on("SGRAF (SGR and SAF scores averaged)", f"{sgr}/method={{0}} + {saf}/method={{0}}",
+                      schedule)]
+
+
 CLAIM_SETS = {"fast": CLAIMS, "saf_short": _lseh_on("SAF"),
               "vsrn_short": [*_lseh_on("VSRN"),
                              *_lseh_on("VSRN", "method={0}-warm", "two epochs, the first warmed up")],
               # the same runs' last.pt (results_last.csv): the hardest-negative epoch, not the best one
               "vsrn_last": _lseh_on("VSRN", "method={0}-warm", "two epochs, the first warmed up, last.pt"),
-              "sgraf_short": [*_lseh_on("SGR", "sgr_short/method={0}"),
-                              *_lseh_on("SAF", "saf_short/method={0}"),
-                              *_lseh_on("SGRAF (SGR and SAF scores averaged)",
-                                        "sgr_short/method={0} + saf_short/method={0}")],
+              "sgraf_short": _lseh_on_sgraf("sgr_short", "saf_short"),
               # issue 43: the same claims after two epochs under CPU bf16 (experiments/f8k_sgraf_bf16.yaml)
-              "sgraf_bf16": [*_lseh_on("SGR", "sgraf_bf16_sgr/method={0}", "two epochs"),
-                             *_lseh_on("SAF", "sgraf_bf16_saf/method={0}", "two epochs"),
-                             *_lseh_on("SGRAF (SGR and SAF scores averaged)",
-                                       "sgraf_bf16_sgr/method={0} + sgraf_bf16_saf/method={0}",
-                                       "two epochs")],
+              "sgraf_bf16": _lseh_on_sgraf("sgraf_bf16_sgr", "sgraf_bf16_saf", "two epochs"),
               "sets": SETS_CLAIMS, "vse_infty": VSE_INFTY_CLAIMS, "noisy": NOISY_CLAIMS,
               "noisy_sgr": NOISY_SGR_CLAIMS}
 
