@@ -21,9 +21,10 @@
 #   make f8k-sgraf-short — after f8k-saf-short: the same on SGR, then the SGRAF rows (each SGR run's
 #                      scores averaged with the SAF run of its loss and seed; f8k_saf_short.yaml with sgr;
 #                      bench/results/f8k_sgraf_short/)
-#   make f8k-sgraf-bf16 — after f8k-saf-short-bf16 and its SGR twin: the SGR/SAF/SGRAF rows, 2 epochs
-#                      under CPU bf16, the LSEH runs continued from one epoch (experiments/f8k_sgraf_bf16.yaml;
-#                      bench/results/f8k_sgraf_bf16/; about 3 h on 2 cores)
+#   make f8k-sgraf-bf16 — the SGR/SAF/SGRAF rows, 2 epochs under CPU bf16 (experiments/f8k_sgraf_bf16.yaml;
+#                      bench/results/f8k_sgraf_bf16/; about 3 h on 2 cores). The one-epoch bf16 LSEH runs
+#                      (f8k-saf-short-bf16 and its SGR twin, `vse sweep experiments/f8k_saf_short_bf16.yaml
+#                      --network sgr --name sgr_short_bf16`) are continued where present, else trained from the start
 #   make f8k-vsrn-short — MH vs LSEH (svd) on VSRN (embed 256, no caption branch), 3 seeds: one epoch,
 #                      and two with a summed-hinge warm-up (best.pt and last.pt)
 #                      (experiments/f8k_vsrn_short.yaml; bench/results/f8k_vsrn_short/)
@@ -215,8 +216,9 @@ f8k-sgraf-short: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
 SGRAF_BF16_OUT = bench/results/f8k_sgraf_bf16
 
 # Issue 43's longer-trained rows: f8k_sgraf_bf16.yaml on each network. Its LSEH runs continue the
-# one-epoch bf16 runs (copied into the sweep's folder, never over a run already there; the sweep
-# resumes them to its epoch count), the MH runs start; then each SGR run with the SAF run of its
+# one-epoch bf16 runs where they exist (copied into the sweep's folder, never over a run already
+# there; the sweep resumes them to its epoch count; without them it trains them from the start),
+# the MH runs start; then each SGR run with the SAF run of its
 # folder name (the SGRAF rows) and the claims
 f8k-sgraf-bf16: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
 	for net in saf sgr; do for seed in 0 1 2; do \
