@@ -30,7 +30,7 @@ from pipeline.core.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.core.runtime import resolve_device
 from pipeline.data.cache import FeatureCache, write_cache
 from pipeline.evaluation.evaluate import embed_checkpoint, evaluate_split_embeddings
-from pipeline.models.vse_model import ModelConfig, VSEModel
+from pipeline.networks.vse_model import ModelConfig, VSEModel
 from pipeline.reports.batch_eval import evaluate_runs
 from pipeline.text.vocabulary import TokenizedCaptions, Vocabulary
 

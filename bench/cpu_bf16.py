@@ -92,7 +92,7 @@ def micro(args) -> dict:
     import torch
     from train_pairwise import SIZES, batch, ours_step
 
-    from pipeline.models.network import NetworkConfig, build_network
+    from pipeline.networks.network import NetworkConfig, build_network
 
     size = {**SIZES, **MICRO_SIZES}[args.micro_sizes]
     casts = {"fp32": contextlib.nullcontext, "bf16": lambda: torch.autocast("cpu", dtype=torch.bfloat16)}

@@ -35,13 +35,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline.backbones.cnns import load_backbone
+from pipeline.backbones.crops import CropPlan
+from pipeline.backbones.engines import build_engine, onnxruntime_installed
 from pipeline.core import runtime
 from pipeline.core.fsutil import write_atomic
 from pipeline.data.extract import ExtractOptions, extract_features, loader_workers
 from pipeline.data.readers import Dataset, open_image
-from pipeline.models.backbones import load_backbone
-from pipeline.models.crops import CropPlan
-from pipeline.models.engines import build_engine, onnxruntime_installed
 
 ROOT = Path(__file__).resolve().parents[1]
 

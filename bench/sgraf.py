@@ -42,7 +42,7 @@ def scoring(network: str, args) -> dict:
 
     from pipeline.data.cache import FeatureCache
     from pipeline.data.captions import open_caption_features
-    from pipeline.models.network import NetworkConfig, build_network
+    from pipeline.networks.network import NetworkConfig, build_network
 
     with FeatureCache(args.grid) as cache:
         rows, caption_rows, _ = cache.split_rows("test")

@@ -1,4 +1,4 @@
-"""Training steps of SGR and SAF (pipeline.models.sgraf), or of VSRN (pipeline.models.vsrn,
+"""Training steps of SGR and SAF (pipeline.networks.sgraf), or of VSRN (pipeline.networks.vsrn,
 ``--vsrn``), against the arithmetic they do and against the authors' code, side by side in one
 process, plus the peak memory of each.
 
@@ -128,8 +128,8 @@ def forward_madds(size: dict, lengths, network: str, sgr_steps: int = 3) -> floa
 
 # ------------------------------------------------------------------------------------------ steps
 def ours_step(network: str, size: dict, dtype=None, device: str = "cpu"):
-    from pipeline.models.losses import build_loss
-    from pipeline.models.network import NetworkConfig, build_network
+    from pipeline.losses.base import build_loss
+    from pipeline.networks.network import NetworkConfig, build_network
 
     torch.manual_seed(0)
     config = NetworkConfig(network, feature_dim=size["feature_dim"], set_size=size["members"],
@@ -263,7 +263,7 @@ def vsrn_batch(size: dict, seed: int = 0):
 def vsrn_madds(size: dict, lengths, fold: bool | None = None) -> dict:
     """Multiply-adds of VSRN's training forward by part (the products; elementwise work aside):
     ``fold`` None: as our step does them (``vsrn.folds``), False: as the authors' code does."""
-    from pipeline.models.vsrn import folds
+    from pipeline.networks.vsrn import folds
 
     b, k, d, e = size["batch"], size["members"], size["feature_dim"], size["embed"]
     h, w, cw, v = size["caption_hidden"], size["word_dim"], size["caption_word_dim"], size["vocab"]
@@ -287,9 +287,9 @@ def vsrn_ours_step(size: dict, dtype=None, device: str = "cpu"):
     import dataclasses
 
     from pipeline.core.config import TrainConfig
-    from pipeline.models.losses import MaxHingeLoss
-    from pipeline.models.vse_model import ModelConfig, VSEModel
-    from pipeline.models.vsrn import VARIANTS, VSRNOptions
+    from pipeline.losses.hinge import MaxHingeLoss
+    from pipeline.networks.vse_model import ModelConfig, VSEModel
+    from pipeline.networks.vsrn import VARIANTS, VSRNOptions
     from pipeline.training.factories import create_optimizer, trainable_parameters
     from pipeline.training.trainer import clip_gradients
 
@@ -372,7 +372,7 @@ def vsrn_gemm_step(size: dict, device: str = "cpu"):
     vocabulary map once over all words): the arithmetic's limit on this CPU."""
     from torch.nn.utils.rnn import pack_padded_sequence
 
-    from pipeline.models.vsrn import folds
+    from pipeline.networks.vsrn import folds
 
     torch.manual_seed(0)
     b, k, d, e = size["batch"], size["members"], size["feature_dim"], size["embed"]
@@ -623,7 +623,7 @@ def main(argv=None) -> int:
                 times[kind].append(_timed(step, args.device))
         del steps
         if network == "vsrn":
-            from pipeline.models.vsrn import folds
+            from pipeline.networks.vsrn import folds
 
             parts = vsrn_madds(size, lengths)
             madds = sum(parts.values())

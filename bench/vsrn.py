@@ -37,7 +37,7 @@ def encoding(args) -> dict:
     from reference import vsrn_loop
 
     from pipeline.data.cache import FeatureCache
-    from pipeline.models.heads import SetImageHead
+    from pipeline.networks.heads import SetImageHead
 
     with FeatureCache(args.grid) as cache:
         rows, _, _ = cache.split_rows("test")

@@ -1,4 +1,4 @@
-"""`vse check-loss LOSS`: run the loss contract (pipeline.models.loss_check) on a built-in loss or a
+"""`vse check-loss LOSS`: run the loss contract (pipeline.losses.check) on a built-in loss or a
 user's own (FILE.py:Class, package.module:Class) and print a table; exit 1 if a check fails."""
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ def check_loss_command(loss, loss_option, no_distributed, seed):
     """Check that LOSS (a built-in name, FILE.py:Class or package.module:Class) keeps the loss
     contract: finite scalar, float64 gradcheck, same-image pairs never negatives, invariance
     to permuting the batch, 2 gloo processes = one process, and its speed at B = 128."""
-    from pipeline.models.loss_check import format_results, run_contract
+    from pipeline.core.checks import format_results
+    from pipeline.losses.check import run_contract
 
     results = run_contract(loss, loss_option, distributed=not no_distributed, seed=seed)
     click.echo(format_results(loss, results))

@@ -1,4 +1,4 @@
-"""`vse check-network NETWORK`: run the network contract of its kind (pipeline.models.network_check) on
+"""`vse check-network NETWORK`: run the network contract of its kind (pipeline.networks.network_check) on
 a built-in network or a user's own (FILE.py:Class), dual or pairwise, and print a table; exit 1 if a
 check fails."""
 
@@ -24,8 +24,8 @@ def check_network_command(network, network_option, words, seed):
     Dual: (B, E) embeddings of both sides, each row equal to its item embedded alone. Both: padding
     never read, the batch order not mattering, finite gradients to every parameter, the same scores
     after a state dict round trip, and its ms per training step."""
-    from pipeline.models.loss_check import format_results
-    from pipeline.models.network_check import run_network_contract
+    from pipeline.core.checks import format_results
+    from pipeline.networks.network_check import run_network_contract
 
     results = run_network_contract(network, network_option, words=words, seed=seed)
     click.echo(format_results(network, results, command="check-network"))

@@ -1,4 +1,4 @@
-"""`vse check-pool POOL`: run the set-pool contract (pipeline.models.pool_check) on a built-in pool or
+"""`vse check-pool POOL`: run the set-pool contract (pipeline.networks.pool_check) on a built-in pool or
 a user's own (FILE.py:Class, package.module:Class) and print a table; exit 1 if a check fails."""
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ def check_pool_command(pool, pool_option, sequence, seed):
     set-pool contract: output (B, E) for several K and E, padding ignored, a set alone = in
     the batch, invariance to permuting the members, gradient to every member and no padding,
     lengths 1 and K, finite for large inputs, and its speed at B = 128, K = 36, E = 1024."""
-    from pipeline.models.loss_check import format_results
-    from pipeline.models.pool_check import run_pool_contract
+    from pipeline.core.checks import format_results
+    from pipeline.networks.pool_check import run_pool_contract
 
     results = run_pool_contract(pool, pool_option, sequence=sequence, seed=seed)
     click.echo(format_results(pool, results, command="check-pool"))

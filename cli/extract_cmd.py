@@ -5,11 +5,11 @@ from __future__ import annotations
 import click
 
 from cli.dataset_root import csv_options, root_option
+from pipeline.backbones.cnns import BACKBONE_NAMES
+from pipeline.backbones.engines import ENGINES
 from pipeline.core.errors import VseError
 from pipeline.core.registry import DATASET_KINDS, READERS
 from pipeline.data.cache import DEFAULT_SHARD_SIZE, FeatureCache
-from pipeline.models.backbones import BACKBONE_NAMES
-from pipeline.models.engines import ENGINES
 
 
 def _at_least(low: int):

@@ -6,7 +6,7 @@ An example of a `vse` dual-network plug-in (the simplest one that learns), not a
         --loss mh --run-dir runs/mean_words
     vse evaluate runs/mean_words/best.pt --features cache/demo_effnet_1c.h5 --split test
 
-A dual network subclasses ``pipeline.models.network.DualNetwork`` (``kind = "dual"``). It is built
+A dual network subclasses ``pipeline.networks.network.DualNetwork`` (``kind = "dual"``). It is built
 as ``Class(config)`` from a ``NetworkConfig`` (feature_dim, set_size: 0 for one vector per image,
 embed_dim, vocab_size or text_dim, and ``options``: its own ``Options`` dataclass, checked by the
 base class) and owns two modules: ``image_encoder`` (images (B, D), or sets (B, K, D) when the
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.models.network import DualNetwork
+from pipeline.networks.network import DualNetwork
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ example of a `vse` pairwise-network plug-in, not a reproduction of the authors' 
     vse train --features cache/demo_grid.h5 --text-features cache/demo_minilm_tokens.h5 \\
         --network examples/scan_network.py:SCANt2i --network-option smooth=9.0 --run-dir runs/scan
 
-A pairwise network subclasses ``pipeline.models.network.PairwiseNetwork`` (or has the same
+A pairwise network subclasses ``pipeline.networks.network.PairwiseNetwork`` (or has the same
 members). It is built as ``Class(config)`` from a ``NetworkConfig`` (feature_dim, set_size,
 embed_dim, vocab_size or text_dim, and ``options``: its own ``Options`` dataclass, checked by
 the base class). It encodes a batch of images into an image block and a batch of captions into
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.models.network import PairwiseNetwork
+from pipeline.networks.network import PairwiseNetwork
 
 
 @dataclass(frozen=True)

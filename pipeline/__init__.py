@@ -1,11 +1,15 @@
 """vse: visual-semantic embedding research toolkit (library layer).
 
-Packages by concern, each importing only the ones listed before it (docs/ARCHITECTURE.md):
+Packages by concern, each importing only the ones listed before it, and networks, losses and
+backbones, side by side, only core (docs/ARCHITECTURE.md):
 
     core        errors, atomic files, file formats, device and precision, processes, options
                 (TrainConfig) and the registry of names, checkpoints, plug-in imports
-    models      networks, heads, pools, layers, similarities, losses and their contracts,
-                CNN backbones with their engines and pixel preprocessing (pure torch, no files)
+    networks    the networks, each family one file beside its declaration: the seam, VSE++/VSE∞
+                with their heads and pools, VSRN, SGR/SAF, co-training; their checks
+    losses      the losses, one family per file over one base class; noisy-pair methods; the
+                loss contract and plug-ins
+    backbones   CNN backbones with their engines and pixel preprocessing (extraction, RC)
     text        caption text: vocabulary, GloVe, sentence encoders (MiniLM, CBOW)
     data        dataset readers, the caption index, feature caches, caption features, the
                 caption side of training, where training pairs come from, `vse extract`
@@ -20,20 +24,24 @@ Packages by concern, each importing only the ones listed before it (docs/ARCHITE
 __version__ = "0.1.0"
 
 # The packages in the order above: each may import only those before it (tests/test_layers.py).
-LAYERS = ("core", "models", "text", "data", "relevance", "evaluation", "training", "reports", "search")
+LAYERS = ("core", "networks", "losses", "backbones", "text", "data", "relevance", "evaluation", "training",
+          "reports", "search")
+# Packages of one floor: each imports core and none of the others (tests/test_layers.py).
+SIDE_BY_SIDE = ("networks", "losses", "backbones")
 
 # Where each module of the flat layout (version 0.1.0 before the split by concern) went. A user's
 # plug-in (FILE.py:Class) that imports an old path, e.g. ``from pipeline.losses import
 # MaxHingeLoss``, still works for one version, with a note; the old names that are packages now
-# (models, text, evaluation, search) cannot be kept.
+# (losses, backbones, text, evaluation, search) cannot be kept. The modules of ``pipeline.models``
+# (0.1.0's second layout) have their own table: ``pipeline.models``.
 MOVED = {
     "errors": "core.errors", "fsutil": "core.fsutil", "runtime": "core.runtime",
     "distributed": "core.distributed", "runlock": "core.runlock", "plugin_import": "core.plugin_import",
     "registry": "core.registry", "config": "core.config", "checkpoint": "core.checkpoint",
-    "layers": "models.layers", "heads": "models.heads", "set_augment": "models.set_augment",
-    "models": "models.vse_model", "losses": "models.losses", "loss_plugins": "models.loss_plugins",
-    "loss_check": "models.loss_check", "pool_check": "models.pool_check", "backbones": "models.backbones",
-    "engines": "models.engines", "crops": "models.crops", "text": "text.vocabulary", "glove": "text.glove",
+    "layers": "networks.layers", "heads": "networks.heads", "set_augment": "networks.set_augment",
+    "loss_plugins": "losses.plugins", "loss_check": "losses.check", "pool_check": "networks.pool_check",
+    "engines": "backbones.engines", "crops": "backbones.crops", "text": "text.vocabulary",
+    "glove": "text.glove",
     "relevance.encoders": "text.encoders", "relevance.bert": "text.bert", "relevance.cbow": "text.cbow",
     "relevance.vectors": "text.vectors", "datasets": "data.readers", "index": "data.caption_index",
     "cache": "data.cache", "caption_features": "data.caption_features", "captions": "data.captions",

@@ -95,12 +95,12 @@ def test_choices_come_from_the_registries_and_are_checked_in_config_files_too():
 
 
 def test_every_registry_name_resolves_to_its_part():
-    from pipeline.models.backbones import BUILDERS
-    from pipeline.models.heads import pool_class
-    from pipeline.models.losses import LOSSES
+    from pipeline.backbones.cnns import BUILDERS
+    from pipeline.networks.heads import pool_class
     from pipeline.reports.report import LAYOUTS
 
     assert tuple(LAYOUTS) == registry.REPORT_LAYOUTS  # `vse report --columns` offers what report.py has
+    LOSSES = registry.LOSSES.resolved()
     assert tuple(LOSSES) == registry.LOSSES.names
     for name, cls in LOSSES.items():
         assert cls.name == name  # the class says the name it is registered under
@@ -179,7 +179,7 @@ def test_csv_options_of_train_rc_reach_the_reader_and_stay_out_of_cached_runs(tm
 def test_the_modules_and_the_cli_take_their_name_lists_from_the_registry():
     """The registry's sentence holds: each list of names is the registry's own object."""
     from cli.main import cli
-    from pipeline.models import similarity
+    from pipeline.core import similarity
     from pipeline.relevance import stage
     from pipeline.search import faiss_index
 

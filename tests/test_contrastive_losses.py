@@ -1,4 +1,4 @@
-"""infonce and siglip (pipeline.models.losses): hand-made cases, open_clip's ClipLoss and SigLipLoss
+"""infonce and siglip (pipeline.losses.contrastive): hand-made cases, open_clip's ClipLoss and SigLipLoss
 as golden references (pinned open_clip_torch 3.3.0, float64, 1e-9: values and gradients), the
 clamp of the learned scale after each step, and training with the scale saved and resumed."""
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from pipeline.models.losses import CLIPInfoNCELoss, SigmoidPairLoss
+from pipeline.losses.contrastive import CLIPInfoNCELoss, SigmoidPairLoss
 
 open_clip_loss = pytest.importorskip("open_clip.loss")
 

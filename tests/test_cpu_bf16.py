@@ -75,7 +75,7 @@ def test_the_training_step_computes_the_heads_in_bf16_and_validation_in_fp32(tin
 def test_sgr_and_saf_train_under_bf16_autocast_with_fp32_weights_and_gradients():
     """Under bf16 autocast the similarity stage (its own autograd node, ``sgraf_ops.similarity_nodes``) runs
     in bf16, the scores come out bf16 and every gradient lands on the fp32 weights, finite."""
-    from pipeline.models.network import NetworkConfig, build_network
+    from pipeline.networks.network import NetworkConfig, build_network
 
     for name in ("sgr", "saf"):
         torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""``decl`` (pipeline/models/decl.py) against the authors' DECL code: the bundles
+"""``decl`` (pipeline/losses/noisy/decl.py) against the authors' DECL code: the bundles
 tests/golden/decl_{sgraf,steps,correspondence}.npz hold their functions' values on small random
 inputs (scripts/golden_decl.py made them from QinYang79/DECL); the raw scores of the bundles fed to
 our loss give the same values, gradients and steps to 1e-9 relative (float64)."""
@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.models.decl import _kl_to_uniform, robust_dynamic_hinge
-from pipeline.models.losses import build_loss
+from pipeline.losses.base import build_loss
+from pipeline.losses.noisy.decl import _kl_to_uniform, robust_dynamic_hinge
 from pipeline.training.trainer import clip_gradients
 
 GOLDEN = Path(__file__).resolve().parent / "golden"

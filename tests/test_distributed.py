@@ -259,7 +259,7 @@ def test_vse_train_under_torchrun_trains_rc_mode(launched):
 
 
 def test_every_built_in_loss_is_stepped_under_torchrun():
-    from pipeline.models.losses import LOSS_NAMES
+    from pipeline.losses.base import LOSS_NAMES
 
     # ncr trains two networks as one pairwise network: under torchrun each rank's batch is its own
     # negatives, so a 2-process step is not one global-batch step (docs/PROTOCOL.md, "ncr")

@@ -14,7 +14,7 @@ from conftest import QUIET, TINY_TRAIN, vse
 
 from pipeline.core.config import TrainConfig
 from pipeline.core.registry import NETWORKS
-from pipeline.models.network_check import run_network_contract
+from pipeline.networks.network_check import run_network_contract
 
 EXAMPLE = "examples/mean_words_dual.py:MeanWordsDual"
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,7 +80,7 @@ def test_search_refuses_its_checkpoint_naming_what_reads_it(dual_run, tmp_path):
 BROKEN = '''
 import torch
 from torch import nn
-from pipeline.models.network import DualNetwork
+from pipeline.networks.network import DualNetwork
 
 
 class NoTextEncoder(DualNetwork):

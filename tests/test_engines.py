@@ -1,4 +1,4 @@
-"""The forward-pass engines (pipeline.models.engines): torch and ONNX Runtime agree on real photos,
+"""The forward-pass engines (pipeline.backbones.engines): torch and ONNX Runtime agree on real photos,
 the exported graph is a cache keyed by the weights, a run is resumed only by its own engine."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import torch
 from click.testing import CliRunner
 
 from cli.main import cli
+from pipeline.backbones import engines
+from pipeline.backbones.cnns import load_backbone
 from pipeline.core.errors import VseError
 from pipeline.data.cache import FeatureCache, ShardedWriter, shards_dir
 from pipeline.data.extract import ExtractOptions, extract_features
 from pipeline.data.readers import Dataset
-from pipeline.models import engines
-from pipeline.models.backbones import load_backbone
 
 IMAGES = Path(__file__).resolve().parents[2] / "shared" / "data" / "flickr8k" / "images"
 pytestmark = [

@@ -20,12 +20,12 @@ from PIL import Image
 from torchvision import transforms
 
 from cli.main import cli
+from pipeline.backbones.cnns import IMAGENET_MEAN, IMAGENET_STD, Preprocessing, load_backbone
+from pipeline.backbones.crops import CropPlan
 from pipeline.core.errors import VseError
 from pipeline.data.cache import FeatureCache, ShardedWriter, shards_dir
 from pipeline.data.extract import ExtractOptions, extract_features, import_precomputed
 from pipeline.data.readers import Dataset
-from pipeline.models.backbones import IMAGENET_MEAN, IMAGENET_STD, Preprocessing, load_backbone
-from pipeline.models.crops import CropPlan
 
 IMAGES = Path(__file__).resolve().parents[2] / "shared" / "data" / "flickr8k" / "images"
 pytestmark = [pytest.mark.slow,  # real images through CNNs: `pytest -m "not slow"` skips them
@@ -357,7 +357,7 @@ def test_cli_extract_and_info(tmp_path):
 
 
 def test_cli_backbone_choices_come_from_the_registry():
-    from pipeline.models.backbones import BACKBONE_NAMES, BUILDERS
+    from pipeline.backbones.cnns import BACKBONE_NAMES, BUILDERS
 
     assert BACKBONE_NAMES == tuple(BUILDERS) and "efficientnet-lite2" in BACKBONE_NAMES
     for command in ("extract", "train"):
@@ -385,9 +385,9 @@ def test_torchrun_two_ranks_equal_one_process(tmp_path):
 def test_an_engine_in_the_workers_gets_every_core_and_no_more(monkeypatch):
     """ONNX Runtime runs in the loader workers: one per core up to MAX_ENGINE_WORKERS, the
     cores beyond that as threads of their sessions; torch keeps a core for itself."""
+    from pipeline.backbones.engines import OnnxRuntimeEngine, TorchEngine
     from pipeline.core import runtime
     from pipeline.data import extract
-    from pipeline.models.engines import OnnxRuntimeEngine, TorchEngine
 
     ort, torch_engine = object.__new__(OnnxRuntimeEngine), object.__new__(TorchEngine)
     for cores, workers, threads in ((1, 1, 1), (2, 2, 1), (8, 8, 1), (16, 8, 2), (12, 8, 1)):

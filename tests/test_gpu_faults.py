@@ -28,7 +28,7 @@ from pipeline.core.config import TrainConfig
 from pipeline.core.errors import VseError
 from pipeline.data.batches import Batch
 from pipeline.data.captions import CachedCaptionVectors, GRUCaptions
-from pipeline.models.vse_model import ModelConfig, TextEncoder
+from pipeline.networks.vse_model import ModelConfig, TextEncoder
 from pipeline.training import factories as factories_module
 from pipeline.training import trainer as train_module
 from pipeline.training.build import build_trainer
@@ -417,7 +417,7 @@ def test_caption_lengths_stay_on_the_host():
 def test_packing_is_pack_padded_sequence_without_its_blocking_copy():
     from torch.nn.utils.rnn import pack_padded_sequence
 
-    from pipeline.models.layers import pack_by_length as _pack
+    from pipeline.networks.layers import pack_by_length as _pack
 
     torch.manual_seed(0)
     padded, lengths = torch.randn(16, 9, 5), torch.randint(1, 10, (16,))

@@ -48,7 +48,7 @@ def sets(tmp_path_factory) -> Path:
 NETWORK = '''
 import torch
 from torch import nn
-from pipeline.models.network import PairwiseNetwork
+from pipeline.networks.network import PairwiseNetwork
 
 
 class Net(PairwiseNetwork):
@@ -150,8 +150,8 @@ class Halves(nn.Module):
 
 
 def test_a_loss_or_pool_plugin_that_breaks_is_one_line_naming_the_file(tiny_cache, tmp_path):
-    from pipeline.models.heads import build_pool
-    from pipeline.models.loss_plugins import make_loss
+    from pipeline.losses.plugins import make_loss
+    from pipeline.networks.heads import build_pool
 
     loss, pool = tmp_path / "my_loss.py", tmp_path / "my_pool.py"
     loss.write_text(LOSS)
@@ -176,7 +176,7 @@ def test_only_an_exception_raised_in_a_plugins_code_is_the_users(tmp_path):
     """Raised in the plug-in, or in torch called by it: the user's (file and line); raised in vse's own
     code (a bug of vse, e.g. a check of vse called with a wrong value): None, the traceback stays."""
     from pipeline.core.plugin_import import plugin_class, user_code_error
-    from pipeline.models.losses import _finite
+    from pipeline.core.values import finite
 
     path = tmp_path / "my_net.py"
     path.write_text(NETWORK)
@@ -186,7 +186,7 @@ def test_only_an_exception_raised_in_a_plugins_code_is_the_users(tmp_path):
     error = user_code_error(torch_error.value)
     assert str(error).startswith(f"{path}: RuntimeError: ") and "(line 37, in score)" in str(error)
     with pytest.raises(ValueError) as ours:
-        _finite("x", "margin")
+        finite("x", "margin")
     assert user_code_error(ours.value) is None
 
 
@@ -390,7 +390,7 @@ def test_a_sweep_name_is_one_plain_folder_and_a_sweep_with_other_options_is_refu
     ("ladder", {"thetas": [1.5]}, "thetas must be in [-1, 1]"),
 ])
 def test_a_loss_option_outside_its_range_is_refused(loss, options, words):
-    from pipeline.models.loss_plugins import make_loss
+    from pipeline.losses.plugins import make_loss
 
     with pytest.raises(VseError, match=words.replace("[", r"\[").replace("(", r"\(")):
         make_loss(loss, options)

@@ -1,5 +1,5 @@
-"""Set heads (pipeline.models.heads), their names (pipeline.core.registry) and size augmentation
-(pipeline.models.set_augment) against slow per-set implementations written here; the match with the
+"""Set heads (pipeline.networks.heads), their names (pipeline.core.registry) and size augmentation
+(pipeline.networks.set_augment) against slow per-set implementations written here; the match with the
 authors' code is tests/test_vse_infty_golden.py."""
 
 import math
@@ -22,7 +22,7 @@ from pipeline.core.registry import (
     check_image_pool,
     check_text_pool,
 )
-from pipeline.models.heads import (
+from pipeline.networks.heads import (
     GPO,
     BiGRUTextEncoder,
     MaxPool,
@@ -33,8 +33,8 @@ from pipeline.models.heads import (
     from_vse_infty,
     pool_class,
 )
-from pipeline.models.set_augment import DROP_RATE, GRID_KEEP_ALL, size_augment
-from pipeline.models.vse_model import ModelConfig, TextEncoder
+from pipeline.networks.set_augment import DROP_RATE, GRID_KEEP_ALL, size_augment
+from pipeline.networks.vse_model import ModelConfig, TextEncoder
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-6
@@ -52,13 +52,13 @@ def padded_batch(seed=0, batch=6, size=7, dim=5, lengths=(7, 3, 1, 5, 7, 2)):
 
 
 def test_the_names_resolve_to_the_pools_and_the_name_module_is_torch_free():
-    from pipeline.models.vsrn import VSRNReasoning
+    from pipeline.networks.vsrn import VSRNReasoning
 
     assert IMAGE_POOLS == ("mean", "max", "gpo", "vsrn")
     assert TEXT_POOLS == ("last", "mean", "max", "gpo", "vsrn")
     assert {n: pool_class(n) for n in SET_POOLS} == {"mean": MeanPool, "max": MaxPool, "gpo": GPO,
                                                     "vsrn": VSRNReasoning}
-    code = "import sys, pipeline.core.registry, pipeline.models.set_augment; print('torch' in sys.modules)"
+    code = "import sys, pipeline.core.registry, pipeline.networks.set_augment; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

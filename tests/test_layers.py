@@ -45,8 +45,21 @@ def layer(module: str) -> int | None:
 
 
 def test_every_module_lives_in_a_package_of_the_layers():
-    loose = [m for m in imports() if m != "pipeline" and layer(m) is None]
+    """Every module but ``pipeline`` itself and ``pipeline.models``, the old paths of 0.1.0's moved
+    names (tests/test_models_moved.py: no module imports it)."""
+    loose = [m for m in imports() if m not in ("pipeline", "pipeline.models") and layer(m) is None]
     assert loose == []
+
+
+def test_networks_losses_and_backbones_import_core_alone():
+    """One floor, side by side: a network never imports a loss (a loss scores what any network gives,
+    ``core.similarity`` their one similarity), and neither imports the backbones (the CNN is handed
+    to the model)."""
+    found = [f"{a} -> {b}" for a, targets in imports().items() for b in targets
+             if a.split(".")[1:2] != b.split(".")[1:2] and layer(a) is not None
+             and pipeline.LAYERS[layer(a)] in pipeline.SIDE_BY_SIDE and pipeline.LAYERS[layer(b)] != "core"]
+    assert found == []
+    assert set(pipeline.SIDE_BY_SIDE) < set(pipeline.LAYERS)
 
 
 def test_packages_import_only_the_ones_before_them():

@@ -14,14 +14,17 @@ from click.testing import CliRunner
 from conftest import TINY_TRAIN
 
 from cli.main import cli
+from pipeline.core import registry
 from pipeline.core.checkpoint import load_checkpoint
 from pipeline.core.config import TrainConfig
 from pipeline.core.errors import VseError
-from pipeline.models.loss_check import run_contract
-from pipeline.models.loss_plugins import loss_traits, make_loss
-from pipeline.models.losses import LOSS_NAMES, LOSSES, VseLoss
-from pipeline.models.similarity import SIMILARITIES
+from pipeline.core.similarity import SIMILARITIES
+from pipeline.losses.base import LOSS_NAMES, VseLoss
+from pipeline.losses.check import run_contract
+from pipeline.losses.plugins import loss_traits, make_loss
 from pipeline.training.build import build_trainer
+
+LOSSES = registry.LOSSES.resolved()  # name → class, the built-in losses
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "examples/infonce_learnable_tau.py:LearnableTemperatureInfoNCE"

@@ -6,8 +6,11 @@ import pytest
 import torch
 from reference import noisy_loop
 
-from pipeline.models.loss_check import call
-from pipeline.models.losses import LOSS_NAMES, LOSSES, build_loss
+from pipeline.core import registry
+from pipeline.losses.base import LOSS_NAMES, build_loss
+from pipeline.losses.check import call
+
+LOSSES = registry.LOSSES.resolved()  # name → class, the built-in losses
 
 # A 3 × 3 score table used by several golden values: S = img @ cap.T with img = I.
 S3 = [[0.9, 0.8, 0.5],
@@ -507,7 +510,7 @@ def reference_vsepp_loss(scores, margin, max_violation):
 
 
 def test_order_unsquared_golden_and_reference():
-    from pipeline.models.similarity import order_scores
+    from pipeline.core.similarity import order_scores
 
     img = torch.tensor([[1.0, 1.0], [0.0, 2.0]], dtype=torch.float64)
     cap = torch.tensor([[0.5, 0.5], [1.0, 3.0]], dtype=torch.float64)

@@ -1,6 +1,6 @@
 import torch
 
-from pipeline.models.vse_model import ModelConfig, VSEModel
+from pipeline.networks.vse_model import ModelConfig, VSEModel
 
 
 def _batch(vocab=50, dim=12, b=4):

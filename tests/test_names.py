@@ -69,12 +69,12 @@ def test_a_plugin_importing_an_old_module_path_still_works_with_a_note():
     import sys
 
     import pipeline
-    from pipeline.models.losses import MaxHingeLoss
+    from pipeline.losses.plugins import make_loss
 
-    sys.modules.pop("pipeline.losses", None)
-    with pytest.warns(FutureWarning, match="pipeline.losses is now pipeline.models.losses"):
-        old = importlib.import_module("pipeline.losses")
-    assert old.MaxHingeLoss is MaxHingeLoss
+    sys.modules.pop("pipeline.loss_plugins", None)
+    with pytest.warns(FutureWarning, match="pipeline.loss_plugins is now pipeline.losses.plugins"):
+        old = importlib.import_module("pipeline.loss_plugins")
+    assert old.make_loss is make_loss
     assert all(importlib.util.find_spec(f"pipeline.{new}") for new in pipeline.MOVED.values())
     with pytest.raises(ImportError):
         importlib.import_module("pipeline.no_such_module")

@@ -24,10 +24,10 @@ import torch
 from ncr_tiny import TinyScorer
 
 from pipeline.data.batches import Batch
-from pipeline.models.cotrain import CoTrained
-from pipeline.models.losses import build_loss
-from pipeline.models.ncr import divide, gmm_clean_probability, split_prob
-from pipeline.models.noisy_losses import Phase
+from pipeline.losses.base import build_loss
+from pipeline.losses.noisy.base import Phase
+from pipeline.losses.noisy.ncr import divide, gmm_clean_probability, split_prob
+from pipeline.networks.cotrain import CoTrained
 from pipeline.training.trainer import PlannedBatches, PlannedStep, clip_gradients, planned_step
 
 GOLDEN = Path(__file__).resolve().parent / "golden"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from conftest import vse
 
-from pipeline.models.network_check import run_network_contract
+from pipeline.networks.network_check import run_network_contract
 
 
 @pytest.mark.parametrize("spec", ["sgr", "saf", "examples/scan_network.py:SCANt2i"])
@@ -20,7 +20,7 @@ def test_the_built_ins_and_the_example_keep_the_contract(spec, words):
 BROKEN = '''
 import torch
 from torch import nn
-from pipeline.models.network import PairwiseNetwork
+from pipeline.networks.network import PairwiseNetwork
 
 
 class ReadsPadding(PairwiseNetwork):

@@ -28,13 +28,14 @@ def test_configs_of_every_built_in_network_are_made_and_checked_without_torch():
     assert result.stdout.split() == ["False"], result.stderr
 
 
-def test_the_old_lists_are_derived_from_the_declarations():
-    from pipeline.core.registry import DUAL_NETWORKS, NETWORK_DEFAULTS
+def test_the_lists_are_derived_from_the_declarations():
+    from pipeline.core.registry import NETWORKS
 
-    assert DUAL_NETWORKS == ("vse++", "vse-infty", "vsrn")
-    assert NETWORK_DEFAULTS == {"vse-infty": {"image_pool": "gpo", "text_pool": "gpo"},
-                                "vsrn": {"image_pool": "vsrn", "size_augment": "none",
-                                         "caption_loss_weight": 1.0, "embed_dim": 2048}}
+    assert NETWORKS.dual_names == ("vse++", "vse-infty", "vsrn")
+    defaults = {network: found for network in NETWORKS.names if (found := NETWORKS.defaults(network))}
+    assert defaults == {"vse-infty": {"image_pool": "gpo", "text_pool": "gpo"},
+                        "vsrn": {"image_pool": "vsrn", "size_augment": "none",
+                                 "caption_loss_weight": 1.0, "embed_dim": 2048}}
 
 
 @pytest.mark.parametrize(("network", "options", "message"), [
@@ -52,7 +53,7 @@ def test_each_rule_comes_from_the_declaration(network, options, message):
 def test_a_user_network_declares_its_kind_defaults_and_rules(tmp_path):
     path = tmp_path / "mine.py"
     path.write_text("from pipeline.core.errors import VseError\n"
-                    "from pipeline.models.network import DualNetwork\n\n"
+                    "from pipeline.networks.network import DualNetwork\n\n"
                     "class Mine(DualNetwork):\n"
                     "    defaults = {'embed_dim': 64}\n\n"
                     "    @staticmethod\n"

@@ -1,4 +1,4 @@
-"""Networks as plug-ins (pipeline.models.network): `vse train --network sgr|saf|FILE.py:Class`
+"""Networks as plug-ins (pipeline.networks.network): `vse train --network sgr|saf|FILE.py:Class`
 trains, resumes exactly, evaluates and is refused in one line where it cannot run; a pairwise
 network's split scores are read by every metric exactly (the (I_N, Sᵀ) factorisation)."""
 
@@ -324,7 +324,7 @@ def test_vsrn_is_a_dual_network_that_embed_serves(sets, tmp_path):
 
 AUXILIARY = '''
 import torch
-from pipeline.models.network import PairwiseNetwork
+from pipeline.networks.network import PairwiseNetwork
 
 
 class MeanDot(PairwiseNetwork):

@@ -18,9 +18,9 @@ from reference import noisy_loop
 from pipeline.core.checkpoint import load_checkpoint
 from pipeline.core.config import TrainConfig
 from pipeline.data.cache import FeatureCache
-from pipeline.models.losses import build_loss
-from pipeline.models.ncr import divide, gmm_clean_probability, split_prob
-from pipeline.models.noisy_losses import Phase, division_metrics
+from pipeline.losses.base import build_loss
+from pipeline.losses.noisy.base import Phase, division_metrics
+from pipeline.losses.noisy.ncr import divide, gmm_clean_probability, split_prob
 from pipeline.training.trainer import PlannedBatches
 
 TOL = 1e-9  # float64, the batched formulas against the loops: only the order of sums differs
@@ -477,7 +477,7 @@ def _noisy_config(tiny_cache, run_dir, **over):
 
 def test_ncr_co_trains_two_networks_divides_and_evaluates_their_mean(tiny_cache, tmp_path):
     from pipeline.evaluation.inference import encode_split, load_model
-    from pipeline.models.cotrain import CoTrained
+    from pipeline.networks.cotrain import CoTrained
     from pipeline.training.build import build_trainer
 
     trainer = build_trainer(_noisy_config(tiny_cache, tmp_path / "ncr", loss="ncr",
@@ -658,8 +658,8 @@ def test_decl_reads_the_raw_score_of_a_sigmoid_network():
     build_trainer, where dropping the call fails)."""
     from types import SimpleNamespace
 
-    from pipeline.models.decl import EvidentialLoss
-    from pipeline.models.sgraf import SGR
+    from pipeline.losses.noisy.decl import EvidentialLoss
+    from pipeline.networks.sgraf import SGR
     from pipeline.training.factories import tell_loss_the_scores
 
     sgr = SimpleNamespace(score_activation=SGR.score_activation)

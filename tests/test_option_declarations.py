@@ -13,15 +13,18 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from pipeline.core import registry
 from pipeline.core.config import LOSS_FLAGS
 from pipeline.core.errors import VseError
 from pipeline.core.registry import READERS
 from pipeline.core.values import allowed_types, declare, declared_options, option_types, options_of
-from pipeline.models.heads import build_pool
-from pipeline.models.loss_plugins import make_loss, options_class
-from pipeline.models.losses import LOSS_NAMES, LOSSES, VseLoss, build_loss
-from pipeline.models.network import network_options
-from pipeline.models.sgraf import SGR
+from pipeline.losses.base import LOSS_NAMES, VseLoss, build_loss
+from pipeline.losses.plugins import make_loss, options_class
+from pipeline.networks.heads import build_pool
+from pipeline.networks.network import network_options
+from pipeline.networks.sgraf import SGR
+
+LOSSES = registry.LOSSES.resolved()  # name → class, the built-in losses
 
 
 def one_line(exc_info) -> str:
@@ -190,7 +193,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from pipeline.core.values import declare
-from pipeline.models.losses import VseLoss, build_loss
+from pipeline.losses.base import VseLoss, build_loss
 
 
 class ScaledHinge(VseLoss):

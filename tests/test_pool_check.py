@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from cli.main import cli
 from pipeline.core.errors import VseError
 from pipeline.core.registry import IMAGE_POOLS
-from pipeline.models.pool_check import run_pool_contract
+from pipeline.networks.pool_check import run_pool_contract
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "examples/attention_pool.py:AttentionPool"

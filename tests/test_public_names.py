@@ -1,5 +1,5 @@
 """No module of pipeline/ or cli/ imports another one's private (underscore) name: what one module
-needs from another is public there (the readers' ``toolkit``, ``models.checks``, ``core.values``, …),
+needs from another is public there (the readers' ``toolkit``, ``core.checks``, ``core.values``, …),
 or lives in the module that uses it. Tests may still read private names; the library may not."""
 
 from __future__ import annotations

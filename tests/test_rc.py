@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from rc_data import make_flickr8k
 
 from cli.main import cli
+from pipeline.backbones.cnns import load_backbone
 from pipeline.core.checkpoint import load_checkpoint
 from pipeline.core.config import TrainConfig
 from pipeline.core.errors import VseError
@@ -17,7 +18,6 @@ from pipeline.data.extract import ExtractOptions, extract_features
 from pipeline.data.image_source import RandomCrops, resized_crop_box
 from pipeline.data.readers import load_dataset, open_image
 from pipeline.evaluation.inference import embed_rc_checkpoint, encode_split
-from pipeline.models.backbones import load_backbone
 from pipeline.training.build import build_trainer
 from pipeline.training.trainer import Trainer
 
@@ -96,7 +96,7 @@ def test_frozen_backbone_takes_no_gradient_and_stays_in_eval_mode(images_root, t
 
 
 def test_freeze_bn_keeps_batchnorm_statistics_when_finetuning():
-    from pipeline.models.vse_model import PixelBackbone
+    from pipeline.backbones.pixels import PixelBackbone
 
     def net():
         torch.manual_seed(0)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.models.losses import build_loss
+from pipeline.losses.base import build_loss
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "rcl_ccl.npz"
 TOL = 1e-9  # relative, float64: only the order of operations differs

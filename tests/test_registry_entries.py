@@ -25,9 +25,9 @@ from pipeline.data.readers import load_dataset
 from pipeline.data.readers.flickr8k import FLICKR8K_SPLIT_FILES, FLICKR8K_TOKEN_FILE
 from pipeline.evaluation.metric_table import METRIC_KEYS, is_metric, metric_keys, metric_of
 from pipeline.evaluation.metrics import coherent_scores, evaluate_embeddings
-from pipeline.models.loss_check import run_contract
-from pipeline.models.network_check import run_network_contract
-from pipeline.models.pool_check import run_pool_contract
+from pipeline.losses.check import run_contract
+from pipeline.networks.network_check import run_network_contract
+from pipeline.networks.pool_check import run_pool_contract
 
 # Options at which an entry is built here where its defaults are not tiny, or its contract needs
 # saying how it reads (a sequence pool); any other entry is built with its defaults.

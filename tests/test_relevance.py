@@ -265,7 +265,7 @@ def test_batch_relevance_is_the_submatrix_of_all_cosines(svd_file):
 def test_any_function_of_caption_indices_serves_as_the_batch_relevance():
     """A plain function (B,) → (B, B) stands where a BatchRelevance does: a loss that uses
     relevance computes the same value from either."""
-    from pipeline.models.losses import build_loss
+    from pipeline.losses.base import build_loss
 
     def constant(indices):
         return torch.ones(len(indices), len(indices))

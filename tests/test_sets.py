@@ -257,7 +257,7 @@ def test_the_augmentation_runs_in_training_only(set_cache):
     import torch
 
     from pipeline.data.cache import FeatureCache as Cache
-    from pipeline.models.vse_model import ModelConfig, VSEModel
+    from pipeline.networks.vse_model import ModelConfig, VSEModel
 
     cfg = dict(feature_dim=24, embed_dim=8, vocab_size=0, text_dim=4, image_pool="gpo")
     model = VSEModel(ModelConfig(**cfg, size_augment="grid"))

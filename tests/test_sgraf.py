@@ -1,4 +1,4 @@
-"""SGR and SAF (pipeline.models.sgraf), batched over blocks: what their equality with the
+"""SGR and SAF (pipeline.networks.sgraf), batched over blocks: what their equality with the
 authors' code (tests/test_sgraf_golden.py: scores, loss, gradients and BatchNorm buffers against
 their model.py, float64, 1e-9) does not show: padding never read, batch order and chunks,
 option checks, finite gradients over zero padding; in float64 with the weights randomised away
@@ -8,8 +8,8 @@ attentions), where several attentions are uniform and would hide a slip."""
 import pytest
 import torch
 
-from pipeline.models.network import NetworkConfig
-from pipeline.models.sgraf import SAF, SGR
+from pipeline.networks.network import NetworkConfig
+from pipeline.networks.sgraf import SAF, SGR
 
 TOL = 1e-9
 LENGTHS = torch.tensor([9, 3, 5, 1, 7, 2])

@@ -1,4 +1,4 @@
-"""SGR and SAF (pipeline.models.sgraf) against the authors' code: tests/golden/sgraf_*.npz hold
+"""SGR and SAF (pipeline.networks.sgraf) against the authors' code: tests/golden/sgraf_*.npz hold
 the inputs, randomised weights and outputs of their ``SGRAF`` (Paranioar/SGRAF, branch
 python3.6, model.py; made by scripts/golden_sgraf.py) over 36 regions and a 49-cell grid, with
 padded captions of mixed lengths and an image shown twice. Their weights in ours (``from_sgraf``)
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.models.losses import build_loss
-from pipeline.models.network import NetworkConfig
-from pipeline.models.sgraf import SAF, SGR, CaptionBlock, ImageBlock, from_sgraf
+from pipeline.losses.base import build_loss
+from pipeline.networks.network import NetworkConfig
+from pipeline.networks.sgraf import SAF, SGR, CaptionBlock, ImageBlock, from_sgraf
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 TOL = 1e-9  # relative to the largest magnitude of each compared tensor, float64

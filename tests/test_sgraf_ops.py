@@ -1,4 +1,4 @@
-"""pipeline.models.sgraf_ops: the similarity nodes computed in blocks with a hand-written backward
+"""pipeline.networks.sgraf_ops: the similarity nodes computed in blocks with a hand-written backward
 equal the ops one by one under autograd (float64, 1e-12), for every way the work is cut into
 blocks (caption ranges of one image, several whole images, a partial last block), with and
 without the node scorer and the biases; the gradient also passes torch's gradcheck."""
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pipeline.models import sgraf_ops
-from pipeline.models.sgraf_ops import EPS, similarity_nodes
+from pipeline.networks import sgraf_ops
+from pipeline.networks.sgraf_ops import EPS, similarity_nodes
 
 TOL = 1e-12
 

@@ -17,8 +17,8 @@ from pipeline.core.errors import VseError
 from pipeline.data.cache import FeatureCache
 from pipeline.data.caption_features import CaptionFeatures, encode_text, parts_dir
 from pipeline.data.caption_index import caption_fingerprint
-from pipeline.models.losses import LOSS_NAMES
-from pipeline.models.vse_model import VectorTextEncoder
+from pipeline.losses.base import LOSS_NAMES
+from pipeline.networks.vse_model import VectorTextEncoder
 from pipeline.training.build import build_trainer
 from pipeline.training.trainer import Trainer
 

@@ -152,8 +152,8 @@ def test_nan_features_stop_training_with_a_clear_error(tmp_path):
 
 
 def test_collapse_warning_points_to_warmup(tiny_cache, tmp_path):
-    from pipeline.models.loss_plugins import loss_traits
-    from pipeline.models.losses import build_loss
+    from pipeline.losses.base import build_loss
+    from pipeline.losses.plugins import loss_traits
     from pipeline.training.trainer import CollapseMonitor
 
     said = []

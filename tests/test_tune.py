@@ -37,7 +37,7 @@ SEARCH = {"lr": {"log_uniform": [1e-3, 2e-2]}, "margin": {"uniform": [0.05, 0.5]
 SLOW_LOSS = '''
 import time
 from torch import nn
-from pipeline.models.losses import build_loss
+from pipeline.losses.base import build_loss
 
 
 class SlowHinge(nn.Module):

@@ -1,4 +1,4 @@
-"""pipeline.models.heads and pipeline.models.set_augment against the authors' VSE∞ code: the golden files
+"""pipeline.networks.heads and pipeline.networks.set_augment against the authors' VSE∞ code: the golden files
 tests/golden/vse_infty_*.npz hold their modules' inputs, weights and outputs
 (scripts/golden_vse_infty.py made them from woodfrog/vse_infty, master and bigru); the same
 weights in our modules give the same outputs to 1e-5 (float32)."""
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.models.heads import GPO, BiGRUTextEncoder, SetImageHead, from_vse_infty
-from pipeline.models.set_augment import size_augment
+from pipeline.networks.heads import GPO, BiGRUTextEncoder, SetImageHead, from_vse_infty
+from pipeline.networks.set_augment import size_augment
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 ATOL = 1e-5

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from pipeline.core.errors import VseError
-from pipeline.models.heads import SetImageHead
-from pipeline.models.vsrn import CaptionDecoder, VSRNOptions, model_fields, resolve_variant
+from pipeline.networks.heads import SetImageHead
+from pipeline.networks.vsrn import CaptionDecoder, VSRNOptions, model_fields, resolve_variant
 
 TOL = 1e-9
 
@@ -96,7 +96,7 @@ def test_the_variant_rule():
 def test_float32_stays_float32():
     """The image and caption encoders run in their parameters' precision: float32 features of
     any stored type (float16 sets) as before, float64 only in a .double() model."""
-    from pipeline.models.vse_model import ModelConfig, VSEModel
+    from pipeline.networks.vse_model import ModelConfig, VSEModel
 
     cfg = ModelConfig(vocab_size=20, feature_dim=10, embed_dim=8, word_dim=6, image_pool="vsrn")
     model = VSEModel(cfg).eval()
@@ -115,7 +115,7 @@ def test_vsrn_trains_its_caption_branch_by_default(tmp_path):
     from pipeline.core.checkpoint import load_checkpoint
     from pipeline.core.config import TrainConfig
     from pipeline.evaluation.inference import load_model
-    from pipeline.models.vsrn import AdamListingTwice
+    from pipeline.networks.vsrn import AdamListingTwice
     from pipeline.training.build import build_trainer
 
     n = 20

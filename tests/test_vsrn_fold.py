@@ -1,4 +1,4 @@
-"""The shortcuts of VSRN's training step (pipeline.models.vsrn) give what the plain computation
+"""The shortcuts of VSRN's training step (pipeline.networks.vsrn) give what the plain computation
 gives: the GCN's folded maps (``folds``: θ with φ, W with g) against the four maps, forward and
 gradients, over full and padded sets; full sets without masks, the GRUs unpacked, against the
 masked and packed path. Float64, 1e-9 of each array's largest magnitude."""
@@ -6,8 +6,8 @@ masked and packed path. Float64, 1e-9 of each array's largest magnitude."""
 import pytest
 import torch
 
-from pipeline.models import vsrn
-from pipeline.models.vsrn import CaptionDecoder, RegionGCN, VSRNReasoning, folds
+from pipeline.networks import vsrn
+from pipeline.networks.vsrn import CaptionDecoder, RegionGCN, VSRNReasoning, folds
 
 TOL = 1e-9
 

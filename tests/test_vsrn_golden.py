@@ -1,4 +1,4 @@
-"""pipeline.models.vsrn (and the dual model, its loss and optimizer as `vse train --network vsrn`
+"""pipeline.networks.vsrn (and the dual model, its loss and optimizer as `vse train --network vsrn`
 builds them) against the authors' VSRN code: tests/golden/vsrn_*.npz hold their modules' inputs,
 weights, outputs, gradients and parameters after two optimizer steps, all in float64
 (scripts/golden_vsrn.py made them from KunpengLi1994/VSRN); the same weights here give the same
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from pipeline.core.config import TrainConfig
-from pipeline.models.heads import SetImageHead
-from pipeline.models.losses import MaxHingeLoss
-from pipeline.models.vse_model import ModelConfig, TextEncoder, VSEModel
-from pipeline.models.vsrn import VARIANTS, CaptionDecoder, VSRNOptions, from_vsrn
+from pipeline.losses.hinge import MaxHingeLoss
+from pipeline.networks.heads import SetImageHead
+from pipeline.networks.vse_model import ModelConfig, TextEncoder, VSEModel
+from pipeline.networks.vsrn import VARIANTS, CaptionDecoder, VSRNOptions, from_vsrn
 from pipeline.training.factories import create_optimizer, trainable_parameters
 from pipeline.training.trainer import clip_gradients
 

@@ -134,7 +134,7 @@ class TrainConfig:
                               choices=ADAM_KERNELS, before="default")
     # ---- the model
     network: str = option("vse++", f"{', '.join(NETWORKS.names)}, or your own network FILE.py:Class, "
-                                   "dual or pairwise as it declares (pipeline/models/network.py). "
+                                   "dual or pairwise as it declares (pipeline/networks/network.py). "
                                    "vse-infty pools sets with GPO unless "
                                    "--image-pool / --text-pool say otherwise; sgr and saf score each pair "
                                    "jointly over a cache of sets.", before="vse++")
@@ -231,7 +231,7 @@ class TrainConfig:
     @property
     def pairwise(self) -> bool:
         """The network scores pairs jointly: the kind its declaration says (a user's
-        ``FILE.py:Class`` declares its own; models/network.py)."""
+        ``FILE.py:Class`` declares its own; networks/network.py)."""
         return NETWORKS.spec(self.network).kind == "pairwise"
 
     @classmethod
@@ -347,7 +347,7 @@ class TrainConfig:
 
 # ---------------------------------------------------------------------------- the loss flags
 # A loss's options are declared once, by the loss (its ``Options``: default, type, range, choices;
-# ``models.losses.VseLoss``), and checked there: a new loss, built-in or FILE.py:Class, takes them by
+# ``losses.base.VseLoss``), and checked there: a new loss, built-in or FILE.py:Class, takes them by
 # --loss-option KEY=VALUE and config files' ``loss_options:`` and touches nothing here. These five
 # flags are only the older command-line spellings of options of the built-in losses, kept as they
 # were (torch-free, for --help); tests/test_option_declarations.py checks each against the losses'

@@ -9,7 +9,8 @@ timm's rule: a registry is the single source of names, and factories build the p
 registry maps a name to ``"module:attribute"``, resolved only when the part is built, so
 option parsing, ``--help`` and config checks (``pipeline.core.config``) know every name without
 importing torch. The modules that hold the parts take their tables from here
-(``losses.LOSSES``, ``backbones.BUILDERS``, ``heads``' pools), and a test resolves every entry.
+(``losses.base.build_loss``, ``backbones.cnns.BUILDERS``, ``networks.heads``' pools), and a test
+resolves every entry.
 
 A user's own loss or set pool is an import path instead of a name (``FILE.py:Class`` or
 ``package.module:Class``; ``pipeline.core.plugin_import``).
@@ -154,23 +155,23 @@ IMAGE_DATASET_KINDS = READERS.image_kinds
 
 # ---------------------------------------------------------------------------- losses
 LOSSES = Registry("loss", {
-    "sh": "pipeline.models.losses:SumHingeLoss",              # VSE0: sum of hinges
-    "mh": "pipeline.models.losses:MaxHingeLoss",              # VSE++: max of hinges (hardest negative)
-    "order": "pipeline.models.losses:OrderLoss",              # order embeddings
-    "lseh": "pipeline.models.losses:SemanticHardNegativeLoss",  # LSEH
-    "ladder": "pipeline.models.losses:LadderLoss",            # the ladder loss
-    "csn": "pipeline.models.losses:CrossModalInfoNCELoss",    # ConVSE
-    "cmn": "pipeline.models.losses:HardestNegativeContrastiveLoss",  # ConVSE++
-    "mvn": "pipeline.models.losses:MultiViewNTXentLoss",      # multi-view NT-Xent
-    "infonce": "pipeline.models.losses:CLIPInfoNCELoss",      # CLIP's loss, learned scale
-    "siglip": "pipeline.models.losses:SigmoidPairLoss",       # SigLIP's sigmoid loss, learned scale + bias
-    "rcl": "pipeline.models.rcl:ComplementaryContrastiveLoss",  # RCL: complementary contrastive
-    "decl": "pipeline.models.decl:EvidentialLoss",    # DECL: evidential learning, dynamic hinge
-    "ncr": "pipeline.models.ncr:NoisyCorrespondenceRectifier",  # NCR: two networks co-teaching
+    "sh": "pipeline.losses.hinge:SumHingeLoss",  # VSE0: sum of hinges
+    "mh": "pipeline.losses.hinge:MaxHingeLoss",  # VSE++: max of hinges (hardest negative)
+    "order": "pipeline.losses.hinge:OrderLoss",  # order embeddings
+    "lseh": "pipeline.losses.lseh:SemanticHardNegativeLoss",  # LSEH
+    "ladder": "pipeline.losses.ladder:LadderLoss",  # the ladder loss
+    "csn": "pipeline.losses.convse:CrossModalInfoNCELoss",  # ConVSE
+    "cmn": "pipeline.losses.convse:HardestNegativeContrastiveLoss",  # ConVSE++
+    "mvn": "pipeline.losses.contrastive:MultiViewNTXentLoss",  # multi-view NT-Xent
+    "infonce": "pipeline.losses.contrastive:CLIPInfoNCELoss",  # CLIP's loss, learned scale
+    "siglip": "pipeline.losses.contrastive:SigmoidPairLoss",  # SigLIP's sigmoid loss, learned scale + bias
+    "rcl": "pipeline.losses.noisy.rcl:ComplementaryContrastiveLoss",  # RCL: complementary contrastive
+    "decl": "pipeline.losses.noisy.decl:EvidentialLoss",  # DECL: evidential learning, dynamic hinge
+    "ncr": "pipeline.losses.noisy.ncr:NoisyCorrespondenceRectifier",  # NCR: two networks co-teaching
 })
 
 # ---------------------------------------------------------------------------- networks
-# `vse train --network`: a network declares its kind (``models.network``): "dual" encodes each side
+# `vse train --network`: a network declares its kind (``networks.network``): "dual" encodes each side
 # to one vector and scores their similarity; "pairwise" encodes local features and scores every
 # pair jointly. Each network's declaration (``NetworkSpec``: kind, defaults, options, rules) lives
 # next to its code, in a torch-free module; this list only names them.
@@ -209,7 +210,7 @@ class NetworkSpec:
     @classmethod
     def of_class(cls, network_class: type, spec: str = "") -> NetworkSpec:
         """The declaration of a user's network class: its ``kind`` (a class that declares none is
-        dual, as ``models.network.network_kind`` reads a model), ``defaults``, ``Options`` and
+        dual, as ``networks.network.network_kind`` reads a model), ``defaults``, ``Options`` and
         ``check(config)``, when it has them."""
         from pipeline.core.errors import VseError
 
@@ -282,30 +283,22 @@ class NetworkRegistry(Registry):
 
 
 NETWORKS = NetworkRegistry("network", {
-    "vse++": "pipeline.models.vse_spec:VSE_PLUS_PLUS",  # VSE++: one vector per side, a GRU over words
-    "vse-infty": "pipeline.models.vse_spec:VSE_INFTY",  # VSE∞: sets pooled (GPO unless --image-pool)
-    "vsrn": "pipeline.models.vsrn_spec:VSRN",           # VSRN: GCN reasoning + GRU over the members
-    "sgr": "pipeline.models.sgraf_spec:SGR",            # SGRAF's similarity graph reasoning (pairwise)
-    "saf": "pipeline.models.sgraf_spec:SAF",            # SGRAF's similarity attention filtration (pairwise)
+    "vse++": "pipeline.networks.vse_spec:VSE_PLUS_PLUS",  # VSE++: one vector per side, a GRU over words
+    "vse-infty": "pipeline.networks.vse_spec:VSE_INFTY",  # VSE∞: sets pooled (GPO unless --image-pool)
+    "vsrn": "pipeline.networks.vsrn_spec:VSRN",           # VSRN: GCN reasoning + GRU over the members
+    "sgr": "pipeline.networks.sgraf_spec:SGR",            # SGRAF's similarity graph reasoning (pairwise)
+    "saf": "pipeline.networks.sgraf_spec:SAF",            # SGRAF's similarity attention filtration (pairwise)
 })
 
 
-def __getattr__(name: str):
-    """The names of the lists the declarations replaced, derived from them (imported on use)."""
-    if name == "DUAL_NETWORKS":
-        return NETWORKS.dual_names
-    if name == "NETWORK_DEFAULTS":
-        return {network: defaults for network in NETWORKS.names if (defaults := NETWORKS.defaults(network))}
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 # ---------------------------------------------------------------------------- image backbones
 BACKBONES = Registry("backbone", {
-    "efficientnet-lite0": "pipeline.models.backbones:efficientnet_lite0",
-    "efficientnet-lite1": "pipeline.models.backbones:efficientnet_lite1",
-    "efficientnet-lite2": "pipeline.models.backbones:efficientnet_lite2",
-    "resnet152": "pipeline.models.backbones:resnet152",
-    "vgg19": "pipeline.models.backbones:vgg19",
-    "tiny": "pipeline.models.backbones:tiny",                 # fixed random weights, for tests
+    "efficientnet-lite0": "pipeline.backbones.cnns:efficientnet_lite0",
+    "efficientnet-lite1": "pipeline.backbones.cnns:efficientnet_lite1",
+    "efficientnet-lite2": "pipeline.backbones.cnns:efficientnet_lite2",
+    "resnet152": "pipeline.backbones.cnns:resnet152",
+    "vgg19": "pipeline.backbones.cnns:vgg19",
+    "tiny": "pipeline.backbones.cnns:tiny",                 # fixed random weights, for tests
 })
 
 # ---------------------------------------------------------------------------- heads
@@ -317,13 +310,13 @@ PROJECTIONS = ("linear", "mlp")
 # cached token vectors) alike; a user's own pool is built as ``Class(dim=E, **options)``
 # (``vse check-pool`` runs its contract).
 SET_POOLS = Registry("pool", {
-    "mean": "pipeline.models.heads:MeanPool",  # masked mean
-    "max": "pipeline.models.heads:MaxPool",    # masked max per dimension
-    "gpo": "pipeline.models.heads:GPO",        # VSE∞'s Generalized Pooling Operator
-    "vsrn": "pipeline.models.vsrn:VSRNReasoning",  # VSRN: 4 GCN layers, then a GRU's last state
+    "mean": "pipeline.networks.heads:MeanPool",  # masked mean
+    "max": "pipeline.networks.heads:MaxPool",    # masked max per dimension
+    "gpo": "pipeline.networks.heads:GPO",        # VSE∞'s Generalized Pooling Operator
+    "vsrn": "pipeline.networks.vsrn:VSRNReasoning",  # VSRN: 4 GCN layers, then a GRU's last state
 })
 IMAGE_POOLS = SET_POOLS.names
-# "last": VSE++'s caption encoder (one-way GRU, its state after the last token; models.TextEncoder).
+# "last": VSE++'s caption encoder (one-way GRU, its state after the last token; networks.vse_model.TextEncoder).
 # A set pool over word tokens pools the states of a bidirectional GRU (gpo = VSE∞'s BiGRU
 # encoder, heads.BiGRUTextEncoder); over cached token vectors it pools their per-token
 # projection (heads.TokenSetTextEncoder).
@@ -340,7 +333,7 @@ SET_PROJECTIONS = ("linear", "linear+mlp")
 SIZE_AUGMENT_RULES = ("precomp", "grid")
 
 # ---------------------------------------------------------------------------- scores and files
-# Similarities of an image and a caption embedding (models.similarity): the inner product, and the
+# Similarities of an image and a caption embedding (core.similarity): the inner product, and the
 # order-embedding score squared (the paper) or not (VSE++'s code).
 SIMILARITIES = ("cosine", "order", "order-norm")
 # Caption relevance (`vse relevance --method`): LSEH's TF-IDF + SVD, MiniLM, mean GloVe, and the

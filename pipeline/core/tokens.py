@@ -1,5 +1,5 @@
 """The special words of every word-id tensor, and their ids: the vocabulary (``text.vocabulary``)
-writes them, the networks (``models``) read padding as ``PAD_ID``. One place, below both layers.
+writes them, the networks (``networks``) read padding as ``PAD_ID``. One place, below both layers.
 """
 
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"

@@ -5,5 +5,5 @@
 through the CNN every step (``image_source``, RC mode), and the noise indexes of training on
 noisy pairs (``noise``).
 
-May import: ``pipeline.core``, ``pipeline.models``, ``pipeline.text``.
+May import: ``pipeline.core``, ``pipeline.networks``, ``pipeline.backbones``, ``pipeline.text``.
 """

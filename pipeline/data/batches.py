@@ -24,9 +24,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from pipeline.backbones.pixels import PixelBackbone
 from pipeline.core.errors import VseError
 from pipeline.data.cache import IMAGE_PIPELINE_ATTRS, FeatureCache
-from pipeline.models.vse_model import PixelBackbone
 
 
 @dataclass

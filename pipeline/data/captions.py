@@ -1,9 +1,9 @@
 """The caption side of a run: one interface, three implementations.
 
-- ``GRUCaptions``: tokens of a vocabulary, embedded by a GRU (``models.TextEncoder``, or
+- ``GRUCaptions``: tokens of a vocabulary, embedded by a GRU (``networks.vse_model.TextEncoder``, or
   VSE∞'s BiGRU pooled: ``heads.BiGRUTextEncoder``);
 - ``CachedCaptionVectors``: frozen vectors of a caption-feature file (`vse encode-text`),
-  held in memory and embedded by a trained head (``models.VectorTextEncoder``);
+  held in memory and embedded by a trained head (``networks.vse_model.VectorTextEncoder``);
 - ``CachedCaptionTokens``: frozen token vectors of a caption (`vse encode-text --tokens`), a
   padded batch and its lengths, pooled by a set pool (``heads.TokenSetTextEncoder``).
 

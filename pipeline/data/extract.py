@@ -10,7 +10,7 @@ rank ``i % world_size``; rank 0 writes the combined file after a barrier.
 Unreadable images stop the run with one line naming the image, unless
 ``skip_bad_images`` is set: then their rows are zeros and listed in ``bad_images``.
 
-The forward pass runs in an engine (``pipeline.models.engines``: torch, or ONNX Runtime on a CPU);
+The forward pass runs in an engine (``pipeline.backbones.engines``: torch, or ONNX Runtime on a CPU);
 the cache records which.  Their features agree within 1e-4 but not bit for bit, so shards
 computed by one engine are never completed by another: resuming with another engine is
 refused (the error names the engine that continues the run), which keeps a resumed cache
@@ -32,6 +32,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline.backbones.cnns import load_backbone
+from pipeline.backbones.crops import CropPlan
+from pipeline.backbones.engines import build_engine, engine_precision, engine_version, resolve_engine
 from pipeline.core import distributed, runtime
 from pipeline.core.errors import VseError
 from pipeline.core.progress import progress_bar
@@ -44,9 +47,6 @@ from pipeline.data.cache import (
     write_external_cache,
 )
 from pipeline.data.readers import Dataset, open_image
-from pipeline.models.backbones import load_backbone
-from pipeline.models.crops import CropPlan
-from pipeline.models.engines import build_engine, engine_precision, engine_version, resolve_engine
 
 ONNX_SUBDIR = "onnx"  # exported graphs live in <folder of the cache>/onnx/ unless told otherwise
 PREFETCH_BATCHES = 4  # batches each loader worker keeps decoded ahead of the engine
@@ -64,7 +64,7 @@ class ExtractOptions:
     skip_bad_images: bool = False
     progress: bool = False
     overwrite: bool = False  # replace an --out (or shard) that is not a vse feature cache
-    engine: str = "auto"  # pipeline.models.engines.ENGINES
+    engine: str = "auto"  # pipeline.backbones.engines.ENGINES
     onnx_dir: str | None = None  # exported ONNX graphs; None → <folder of out>/onnx
     grid: bool = False  # keep the last feature map's cells as a set (N, h·w, D), not their mean
     input_scale: float = 1.0  # the network's input (and resize) × this: a larger map (VSE∞)

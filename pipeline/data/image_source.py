@@ -30,14 +30,15 @@ import torch
 import torchvision.transforms.functional as TF
 from PIL import Image
 
+from pipeline.backbones.cnns import Preprocessing, load_backbone
+from pipeline.backbones.crops import CropPlan
+from pipeline.backbones.pixels import PixelBackbone
 from pipeline.core.errors import VseError
 from pipeline.core.registry import CROP_MODES
 from pipeline.core.runtime import default_workers
 from pipeline.data.caption_index import IndexedRows
 from pipeline.data.readers import load_dataset, open_image
-from pipeline.models.backbones import Preprocessing, load_backbone
-from pipeline.models.crops import CropPlan
-from pipeline.models.vse_model import PixelBackbone, VSEModel, model_of_checkpoint
+from pipeline.networks.vse_model import VSEModel, model_of_checkpoint
 
 RESIZED_CROP_AREA = (0.08, 1.0)
 RESIZED_CROP_ASPECT = (3 / 4, 4 / 3)

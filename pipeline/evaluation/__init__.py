@@ -4,5 +4,6 @@ its printed table (``evaluate``), `vse evaluate`'s modes (``command``), human ju
 (``judgments``, ``relevance_human``) and statistics (``stats``: rank correlations, seeds,
 significance).
 
-May import: ``pipeline.core``, ``models``, ``text``, ``data``, ``relevance``.
+May import: ``pipeline.core``, ``networks``, ``losses``, ``backbones``, ``text``, ``data``,
+``relevance``.
 """

@@ -110,7 +110,7 @@ def evaluate_shortlist(checkpoint, features, shortlist, device, *, shortlist_fea
     (default ``features``)."""
     from pipeline.evaluation.inference import check_features_match, load_model
     from pipeline.evaluation.shortlist import check_kinds, rerank_split
-    from pipeline.models.network import network_kind
+    from pipeline.networks.network import network_kind
 
     loaded = load_model(checkpoint, device)  # each checkpoint's kind before the split is embedded
     check_kinds(loaded.model, network_kind(load_model(shortlist, device).model) == "pairwise", checkpoint,

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from pipeline.core.errors import VseError
+from pipeline.core.similarity import image_caption_scores
 from pipeline.data.cache import FeatureCache
 from pipeline.evaluation.inference import SplitEmbeddings, check_features_match, encode_split, load_model
 from pipeline.evaluation.judgments import (
@@ -30,7 +31,6 @@ from pipeline.evaluation.metrics import (
     is_metric,
     metric_of,
 )
-from pipeline.models.similarity import image_caption_scores
 
 
 def load_embeddings_npz(path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

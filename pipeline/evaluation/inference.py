@@ -12,8 +12,8 @@ from pipeline.core.errors import VseError
 from pipeline.core.runtime import precision
 from pipeline.data.cache import FeatureCache
 from pipeline.data.captions import CaptionEncoder, checkpoint_captions
-from pipeline.models.network import at_least_float32, network_kind
-from pipeline.models.vse_model import model_of_checkpoint
+from pipeline.networks.network import at_least_float32, network_kind
+from pipeline.networks.vse_model import model_of_checkpoint
 from pipeline.text.vocabulary import Vocabulary
 
 

@@ -14,7 +14,7 @@ Conventions:
 - ``images`` (N, D) and ``captions`` (M, D) are embeddings; the score of a pair is their
   inner product (cosine for L2-normalised embeddings) or, with ``similarity="order"``, the
   order-embedding score ``s(i, c) = -||max(0, c - i)||^2``; ``similarity="order-norm"`` is
-  VSE++ code's unsquared ``-||max(0, c - i)||`` (``models.similarity``).
+  VSE++ code's unsquared ``-||max(0, c - i)||`` (``core.similarity``).
 - ``caption_image`` (M,) maps each caption to its image; by default M = 5N and captions
   5k..5k+4 belong to image k.
 - Ranks are 0-based and ties count against the query: a constant model ranks last.
@@ -30,6 +30,13 @@ import numpy as np
 import torch
 
 from pipeline.core.errors import VseError
+from pipeline.core.similarity import (  # noqa: F401 (SIMILARITIES, order_scores: re-exported)
+    SIMILARITIES,
+    caption_image_scores,
+    image_caption_scores,
+    order_scores,
+    similarity_name,
+)
 from pipeline.evaluation.metric_table import (  # noqa: F401 (the table's names: re-exported)
     DIRECTIONS,
     METRIC_GROUPS,
@@ -44,13 +51,6 @@ from pipeline.evaluation.metric_table import (  # noqa: F401 (the table's names:
     recall_key,
 )
 from pipeline.evaluation.stats import kendall_tau_b, spearman  # noqa: F401 (spearman: re-exported)
-from pipeline.models.similarity import (  # noqa: F401 (SIMILARITIES, order_scores: re-exported)
-    SIMILARITIES,
-    caption_image_scores,
-    image_caption_scores,
-    order_scores,
-    similarity_name,
-)
 
 DEFAULT_BLOCK = 1024
 # Score matrices up to this many elements (COCO 5K: 5,000 × 25,000) are computed once and
@@ -320,7 +320,7 @@ def _old_order_keyword(similarity, order):
     it is kept for one version, with a note."""
     if order is None:
         return similarity
-    warnings.warn("order= is now similarity= (a name of models.similarity.SIMILARITIES); "
+    warnings.warn("order= is now similarity= (a name of core.similarity.SIMILARITIES); "
                   "order= goes in the next version", DeprecationWarning, stacklevel=3)
     return similarity_name(order)
 

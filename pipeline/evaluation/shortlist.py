@@ -25,12 +25,12 @@ import torch
 
 from pipeline.core.errors import VseError
 from pipeline.core.runtime import precision
+from pipeline.core.similarity import image_caption_scores
 from pipeline.data.cache import FeatureCache
 from pipeline.data.captions import CaptionEncoder
 from pipeline.evaluation.inference import CAPTION_BLOCK, IMAGE_BLOCK, SplitEmbeddings, read_image_features
 from pipeline.evaluation.metrics import retrieval_metrics, similarity_ranks
-from pipeline.models.network import at_least_float32, network_kind
-from pipeline.models.similarity import image_caption_scores
+from pipeline.networks.network import at_least_float32, network_kind
 
 
 @dataclass

@@ -10,7 +10,7 @@ Modules: ``svd`` (the LSEH vectoriser; ``cbow`` and ``bert`` are caption encoder
 top-n), ``store`` (the HDF5 file), ``batch`` (the batch object), ``stage`` (cache → file).
 Relevance scored against human judgments is evaluation: ``evaluation.relevance_human``.
 
-May import: ``pipeline.core``, ``models``, ``text``, ``data``.
+May import: ``pipeline.core``, ``networks``, ``losses``, ``backbones``, ``text``, ``data``.
 """
 
 from pipeline.relevance.batch import BatchRelevance, RelevanceFn

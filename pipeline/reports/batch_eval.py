@@ -233,7 +233,7 @@ class RunEvaluator:
 def describe_config(config: dict) -> dict:
     """The run-describing columns that come from a training config: the loss, its effective
     margin (the loss's default when the config leaves it unset), negative set size, seed."""
-    from pipeline.models.losses import build_loss
+    from pipeline.losses.base import build_loss
 
     options = dict(config.get("loss_options") or {})
     margin = config.get("margin")

@@ -25,9 +25,9 @@ import torch
 
 from pipeline.core.errors import VseError
 from pipeline.core.fsutil import atomic_path, guard_output
+from pipeline.core.similarity import caption_image_scores, image_caption_scores
 from pipeline.evaluation.inference import SplitEmbeddings
 from pipeline.evaluation.metrics import similarity_ranks
-from pipeline.models.similarity import caption_image_scores, image_caption_scores
 
 FORMAT = "vse-gallery"  # the page's <meta name="generator">, read by fsutil.output_format
 

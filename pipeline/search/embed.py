@@ -45,7 +45,7 @@ from pipeline.data.readers import open_image
 from pipeline.data.readers.csv_file import read_csv_items
 from pipeline.data.readers.csv_layout import CsvLayout
 from pipeline.data.readers.toolkit import relative_path_inside
-from pipeline.models.layers import l2_normalize
+from pipeline.networks.layers import l2_normalize
 from pipeline.search.embeddings_file import GROUP_FIELD
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
@@ -165,9 +165,9 @@ class _CacheImages:
     """Image file → the features of the cache a model was trained on (``image_pipeline``)."""
 
     def __init__(self, pipeline: dict, device: torch.device):
-        from pipeline.models.backbones import load_backbone
-        from pipeline.models.crops import CropPlan
-        from pipeline.models.engines import build_engine, onnxruntime_installed
+        from pipeline.backbones.cnns import load_backbone
+        from pipeline.backbones.crops import CropPlan
+        from pipeline.backbones.engines import build_engine, onnxruntime_installed
 
         weights = pipeline.get("weights_file") or None
         if weights and not Path(weights).is_file():
@@ -197,7 +197,7 @@ class _OwnCnnImages:
     forward = None
 
     def __init__(self, preprocessing, entry: dict):
-        from pipeline.models.crops import CropPlan
+        from pipeline.backbones.crops import CropPlan
 
         self.plan = CropPlan(1, preprocessing)
         self.describe = {"backbone": entry["name"], "weights": "fine-tuned, in the checkpoint"
@@ -227,7 +227,7 @@ def network_kind_of(network: str) -> str | None:
 
 
 def refuse_pairwise(state: dict, checkpoint) -> None:
-    """A pairwise network (models.network) has no embeddings: embed, index, search and serve
+    """A pairwise network (networks.network) has no embeddings: embed, index, search and serve
     refuse its checkpoint in one line, naming what to use instead."""
     config = state.get("model_config") if isinstance(state.get("model_config"), dict) else {}
     if config.get("co_trained"):

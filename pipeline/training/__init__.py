@@ -5,5 +5,6 @@ and rules, its one owner (``run_folder``), TensorBoard curves (``curves``), grid
 (``sweep``) and Optuna searches over options (``tune_spec``: the file; ``tune``: the study;
 ``tune_plots``).
 
-May import: ``pipeline.core``, ``models``, ``text``, ``data``, ``relevance``, ``evaluation``.
+May import: ``pipeline.core``, ``networks``, ``losses``, ``backbones``, ``text``, ``data``,
+``relevance``, ``evaluation``.
 """

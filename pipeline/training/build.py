@@ -29,7 +29,7 @@ from pipeline.core.runtime import (
     seed_everything,
     train_dtype,
 )
-from pipeline.models.network import network_kind
+from pipeline.networks.network import network_kind
 from pipeline.training import factories
 from pipeline.training.curves import Curves
 from pipeline.training.parts import Network, Objective, Optimization, RunData, RunParts, Runtime

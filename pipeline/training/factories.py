@@ -27,9 +27,9 @@ from pipeline.core.registry import NETWORKS
 from pipeline.core.runtime import needs_grad_scaler
 from pipeline.data.batches import CachedFeatures, PairSource
 from pipeline.data.captions import CachedCaptionTokens, CaptionEncoder, GRUCaptions, open_caption_features
-from pipeline.models.loss_plugins import loss_traits, make_loss
-from pipeline.models.network import NetworkConfig, build_network, network_class
-from pipeline.models.vse_model import ModelConfig, VSEModel
+from pipeline.losses.plugins import loss_traits, make_loss
+from pipeline.networks.network import NetworkConfig, build_network, network_class
+from pipeline.networks.vse_model import ModelConfig, VSEModel
 from pipeline.text.vocabulary import Vocabulary
 from pipeline.training.settings import (
     DataSettings,
@@ -90,12 +90,12 @@ def tell_loss_the_scores(settings: LossSettings, loss: torch.nn.Module, model: t
 def create_model(settings: ModelSettings, source: PairSource, captions: CaptionEncoder, traits, device,
                  distributed: bool) -> torch.nn.Module:
     """The network of ``settings.network`` (dual or pairwise, as it declares); k copies of it
-    trained together (``models.cotrain``) when the loss declares ``networks = k`` (NCR)."""
+    trained together (``networks.cotrain``) when the loss declares ``networks = k`` (NCR)."""
     if traits.networks > 1:
         if settings.rc:
             raise VseError(f"loss {settings.loss} trains {traits.networks} networks together; that runs over "
                            "cached features, not in RC mode (drop --rc)")
-        from pipeline.models.cotrain import CoTrained
+        from pipeline.networks.cotrain import CoTrained
 
         return CoTrained([_create_network(settings, source, captions, traits, device, distributed)
                           for _ in range(traits.networks)]).to(device)
@@ -128,7 +128,7 @@ def _create_network(settings: ModelSettings, source: PairSource, captions: Capti
 
 
 def create_pairwise_network(settings: ModelSettings, source: PairSource, captions: CaptionEncoder, traits):
-    """A network that scores pairs jointly (``models.network``), over a cache of sets and word
+    """A network that scores pairs jointly (``networks.network``), over a cache of sets and word
     ids or cached token vectors; refused in one line where it cannot train."""
     if not traits.takes_scores:
         raise VseError(f"loss {settings.loss} reads the embeddings themselves, but --network "
@@ -179,7 +179,7 @@ def network_text_fields(settings: ModelSettings, captions: CaptionEncoder) -> di
 def network_fields(settings: ModelSettings, source: PairSource, declared) -> dict:
     """The ``ModelConfig`` fields that the options of VSE's model's network set (its declaration's
     ``model_fields``: `--network vsrn`'s pool options, its image encoder variant chosen from the data
-    when ``auto`` (models.vsrn.resolve_variant), and its own options, checked); none otherwise."""
+    when ``auto`` (networks.vsrn.resolve_variant), and its own options, checked); none otherwise."""
     attrs = getattr(getattr(source, "index", None), "attrs", {})
     names = [attrs.get("dataset", ""), str(attrs.get("dataset_root", "")).rstrip("/").rsplit("/", 1)[-1]]
     return declared.own_fields(settings.network_options, source.set_kind, names)
@@ -265,7 +265,7 @@ def param_groups(settings: OptimizerSettings, model: VSEModel, trainable: list) 
 def create_optimizer(settings: OptimizerSettings, model: VSEModel, trainable: list) -> torch.optim.Optimizer:
     """Adam (VSE++), with the kernel of ``adam_kernel`` (registry.ADAM_KERNELS); parameters that
     ``trainable`` lists twice (VSRN's caption branch, as the authors' list) take two steps."""
-    from pipeline.models.vsrn import AdamListingTwice, listed_twice
+    from pipeline.networks.vsrn import AdamListingTwice, listed_twice
 
     unique, twice = listed_twice(trainable)
     kwargs = {"lr": settings.lr, "fused": settings.adam_kernel == "fused" or None}

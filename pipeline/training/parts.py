@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # annotations only
     from pipeline.data.batches import PairSource
     from pipeline.data.captions import CaptionEncoder
     from pipeline.data.noise import NoiseIndex
-    from pipeline.models.loss_plugins import LossTraits
+    from pipeline.losses.plugins import LossTraits
     from pipeline.relevance.batch import RelevanceFn
     from pipeline.training.curves import Curves
     from pipeline.training.run_folder import RunFolder
@@ -65,7 +65,7 @@ class Objective:
 class Network:
     model: torch.nn.Module          # VSE's model, a dual or pairwise network, or co-trained copies
     ddp_model: torch.nn.Module      # the model the step runs (DDP under torchrun)
-    pairwise: bool                  # the model scores pairs (models.network.network_kind)
+    pairwise: bool                  # the model scores pairs (networks.network.network_kind)
 
 
 @dataclass

@@ -31,7 +31,7 @@ from pipeline.core.runtime import (
 from pipeline.data.batches import Batch, LoadFailure, PairBatches, batch_slices, epoch_order
 from pipeline.evaluation.inference import encode_split
 from pipeline.evaluation.metrics import evaluate_embeddings
-from pipeline.models.vse_model import join_state
+from pipeline.networks.vse_model import join_state
 from pipeline.training.parts import RunParts
 
 
@@ -264,7 +264,7 @@ class Trainer:
         division = self.loss.begin_epoch(p.epoch, self.train_captions, statistics, self.loop.seed)
         self.division = {}
         if division is not None:
-            from pipeline.models.noisy_losses import division_metrics
+            from pipeline.losses.noisy.base import division_metrics
 
             clean = (self.train_caption_image[self.train_captions]
                      == self.index.caption_image[self.train_captions])

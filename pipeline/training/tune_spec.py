@@ -137,7 +137,7 @@ def _tune_losses(base: dict, search: dict) -> list:
 def _declared_loss_options(losses: list) -> list:
     """The ``Options`` dataclasses of ``losses`` (a loss that declares none, or a name or file that is
     no loss, left out: the corners say so)."""
-    from pipeline.models.loss_plugins import options_class
+    from pipeline.losses.plugins import options_class
 
     declared = []
     for spec in losses:
@@ -231,7 +231,7 @@ def _check_corners(tune: TuneSpec) -> None:
 
 
 def _check_values(tune: TuneSpec, key: str, value, searched: dict) -> None:
-    from pipeline.models.loss_plugins import make_loss
+    from pipeline.losses.plugins import make_loss
 
     try:
         config = TrainConfig.from_dict(run_config(tune.base, searched))

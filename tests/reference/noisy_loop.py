@@ -1,6 +1,6 @@
 """RCL's, DECL's and NCR's formulas written one query at a time in plain Python (math on floats),
 from the papers' equations (RCL's: from the authors' CCL, see ``rcl``; DECL's: from the authors'
-model/DECL.py, see ``decl``): a reference for the batched ``pipeline.models.noisy_losses``. It is
+model/DECL.py, see ``decl``): a reference for the batched ``pipeline.losses.noisy.base``. It is
 NOT the authors' code (NCR's ``ncr_*``: their model.py's ContrastiveLoss, one entry at a time;
 tests/test_ncr_golden.py compares ncr with their files themselves). ``S`` is a list of rows,
 ``negative[i][j]`` says whether (i, j) counts as a negative.

@@ -1,7 +1,7 @@
 """SGRAF scored the authors' way, one caption at a time, in the structure of the authors'
 ``EncoderSimilarity.forward`` (each caption sliced to its length, repeated over the images,
 ``SCAN_attention``, one node vector per word, then SGR's steps or SAF's filtration), reading the
-weights of a batched ``pipeline.models.sgraf`` model by name. It is the "bare loop of the same
+weights of a batched ``pipeline.networks.sgraf`` model by name. It is the "bare loop of the same
 modules" of bench/sgraf.py. The tests compare SGR and SAF with the authors' file itself
 (tests/test_sgraf_golden.py, bundles of Paranioar/SGRAF's model.py), not with this loop.
 """

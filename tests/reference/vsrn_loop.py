@@ -1,7 +1,7 @@
 """VSRN's image encoder (their coco_precomp one) in the structure of their
 ``EncoderImagePrecompAttn.forward`` and ``GCN_lib/Rs_GCN.py`` (1 × 1 Conv1d on (B, E, K)
 tensors, their no-eps ``l2norm`` over dim 1), for bench/vsrn.py's timing of the authors' form.
-It is NOT the authors' file: tests/test_vsrn_golden.py compares ``pipeline.models.vsrn`` with
+It is NOT the authors' file: tests/test_vsrn_golden.py compares ``pipeline.networks.vsrn`` with
 their code itself (tests/golden/vsrn_*.npz).
 It reads the weights of a ``SetImageHead`` whose pool is ``VSRNReasoning``.
 """

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pipeline.core.similarity import caption_image_scores, image_caption_scores
 from pipeline.evaluation.judgments.matching import MatchedJudgments
 from pipeline.evaluation.metrics import (
     DIRECTIONS,
@@ -23,7 +24,6 @@ from pipeline.evaluation.metrics import (
     ndcg,
     spearman,
 )
-from pipeline.models.similarity import caption_image_scores, image_caption_scores
 
 NDCG_KS = (10,)
 TAU_MIN_JUDGED = 3  # per query: at least this many judged candidates and 2 distinct grades

@@ -32,10 +32,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline.backbones.cnns import Backbone
 from pipeline.core import runtime
 from pipeline.core.errors import VseError
 from pipeline.core.fsutil import write_atomic
-from pipeline.models.backbones import Backbone
 
 ENGINES = ("auto", "torch", "onnxruntime")
 ONNX_OPSET = 17

@@ -1,5 +1,5 @@
 """``decl``: DECL's evidential loss (docs/PROTOCOL.md, "Noisy correspondence", ``decl``; the base
-class and the trainer's contract: ``pipeline.models.noisy_losses``). The default is the authors'
+class and the trainer's contract: ``pipeline.losses.noisy.base``). The default is the authors'
 code (QinYang79/DECL, ``model/DECL.py``, ``model/SGRAF.py``, ``train.py``, ``opts.py``): the golden
 bundles of tests/test_decl_golden.py (scripts/golden_decl.py) hold its values."""
 
@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from pipeline.core.values import declare
-from pipeline.models.losses import Batch, with_positives
-from pipeline.models.noisy_losses import NoisyPairLoss
+from pipeline.losses.base import Batch, with_positives
+from pipeline.losses.noisy.base import NoisyPairLoss
 
 DECL_EVIDENCE_LOSSES = ("mse", "log", "digamma")
 DECL_CLEAN_RULES = ("evidence", "uncertainty")

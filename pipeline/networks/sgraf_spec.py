@@ -27,5 +27,5 @@ class SGRAFOptions:
             raise ValueError("dropout must be in [0, 1) and smooth finite")
 
 
-SGR = NetworkSpec("pairwise", model="pipeline.models.sgraf:SGR", Options=SGRAFOptions)
-SAF = NetworkSpec("pairwise", model="pipeline.models.sgraf:SAF", Options=SGRAFOptions)
+SGR = NetworkSpec("pairwise", model="pipeline.networks.sgraf:SGR", Options=SGRAFOptions)
+SAF = NetworkSpec("pairwise", model="pipeline.networks.sgraf:SAF", Options=SGRAFOptions)

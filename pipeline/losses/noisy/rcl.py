@@ -1,5 +1,5 @@
 """``rcl``: RCL's complementary contrastive loss (docs/PROTOCOL.md, "Noisy correspondence"; the base
-class and the trainer's contract: ``pipeline.models.noisy_losses``). Equal to the authors' ``CCL``
+class and the trainer's contract: ``pipeline.losses.noisy.base``). Equal to the authors' ``CCL``
 (penghu-cs/RCL, RCL-SGRAF/model.py) at its defaults; golden test: tests/test_rcl_golden.py."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.core.values import declare
-from pipeline.models.losses import Batch, with_positives
-from pipeline.models.noisy_losses import NoisyPairLoss
+from pipeline.losses.base import Batch, with_positives
+from pipeline.losses.noisy.base import NoisyPairLoss
 
 # h of a negative's p, given p, log(1 − p + eps) and q, as the authors' CCL (eps: their 1e-10)
 RCL_VARIANTS = {

@@ -1,4 +1,4 @@
-"""Small torch building blocks that the models (``models``: VSE++'s, ``heads``: VSE∞'s sets) share."""
+"""Small torch building blocks that the networks (``vse_model``: VSE++'s, ``heads``: VSE∞'s sets) share."""
 
 from __future__ import annotations
 

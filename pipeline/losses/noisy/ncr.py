@@ -1,5 +1,5 @@
 """``ncr``: NCR's co-teaching with soft margins (Huang et al., NeurIPS 2021; docs/PROTOCOL.md, "Noisy
-correspondence"; the base class and the trainer's contract: ``pipeline.models.noisy_losses``).
+correspondence"; the base class and the trainer's contract: ``pipeline.losses.noisy.base``).
 
 The formulas are those of the authors' code (XLearning-SCU/2021-NeurIPS-NCR, NCR/model.py's
 ``ContrastiveLoss`` modes and ``SGRAF.train``/``predict``, NCR/co_train.py's ``warmup``, ``eval_train``,
@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from pipeline.core.values import declare
-from pipeline.models.losses import Batch
-from pipeline.models.noisy_losses import NoisyPairLoss, Phase
+from pipeline.losses.base import Batch
+from pipeline.losses.noisy.base import NoisyPairLoss, Phase
 
 SOFT_MARGINS = ("exponential", "linear", "sin")  # their --soft_margin choices
 SCHEDULES = ("alternate", "joint")

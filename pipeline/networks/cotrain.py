@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pipeline.models.network import at_least_float32, network_kind
-from pipeline.models.similarity import image_caption_scores
+from pipeline.core.similarity import image_caption_scores
+from pipeline.networks.network import at_least_float32, network_kind
 
 CO_TRAINED_KEY = "co_trained"
 

@@ -1,7 +1,7 @@
 """SGRAF's largest computation as one autograd node: the similarity nodes of every (image,
 caption) pair, node 0 the pair's global similarity (given) and node 1 + l the local similarity of
 word l, ``l2norm(W (l2norm(attn @ v) - w)² + b)``, from the cross-attention ``attn`` (Bi, Bc, L, K)
-over the image members ``v`` (Bi, K, E) and the words ``w`` (Bc, L, E) (pipeline.models.sgraf;
+over the image members ``v`` (Bi, K, E) and the words ``w`` (Bc, L, E) (pipeline.networks.sgraf;
 docs/PROTOCOL.md, "SGRAF", step 3); optionally also a linear score of every node (SAF's node
 logits ``w_a · node + b_a``), which then costs no pass of its own over the nodes.
 

@@ -12,11 +12,11 @@ padded set into one vector.  Pure torch, no file I/O; the definitions are docs/P
 - ``SetImageHead``: per-member projection (fc, or fc + MLP) → pool → L2 norm
   (VSE∞'s ``EncoderImageAggr``).
 - ``BiGRUTextEncoder``: words → bidirectional GRU (directions averaged) → pool → L2 norm
-  (VSE∞'s BiGRU text encoder), called as VSE++'s GRU encoder (``models.TextEncoder``).
+  (VSE∞'s BiGRU text encoder), called as VSE++'s GRU encoder (``networks.vse_model.TextEncoder``).
 - ``TokenSetTextEncoder``: cached token vectors → per-token linear → pool → L2 norm.
 
 Lengths are int64 (any integral or float tensor is rounded down), 1 <= length <= K; they may
-sit on the CPU (the GRUs pack there, as ``models.TextEncoder``) or on the device.
+sit on the CPU (the GRUs pack there, as ``networks.vse_model.TextEncoder``) or on the device.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pipeline.core.plugin_import import check_spec, class_file, is_import_path, 
 from pipeline.core.registry import SET_POOLS, SET_PROJECTIONS
 from pipeline.core.tokens import PAD_ID
 from pipeline.core.values import NoOptions, declare, declared_options, options_of
-from pipeline.models.layers import bigru_states, l2_normalize, load_word_vectors
+from pipeline.networks.layers import bigru_states, l2_normalize, load_word_vectors
 
 # VSE∞'s constants (lib/modules/aggr/gpo.py, lib/encoders.py)
 GPO_PE_DIM = 32          # d_pe: sin/cos encoding of a rank
@@ -310,7 +310,7 @@ class BiGRUTextEncoder(nn.Module):
     """Word ids (B, T) → embeddings → bidirectional GRU (hidden = embed, the two directions
     averaged) → pool over the tokens → L2 norm: VSE∞'s BiGRU caption encoder with ``pool="gpo"``.
 
-    Called as ``models.TextEncoder``: ``forward(tokens, lengths)``, lengths best on the CPU
+    Called as ``networks.vse_model.TextEncoder``: ``forward(tokens, lengths)``, lengths best on the CPU
     (packing reads them there), id 0 the padding; the GRU runs in fp32 with autocast off.
     """
 

@@ -6,7 +6,7 @@ pairwise. What NCR and DECL need beyond a batch is declared on the class and ser
 trainer (``training.trainer``), never by the loss reaching into it:
 
 - ``networks`` (NCR: 2): the trainer builds that many copies of the network, trained together
-  (``models.cotrain.CoTrained``); the loss gets their score matrices stacked, (k, B, B), and at
+  (``networks.cotrain.CoTrained``); the loss gets their score matrices stacked, (k, B, B), and at
   test time their scores are averaged.
 - ``sample_pass``: before each epoch the trainer runs the networks (eval mode, no gradient) over
   the training pairs in cache order (or, with ``sample_pass_shuffled``, NCR's, in an order drawn
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.models.losses import VseLoss
+from pipeline.losses.base import VseLoss
 
 
 @dataclass(frozen=True)
@@ -124,21 +124,3 @@ def division_metrics(clean_score: np.ndarray, judged_clean: np.ndarray, truly_cl
         auc = float(roc_auc_score(truth, np.asarray(clean_score, np.float64)))
     return {"division_precision": precision, "division_recall": recall, "division_auc": auc}
 
-
-_MOVED = {"ComplementaryContrastiveLoss": "pipeline.models.rcl", "RCL_VARIANTS": "pipeline.models.rcl",
-          "EvidentialLoss": "pipeline.models.decl", "DECL_EVIDENCE_LOSSES": "pipeline.models.decl",
-          "NoisyCorrespondenceRectifier": "pipeline.models.ncr",
-          "gmm_clean_probability": "pipeline.models.ncr"}
-
-
-def __getattr__(name: str):
-    """The three methods moved to a file each (pipeline.models.rcl, .decl, .ncr); their old names here
-    still import, with a FutureWarning, for one version."""
-    if name not in _MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-    import warnings
-
-    warnings.warn(f"pipeline.models.noisy_losses.{name} moved to {_MOVED[name]}.{name}", FutureWarning,
-                  stacklevel=2)
-    return getattr(importlib.import_module(_MOVED[name]), name)

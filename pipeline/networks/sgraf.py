@@ -32,10 +32,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.core.tokens import PAD_ID
-from pipeline.models.layers import bigru_states
-from pipeline.models.network import NetworkConfig, PairwiseNetwork
-from pipeline.models.sgraf_ops import EPS, similarity_nodes
-from pipeline.models.sgraf_spec import SGRAFOptions  # their declaration (torch-free)
+from pipeline.networks.layers import bigru_states
+from pipeline.networks.network import NetworkConfig, PairwiseNetwork
+from pipeline.networks.sgraf_ops import EPS, similarity_nodes
+from pipeline.networks.sgraf_spec import SGRAFOptions  # their declaration (torch-free)
 
 WORD_INIT = 0.1
 
@@ -302,7 +302,7 @@ class SGRAF(PairwiseNetwork):
         raise NotImplementedError
 
     def load_word_vectors(self, vectors: torch.Tensor, mask: torch.Tensor) -> int:
-        from pipeline.models.layers import load_word_vectors
+        from pipeline.networks.layers import load_word_vectors
 
         return load_word_vectors(self.embed, vectors, mask)
 

@@ -31,15 +31,15 @@ import torch
 from torch import nn
 
 from pipeline.core.tokens import END, PAD_ID, SPECIALS
-from pipeline.models.layers import pack_by_length
-from pipeline.models.vsrn_spec import VARIANTS, VSRNOptions  # its declaration (torch-free)
+from pipeline.networks.layers import pack_by_length
+from pipeline.networks.vsrn_spec import VARIANTS, VSRNOptions  # its declaration (torch-free)
 
 END_ID = SPECIALS.index(END)
 
 
 def vsrn_options(given: dict | None) -> VSRNOptions:
     """``VSRNOptions`` from ``--network-option`` values, checked (VseError naming the options)."""
-    from pipeline.models.network import network_options
+    from pipeline.networks.network import network_options
 
     return network_options(types.SimpleNamespace(Options=VSRNOptions, __name__="vsrn"), given, "vsrn")
 

@@ -1,5 +1,5 @@
 """The network contract (``vse check-network``): what every network, built-in or a user's own, must
-satisfy for training, evaluation and the metrics to use it (``models.network``), for its kind.
+satisfy for training, evaluation and the metrics to use it (``networks.network``), for its kind.
 
 The network is built at a small size (sets of K members, or one vector per image for a dual network
 that does not take sets; captions as cached token vectors, and with ``--words`` as word ids too:
@@ -36,9 +36,9 @@ import time
 
 import torch
 
+from pipeline.core.checks import CheckResult, guarded
 from pipeline.core.registry import LAST, NETWORKS
-from pipeline.models.checks import CheckResult, guarded
-from pipeline.models.network import NetworkConfig, build_network, network_class, network_kind
+from pipeline.networks.network import NetworkConfig, build_network, network_class, network_kind
 
 SET_SIZE, FEATURE_DIM, TEXT_DIM, VOCAB, WORDS = 5, 12, 10, 20, 7
 LENGTHS = (7, 2, 5, 1, 4, 6)
@@ -87,7 +87,7 @@ def _builder(declared, config: NetworkConfig):
     its declaration's defaults make (its caption branch left out: it trains only, scores nothing)."""
     if not declared.vse_heads:
         return lambda: build_network(copy.deepcopy(config))
-    from pipeline.models.vse_model import ModelConfig, VSEModel
+    from pipeline.networks.vse_model import ModelConfig, VSEModel
 
     image_pool = declared.defaults.get("image_pool")
     own = declared.own_fields(config.options, "grid" if image_pool else None)

@@ -1,7 +1,7 @@
 """The joint-embedding model: image projection + GRU caption encoder (VSE++ architecture), or
 a trained head over frozen caption vectors (cached caption features) instead of the GRU; an
 image that is a set of vectors (CNN grid cells, precomputed regions) is pooled by a set head,
-and the caption's words or cached token vectors by a set pool (VSE∞; ``pipeline.models.heads``).
+and the caption's words or cached token vectors by a set pool (VSE∞; ``pipeline.networks.heads``).
 
 Pure torch: no file I/O. ``ModelConfig`` holds everything needed to rebuild a model from a
 checkpoint; the optional ``backbone`` (RC mode) turns pixels into the features the image
@@ -19,12 +19,12 @@ from torch import nn
 
 from pipeline.core.errors import VseError
 from pipeline.core.registry import LAST, PROJECTIONS
+from pipeline.core.similarity import SIMILARITIES  # the one list of similarity names
 from pipeline.core.tokens import PAD_ID
-from pipeline.models.heads import GPO, BiGRUTextEncoder, SetImageHead, TokenSetTextEncoder
-from pipeline.models.layers import l2_normalize, load_word_vectors, pack_by_length
-from pipeline.models.network import DualNetwork, NetworkConfig, build_network
-from pipeline.models.set_augment import size_augment
-from pipeline.models.similarity import SIMILARITIES  # the one list of similarity names
+from pipeline.networks.heads import GPO, BiGRUTextEncoder, SetImageHead, TokenSetTextEncoder
+from pipeline.networks.layers import l2_normalize, load_word_vectors, pack_by_length
+from pipeline.networks.network import DualNetwork, NetworkConfig, build_network
+from pipeline.networks.set_augment import size_augment
 
 
 @dataclass
@@ -45,8 +45,8 @@ class ModelConfig:
     size_augment: str | None = None  # training drops set members by this rule (registry.SIZE_AUGMENT_RULES)
     text_pool: str = LAST          # "last": the GRU's last state (or the caption vector); a set pool:
     pool_options: dict = field(default_factory=dict)  # BiGRU states or cached token vectors pooled
-    caption_loss_weight: float = 0.0  # > 0: VSRN's caption branch (models.vsrn.CaptionDecoder) trains too
-    network_options: dict = field(default_factory=dict)  # VSRN's (models.vsrn.VSRNOptions, variant resolved)
+    caption_loss_weight: float = 0.0  # > 0: VSRN's caption branch (networks.vsrn.CaptionDecoder) trains too
+    network_options: dict = field(default_factory=dict)  # VSRN's (networks.vsrn.VSRNOptions, variant resolved)
 
     def __post_init__(self):
         if self.similarity not in SIMILARITIES:
@@ -62,19 +62,6 @@ class ModelConfig:
     def from_dict(cls, values: dict) -> "ModelConfig":
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
-
-
-def pixel_constants(mean, std) -> tuple[torch.Tensor, torch.Tensor]:
-    """A CNN's per-channel normalisation on the 0..255 scale, shaped (1, 3, 1, 1)."""
-    def scaled(values):
-        return (torch.tensor(values, dtype=torch.float32) * 255).view(1, 3, 1, 1)
-    return scaled(mean), scaled(std)
-
-
-def normalise_pixels(pixels: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """uint8 RGB (B, 3, H, W) → float ``(x - mean) / std``, the input the CNN was trained on.
-    The one normalisation of pixels: extraction (crops) and RC training (PixelBackbone)."""
-    return (pixels.float() - mean) / std
 
 
 def _projection(in_dim: int, out_dim: int, kind: str, hidden: int) -> nn.Module:
@@ -93,49 +80,12 @@ def _projection(in_dim: int, out_dim: int, kind: str, hidden: int) -> nn.Module:
     return head
 
 
-class PixelBackbone(nn.Module):
-    """uint8 RGB crops (B, 3, S, S) → (B, D) CNN features: the normalisation the CNN was
-    trained with, then the CNN (RC mode: the features are computed inside every step).
-
-    Frozen (``trainable=False``): no parameter takes a gradient and the CNN always runs in
-    eval mode without autograd — fixed features, computed on the fly.  Trainable: with
-    ``freeze_bn`` the BatchNorm layers keep their pretrained statistics (eval mode) while their
-    affine weights still train, since statistics of small fine-tuning batches are noisy.
-    """
-
-    def __init__(self, cnn: nn.Module, mean, std, trainable: bool = False, freeze_bn: bool = True):
-        super().__init__()
-        # channels_last: faster convolutions on GPUs (tensor cores) and on CPUs (oneDNN)
-        self.cnn = cnn.requires_grad_(trainable).to(memory_format=torch.channels_last)
-        self.trainable = trainable
-        self.freeze_bn = freeze_bn
-        scaled_mean, scaled_std = pixel_constants(mean, std)
-        self.register_buffer("mean", scaled_mean, persistent=False)
-        self.register_buffer("std", scaled_std, persistent=False)
-        self.train(self.training)
-
-    def train(self, mode: bool = True) -> "PixelBackbone":
-        super().train(mode)
-        if not self.trainable:
-            self.cnn.eval()
-        elif self.freeze_bn:
-            for module in self.cnn.modules():
-                if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                    module.eval()
-        return self
-
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        with torch.set_grad_enabled(self.trainable and torch.is_grad_enabled()):
-            x = normalise_pixels(pixels, self.mean, self.std)
-            return self.cnn(x.contiguous(memory_format=torch.channels_last))
-
-
 class ImageEncoder(nn.Module):
     """A (cached or freshly computed) CNN feature into the joint space: a projection of one
     vector, or (``image_pool``) a set head over a set of vectors (B, K, D), which in training
     drops members at random by ``size_augment`` (VSE∞'s size augmentation)."""
 
-    def __init__(self, cfg: ModelConfig, backbone: PixelBackbone | None = None):
+    def __init__(self, cfg: ModelConfig, backbone: nn.Module | None = None):
         super().__init__()
         self.backbone = backbone
         self.normalize = cfg.img_norm or cfg.similarity != "cosine"
@@ -237,17 +187,17 @@ def join_state(head: dict, cnn: dict | None = None) -> dict:
 
 
 class VSEModel(DualNetwork):
-    """VSE's dual network (``models.network``), built from a ``ModelConfig``: VSE++, VSE∞ and VSRN
+    """VSE's dual network (``networks.network``), built from a ``ModelConfig``: VSE++, VSE∞ and VSRN
     (their declarations: ``vse_spec``, ``vsrn_spec``); ``forward`` gives the embeddings of both sides."""
 
-    def __init__(self, cfg: ModelConfig, backbone: PixelBackbone | None = None):
+    def __init__(self, cfg: ModelConfig, backbone: nn.Module | None = None):
         super().__init__(cfg)
         self.image_encoder = ImageEncoder(cfg, backbone)
         self.text_encoder = text_encoder_for(cfg)
         self.caption_decoder = None
         self._auxiliary: dict = {}
         if cfg.caption_loss_weight:
-            from pipeline.models.vsrn import CaptionDecoder, vsrn_options
+            from pipeline.networks.vsrn import CaptionDecoder, vsrn_options
 
             options = vsrn_options(cfg.network_options)
             self.caption_decoder = CaptionDecoder(
@@ -280,7 +230,7 @@ class VSEModel(DualNetwork):
         return terms
 
     @property
-    def backbone(self) -> PixelBackbone | None:
+    def backbone(self) -> nn.Module | None:
         return self.image_encoder.backbone
 
     @property
@@ -307,14 +257,14 @@ class VSEModel(DualNetwork):
         return {k: v for k, v in self.state_dict().items() if not k.startswith("image_encoder.backbone.")}
 
 
-def model_of_checkpoint(state: dict, checkpoint, backbone: PixelBackbone | None = None) -> VSEModel:
+def model_of_checkpoint(state: dict, checkpoint, backbone: nn.Module | None = None) -> VSEModel:
     """The model a checkpoint's state describes (``model_config``) with its weights: the head, and
     with ``backbone`` the CNN weights the checkpoint carries (an RC run). The one way a model is
     rebuilt from a checkpoint; one that does not fit its own description is a VseError naming it."""
     try:
         config = state["model_config"]
-        if "co_trained" in config:  # k networks trained together (models.cotrain)
-            from pipeline.models.cotrain import CoTrained
+        if "co_trained" in config:  # k networks trained together (networks.cotrain)
+            from pipeline.networks.cotrain import CoTrained
 
             model = CoTrained([_model_of_config(config) for _ in range(int(config["co_trained"]))])
             model.load_state_dict(state["model"])
@@ -333,9 +283,9 @@ def model_of_checkpoint(state: dict, checkpoint, backbone: PixelBackbone | None 
     return model
 
 
-def _model_of_config(config: dict, backbone: PixelBackbone | None = None):
+def _model_of_config(config: dict, backbone: nn.Module | None = None):
     """The untrained network a checkpoint's ``model_config`` describes: a network built from a
-    ``NetworkConfig`` (``network`` key, models.network: pairwise, or a user's dual) or VSE's model."""
+    ``NetworkConfig`` (``network`` key, networks.network: pairwise, or a user's dual) or VSE's model."""
     if "network" in config:
         return build_network(NetworkConfig.from_dict(config))
     return VSEModel(ModelConfig.from_dict(config), backbone)

@@ -1,11 +1,11 @@
-"""A loss by name: a built-in one (``losses.LOSSES``) or a user's own class given by its
+"""A loss by name: a built-in one (``core.registry.LOSSES``) or a user's own class given by its
 import path, ``path/to/my_loss.py:MyLoss`` or ``package.module:MyLoss``.
 
 A user's loss is any ``torch.nn.Module`` called as ``loss(img, cap, image_ids=None,
-relevance=None)`` → scalar; subclassing ``losses.VseLoss`` is optional (it adds the input
+relevance=None)`` → scalar; subclassing ``losses.base.VseLoss`` is optional (it adds the input
 checks and the same-image mask).  It may declare what a built-in loss declares on its class
 (``loss_traits``): ``similarity``, ``uses_relevance``, ``collapse_value(global_batch)``. A
-pairwise network (``models.network``) gives the loss only the batch's score matrix: it trains
+pairwise network (``networks.network``) gives the loss only the batch's score matrix: it trains
 with a loss that has ``scored(scores, image_ids=None, relevance=None)`` (every subclass of
 ``VseLoss`` that does not declare ``needs_embeddings``).
 Its parameters, if any, are trained with the model.  Only training imports the file: a
@@ -30,9 +30,9 @@ from torch import nn
 from pipeline.core.errors import VseError
 from pipeline.core.plugin_import import class_file, is_import_path, plugin_class, user_code_error
 from pipeline.core.registry import LOSSES
+from pipeline.core.similarity import SIMILARITIES
 from pipeline.core.values import declared_options, options_of
-from pipeline.models.losses import build_loss
-from pipeline.models.similarity import SIMILARITIES
+from pipeline.losses.base import build_loss
 
 
 class LossTraits(NamedTuple):
@@ -40,7 +40,7 @@ class LossTraits(NamedTuple):
     uses_relevance: bool
     collapse_value: float | None
     takes_scores: bool = True  # has ``scored(scores, image_ids, relevance)``: trains a pairwise network
-    networks: int = 1        # copies of the network trained together (NCR: 2; models.cotrain)
+    networks: int = 1        # copies of the network trained together (NCR: 2; networks.cotrain)
     sample_pass: bool = False  # wants every training pair's statistic before each epoch (NCR, DECL)
     takes_sample_ids: bool = False  # its call takes ``sample_ids=`` (per-sample state, keyed by caption id)
 
@@ -123,7 +123,7 @@ def loss_traits(loss: nn.Module, spec: str = "") -> LossTraits:
     hooks = ("sample_statistic", "begin_epoch")
     if sample_pass and not all(callable(getattr(loss, hook, None)) for hook in hooks):
         raise VseError(f"loss {name} declares sample_pass but lacks sample_statistic() or begin_epoch() "
-                       "(see pipeline.models.noisy_losses.NoisyPairLoss)")
+                       "(see pipeline.losses.noisy.base.NoisyPairLoss)")
     takes_ids = "sample_ids" in inspect.signature(loss.forward).parameters
     if networks > 1 and not takes_scores:
         raise VseError(f"loss {name} trains {networks} networks together, so it must take their stacked "

@@ -23,8 +23,8 @@ import time
 
 import torch
 
-from pipeline.models.checks import CheckResult, guarded
-from pipeline.models.heads import build_pool
+from pipeline.core.checks import CheckResult, guarded
+from pipeline.networks.heads import build_pool
 
 BATCH = 4
 SHAPES = ((1, 3), (5, 8), (36, 16))   # (K, E)

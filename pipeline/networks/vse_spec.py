@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pipeline.core.registry import NetworkSpec
 
-MODEL = "pipeline.models.vse_model:VSEModel"
+MODEL = "pipeline.networks.vse_model:VSEModel"
 
 # VSE++ (Faghri et al. 2018): one vector per image, the GRU's last state per caption; its options
 # are TrainConfig's own defaults.

@@ -48,7 +48,7 @@ def check_pools(config) -> None:
 
 
 VSRN = NetworkSpec(
-    "dual", model="pipeline.models.vse_model:VSEModel", vse_heads=True, Options=VSRNOptions,
-    rules=(check_pools,), model_fields="pipeline.models.vsrn:model_fields",
+    "dual", model="pipeline.networks.vse_model:VSEModel", vse_heads=True, Options=VSRNOptions,
+    rules=(check_pools,), model_fields="pipeline.networks.vsrn:model_fields",
     defaults={"image_pool": "vsrn", "size_augment": "none",    # VSRN does not drop regions,
               "caption_loss_weight": 1.0, "embed_dim": 2048})  # writes captions from them; train.py's size

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from pipeline.models.checks import CheckResult, format_results, guarded  # noqa: F401 (format_results: the commands' import)
-from pipeline.models.loss_plugins import loss_traits, make_loss
+from pipeline.core.checks import CheckResult, guarded
+from pipeline.losses.plugins import loss_traits, make_loss
 
 CONTRACT_BATCH = 8          # even: the distributed check splits it over 2 processes
 CONTRACT_DIM = 6

@@ -23,9 +23,9 @@ import torch
 import torchvision.transforms.functional as TF
 from PIL import Image
 
+from pipeline.backbones.cnns import Preprocessing
+from pipeline.backbones.pixels import normalise_pixels, pixel_constants
 from pipeline.core.errors import VseError
-from pipeline.models.backbones import Preprocessing
-from pipeline.models.vse_model import normalise_pixels, pixel_constants
 
 CROP_COUNTS = (1, 10)
 
