@@ -1,6 +1,7 @@
 # The whole vse pipeline, documented as make targets.
 #   make demo   — create .venv, install, run extract → relevance → train → evaluate on data/
 #   make test   — create .venv, install, run the test suite
+#   make docs   — build the documentation site into site/ (offline; mkdocs.yml, docs/)
 # Real data (full Flickr8k, hours on a CPU, minutes on a GPU), FLICKR8K=../shared/data/flickr8k:
 #   make f8k-vsepp   — VSE0 (sh) vs VSE++ (mh), the paper's 30-epoch schedule
 #                      (a recorded run: bench/results/f8k_sh_vs_mh/)
@@ -50,14 +51,14 @@ FLICKR8K ?= ../shared/data/flickr8k
 export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
-.PHONY: install demo test bench f8k-vsepp f8k-losses f8k-fast f8k-sets f8k-vse-infty f8k-text-pool f8k-sgraf \
+.PHONY: install demo test docs bench f8k-vsepp f8k-losses f8k-fast f8k-sets f8k-vse-infty f8k-text-pool f8k-sgraf \
 	f8k-saf-short f8k-saf-short-bf16 f8k-sgraf-short f8k-sgraf-bf16 f8k-vsrn-short f8k-noisy f8k-tuned f8k-noisy-sgr clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	# torch first, from its pinned build, so sentence-transformers does not pull another one
 	$(VENV)/bin/pip install -q torch==2.14.1 torchvision==0.29.1
-	$(VENV)/bin/pip install -q -e '.[bert,test,onnx,serve]'
+	$(VENV)/bin/pip install -q -e '.[bert,test,onnx,serve,docs]'
 	# the browser of the search page's test (playwright drives Debian's chromium; none is downloaded)
 	command -v chromium >/dev/null || ! command -v apt-get >/dev/null || apt-get install -y chromium \
 	  || echo "note: chromium could not be installed: the search page test will be skipped"
@@ -282,6 +283,12 @@ f8k-text-pool: $(F8K_FEATURES)
 test: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest tests
+
+# The documentation site (mkdocs.yml): docs/*.md, the command pages from the click commands and the
+# results tables from bench/results/, filled in by docs/hooks/vse_docs.py; --strict stops at a broken
+# link or anchor, a page outside the nav or a missing results file (tests/test_docs.py runs it too)
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 bench: $(VENV)/.installed
 	$(PY) bench/evaluate.py

@@ -1,0 +1,359 @@
+"""The documentation site's generator: what the pages show of the code and of the results is read
+at build time, never typed twice.
+
+An MkDocs hook (mkdocs.yml ``hooks:``) and a small command:
+
+- one page per `vse` command, ``commands/<name>.md``, for every entry of ``cli.main.COMMANDS``
+  (mkdocs-click renders each from the click command itself), listed in the nav under "Commands";
+- directives in the pages, HTML comments that GitHub shows as nothing and the build replaces:
+
+  ``<!-- vse:table FILE columns="Model|rsum" -->``  a results table (``vse report``'s Markdown
+      output, e.g. bench/results/f8k_fast/table_recall.md) with its footer, whole or some columns;
+  ``<!-- vse:claims FILE -->``  the claims of a ``bench/f8k_claims.py`` or ``bench/tune_table.py``
+      JSON file, one row each, with their p-values and verdicts;
+  ``<!-- vse:make TARGET -->``  the recipe of a Makefile target, variables expanded: the exact
+      commands that made a table;
+  ``<!-- vse:include FILE -->``  a Markdown file of the repository (a results folder's README);
+  ``<!-- vse:parts KIND -->``  losses, networks, pools or readers from the registries'
+      declarations (``pipeline.core.registry``): each name, its class, and its options' types,
+      defaults, ranges and help, as docs/OPTIONS.md is generated from ``TrainConfig``.
+
+  FILE is relative to the repository root. A directive followed by ``<!-- /vse:NAME -->`` keeps
+  its generated text between the two in the file itself: README.md's results table is such a
+  region (``python docs/hooks/vse_docs.py --readme`` writes it; tests/test_docs.py checks it).
+
+A directive whose file is missing, or whose columns or target are not there, stops the build
+(``mkdocs build --strict``, and so ``make test``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import re
+import shlex
+import sys
+import typing
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # `mkdocs build` from the repository root imports cli and pipeline
+    sys.path.insert(0, str(ROOT))
+
+DIRECTIVE = re.compile(r"<!-- vse:(?P<name>[a-z]+) (?P<args>[^>]*?) -->"
+                       r"(?:\n(?P<body>.*?)<!-- /vse:(?P=name) -->)?", re.S)
+
+
+class DocsError(Exception):
+    """A directive that cannot be filled (a missing file, column or target)."""
+
+
+# ---------------------------------------------------------------------------- results files
+def _path(name: str) -> Path:
+    path = ROOT / name
+    if not path.is_file():
+        raise DocsError(f"{name}: no such results file")
+    return path
+
+
+def _cells(line: str) -> list[str]:
+    """The cells of a Markdown table row (``\\|`` inside a cell kept)."""
+    parts = re.split(r"(?<!\\)\|", line.strip())
+    return [cell.strip() for cell in parts[1:-1]]
+
+
+def results_table(name: str, columns: str = "") -> str:
+    """The table in ``name`` (a `vse report` Markdown table, its footer line after it), all of its
+    columns or those named in ``columns`` ("A|B|C", as its header spells them)."""
+    lines = _path(name).read_text(encoding="utf-8").strip().splitlines()
+    table = [line for line in lines if line.startswith("|")]
+    if len(table) < 2:
+        raise DocsError(f"{name}: no Markdown table")
+    notes = [line for line in lines[len(table):] if line.strip()]
+    if columns:
+        header = _cells(table[0])
+        wanted = [c.strip() for c in columns.split("|")]
+        missing = [c for c in wanted if c not in header]
+        if missing:
+            raise DocsError(f"{name}: no column {', '.join(map(repr, missing))} (it has {', '.join(header)})")
+        index = [header.index(c) for c in wanted]
+        rows = [_cells(line) for line in table]
+        table = ["| " + " | ".join(row[i] for i in index) + " |" for row in rows]
+    return "\n".join(table + ([""] + notes if notes else []))
+
+
+def _p(value) -> str:
+    if value is None:
+        return ""
+    return f"{value:.2g}" if value < 0.001 else f"{value:.3f}"
+
+
+def _arm(value) -> str:
+    if not isinstance(value, dict) or "mean" not in value:
+        return str(value)
+    mean, std = value["mean"], value.get("std")
+    digits = 3 if abs(mean) < 1 else 1
+    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "") + \
+        (f" ({value['n']})" if "n" in value else "")
+
+
+def claims_table(name: str) -> str:
+    """The claims of ``name``: a claims.json (bench/f8k_claims.py) or a claims_compare.json
+    (bench/tune_table.py), one row per claim."""
+    data = json.loads(_path(name).read_text(encoding="utf-8"))
+    claims = data.get("claims") if isinstance(data, dict) else None
+    if not claims:
+        raise DocsError(f"{name}: no claims")
+    lines = [f"Test: {data['test']}." if data.get("test") else "", ""]
+    if "change" in claims[0]:  # default against tuned
+        lines += ["| claim | default | tuned | change |", "|:---|:---|:---|:---|"]
+        def verdict(c, side):
+            p = c.get(f"{side}_p_claimed")
+            return f"{c.get(side, '')}" + (f" (p {_p(p)})" if p is not None else "")
+
+        lines += [f"| {c['claim']} | {verdict(c, 'default')} | {verdict(c, 'tuned')} | {c['change']} |"
+                  for c in claims]
+        if data.get("summary"):
+            lines += ["", "Summary: " + ", ".join(f"{k} {v}" for k, v in data["summary"].items()) + "."]
+        if data.get("pairs_summary"):
+            lines += ["", "Orderings of two methods: " +
+                      ", ".join(f"{k} {v}" for k, v in data["pairs_summary"].items()) + "."]
+        return "\n".join(lines)
+    lines += ["| claim | paper | metric | measured (mean ± std (n)) | p (claimed) | p (reverse) | verdict |",
+              "|:---|:---|:---|:---|---:|---:|:---|"]
+    for c in claims:
+        arms = "; ".join(f"{k} {_arm(v)}" for k, v in c.items() if isinstance(v, dict))
+        lines.append(f"| {c['claim']} | {c.get('paper', '')} | `{c.get('metric', '')}` | {arms} | "
+                     f"{_p(c.get('p_claimed'))} | {_p(c.get('p_reverse'))} | {c.get('verdict', '')} |")
+    if isinstance(data.get("ranking"), dict):
+        ranking = data["ranking"]
+        lines += ["", f"{ranking.get('claim', 'Ranking')}:", "",
+                  "| pair | " + " | ".join(k for k in ranking["pairs"][0] if k != "pair") + " |",
+                  "|:---|" + ":---|" * (len(ranking["pairs"][0]) - 1)]
+        for pair in ranking["pairs"]:
+            cells = [f"{v['order']} (p {_p(v['p'])}{', separated' if v.get('separated') else ''})"
+                     for k, v in pair.items() if k != "pair"]
+            lines.append(f"| {pair['pair']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- the Makefile
+def _make_variables(text: str) -> dict:
+    variables = {}
+    for match in re.finditer(r"^([A-Z0-9_]+)\s*\??=\s*(.*)$", text, re.M):
+        variables.setdefault(match.group(1), match.group(2).strip())
+    variables.update(VSE="vse", PY="python", VENV=".venv")
+    return variables
+
+
+def make_recipe(target: str) -> str:
+    """The commands of Makefile target ``target``, its variables expanded (``$(VSE)`` → ``vse``)."""
+    text = (ROOT / "Makefile").read_text(encoding="utf-8")
+    match = re.search(rf"^{re.escape(target)}:[^\n]*\n((?:\t[^\n]*\n?)+)", text, re.M)
+    if not match:
+        raise DocsError(f"Makefile: no target {target!r}")
+    variables = _make_variables(text)
+
+    def expand(value: str, depth: int = 0) -> str:
+        if depth > 10:
+            return value
+        return re.sub(r"\$\(([A-Z0-9_]+)\)",
+                      lambda m: expand(variables.get(m.group(1), m.group(0)), depth + 1), value)
+
+    lines = [expand(line[1:]).replace("$$", "$") for line in match.group(1).splitlines()]
+    return "```bash\n" + "\n".join(lines) + "\n```"
+
+
+def include(name: str) -> str:
+    text = _path(name).read_text(encoding="utf-8")
+    # its headings go one level down, under the page's own
+    return re.sub(r"^(#+) ", lambda m: "#" + m.group(1) + " ", text, flags=re.M)
+
+
+# ---------------------------------------------------------------------------- the registries
+def _first_paragraph(obj) -> str:
+    doc = inspect.getdoc(obj) or ""
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+def _options_rows(options) -> list[str]:
+    from pipeline.core.values import option_facts
+
+    if options is None or not dataclasses.is_dataclass(options) or not dataclasses.fields(options):
+        return ["No options of its own."]
+    hints = typing.get_type_hints(options)
+    rows = ["| option | type | default | allowed | what it does |", "|:---|:---|:---|:---|:---|"]
+    for f in dataclasses.fields(options):
+        facts = option_facts(f)
+        kind = str(hints.get(f.name, f.type)).replace("typing.", "").replace("<class '", "").replace("'>", "")
+        allowed = ", ".join(map(str, facts.choices)) if facts.choices else facts.range_words()
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else "")
+        rows.append(f"| `{f.name}` | {kind.replace('|', chr(92) + '|')} | `{default!r}` | {allowed} | "
+                    f"{' '.join(facts.help.split()).replace('|', chr(92) + '|')} |")
+    return rows
+
+
+def _where(obj) -> str:
+    return f"`{obj.__module__}.{obj.__qualname__}`"
+
+
+def parts(kind: str) -> str:
+    """Every built-in part of ``kind`` (losses, networks, pools, readers) from its registry."""
+    from pipeline.core import registry
+
+    out: list[str] = []
+    if kind == "losses":
+        for name in registry.LOSSES.names:
+            cls = registry.LOSSES.get_part(name)
+            out += [f"## `{name}`", "", f"{_first_paragraph(cls)}", "", f"Class: {_where(cls)}. "
+                    f"Options: `--loss-option NAME=VALUE`.", ""]
+            out += _options_rows(getattr(cls, "Options", None)) + [""]
+    elif kind == "networks":
+        for name in registry.NETWORKS.names:
+            spec = registry.NETWORKS.spec(name)
+            cls = registry.NETWORKS.get_part(name)
+            defaults = ", ".join(f"`{k}` {v!r}" for k, v in spec.defaults.items()) or "none"
+            out += [f"## `{name}`", "", f"{_first_paragraph(cls)}", "",
+                    f"Kind: {spec.kind}. Class: {_where(cls)}. Sets when left at their defaults: {defaults}. "
+                    f"Options: `--network-option NAME=VALUE`.", ""]
+            out += _options_rows(spec.Options) + [""]
+    elif kind == "pools":
+        for name in registry.SET_POOLS.names:
+            cls = registry.SET_POOLS.get_part(name)
+            out += [f"## `{name}`", "", f"{_first_paragraph(cls)}", "", f"Class: {_where(cls)}. "
+                    f"Used by `--image-pool {name}` and `--text-pool {name}`.", ""]
+            out += _options_rows(getattr(cls, "Options", None)) + [""]
+    elif kind == "readers":
+        for name, entry in registry.READERS.entries.items():
+            function = registry.READERS.get_part(name)
+            files = "image files" if entry.images else "precomputed features, no image files"
+            out += [f"## `{name}`", "", f"{_first_paragraph(function)}", "",
+                    f"Reader: {_where(function)}; {files}. Used by `--dataset {name}`.", ""]
+            out += _options_rows(registry.READERS.layout_class(name)) + [""]
+    else:
+        raise DocsError(f"unknown parts kind {kind!r} (losses, networks, pools, readers)")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------- directives
+def _arguments(args: str) -> tuple[str, dict]:
+    words = shlex.split(args)
+    positional = [w for w in words if "=" not in w]
+    named = dict(w.split("=", 1) for w in words if "=" in w)
+    return (positional[0] if positional else ""), named
+
+
+def render(name: str, args: str) -> str:
+    first, named = _arguments(args)
+    if name == "table":
+        return results_table(first, named.get("columns", ""))
+    if name == "claims":
+        return claims_table(first)
+    if name == "make":
+        return make_recipe(first)
+    if name == "include":
+        return include(first)
+    if name == "parts":
+        return parts(first)
+    raise DocsError(f"unknown directive vse:{name}")
+
+
+def fill(markdown: str, keep_markers: bool = False) -> str:
+    """``markdown`` with every directive replaced by what it names (``keep_markers``: the
+    directives stay, their generated text between them and their end marker, as in README.md)."""
+    def replace(match):
+        text = render(match.group("name"), match.group("args"))
+        if keep_markers:
+            name, args = match.group("name"), match.group("args")
+            return f"<!-- vse:{name} {args} -->\n{text}\n<!-- /vse:{name} -->"
+        return text
+
+    return DIRECTIVE.sub(replace, markdown)
+
+
+def regions_up_to_date(path: Path) -> bool:
+    text = path.read_text(encoding="utf-8")
+    return fill(text, keep_markers=True) == text
+
+
+# ---------------------------------------------------------------------------- MkDocs hooks
+COMMAND_PAGE = """::: mkdocs-click
+    :module: {module}
+    :command: {attribute}
+    :prog_name: vse {name}
+    :style: plain
+    :list_subcommands: false
+"""
+
+
+def commands() -> dict:
+    from cli.main import COMMANDS
+
+    return dict(COMMANDS)
+
+
+def on_config(config, **kwargs):
+    """The "Commands" section of the nav gets one page per command, in ``COMMANDS``' order."""
+    for item in config["nav"] or []:
+        if isinstance(item, dict) and "Commands" in item:
+            section = item["Commands"]
+            section[:] = [entry for entry in section if not str(entry).startswith("{'vse ")]
+            section += [{f"vse {name}": f"commands/vse-{name}.md"} for name in commands()]
+    return config
+
+
+def commands_index() -> str:
+    """commands.md: every command with the first line of its help."""
+    from cli.main import cli
+
+    lines = ["# Commands", "",
+             "Every command of `vse`, each on its page, generated from the click command itself "
+             "(its options, their types and defaults, its help): an option exists in one place only. "
+             "All commands take `-h`; [Getting started](getting-started.md#conventions-of-every-command) "
+             "says what they have in common.", "", "| command | what it does |", "|:---|:---|"]
+    for name in commands():
+        command = cli.commands[name]
+        lines.append(f"| [`vse {name}`](commands/vse-{name}.md) | {command.get_short_help_str(limit=150)} |")
+    return "\n".join(lines) + "\n"
+
+
+def on_files(files, config, **kwargs):
+    from mkdocs.structure.files import File
+
+    files.append(File.generated(config, "commands.md", content=commands_index()))
+    for name, spec in commands().items():
+        module, _, attribute = spec.partition(":")
+        page = COMMAND_PAGE.format(name=name, module=module, attribute=attribute)
+        files.append(File.generated(config, f"commands/vse-{name}.md", content=page))
+    return files
+
+
+def on_page_markdown(markdown, page, config, files, **kwargs):
+    from mkdocs.exceptions import PluginError
+
+    try:
+        return fill(markdown)
+    except DocsError as exc:
+        raise PluginError(f"{page.file.src_uri}: {exc}") from exc
+
+
+# ---------------------------------------------------------------------------- README.md
+def main(argv: list[str]) -> int:
+    """``--readme``: write README.md's generated regions; ``--check``: exit 1 when they are stale."""
+    readme = ROOT / "README.md"
+    if argv[:1] == ["--check"]:
+        if not regions_up_to_date(readme):
+            print("README.md's generated regions are stale: python docs/hooks/vse_docs.py --readme")
+            return 1
+        return 0
+    if argv[:1] == ["--readme"]:
+        readme.write_text(fill(readme.read_text(encoding="utf-8"), keep_markers=True), encoding="utf-8")
+        return 0
+    print(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
