@@ -244,6 +244,8 @@ def test_the_site_builds_strictly_with_a_page_per_command(site):
     assert "--loss-option" in train and "--run-dir" in train  # the options come from the command
     losses = (site / "parts-losses.html").read_text(encoding="utf-8")
     assert "negative_set_size" in losses  # from MaxHingeLoss.Options
+    api = (site / "api-losses.html").read_text(encoding="utf-8")
+    assert 'id="pipeline.losses.base.VseLoss"' in api  # mkdocstrings, from the docstrings
     fast = (site / "results-losses.html").read_text(encoding="utf-8")
     assert "289.4 ± 3.2 (5)" in fast and "VSE++ (max of hinges) beats VSE0" in fast
 
@@ -311,7 +313,7 @@ def test_the_site_renders_in_chromium_with_no_request_outside_it(served_site):
     if CHROMIUM is None:
         pytest.skip("chromium is not installed (make install: apt-get install -y chromium)")
     requests, problems = open_pages(served_site, ["/commands/vse-train.html", "/", "/results-losses.html",
-                                                  "/parts-networks.html", "/PROTOCOL.html"])
+                                                  "/parts-networks.html", "/api-losses.html"])
     assert requests and all(url.startswith(served_site + "/") for url in requests), \
         [url for url in requests if not url.startswith(served_site + "/")]
     assert not problems, problems
