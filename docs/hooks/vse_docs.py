@@ -89,11 +89,11 @@ def _p(value) -> str:
     return f"{value:.2g}" if value < 0.001 else f"{value:.3f}"
 
 
-def _arm(value) -> str:
+def _arm(value, metric: str = "") -> str:
     if not isinstance(value, dict) or "mean" not in value:
         return str(value)
     mean, std = value["mean"], value.get("std")
-    digits = 3 if abs(mean) < 1 else 1
+    digits = 3 if any(word in metric for word in ("tau", "cs@", "spearman", "auc", "ndcg")) else 1
     return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "") + \
         (f" ({value['n']})" if "n" in value else "")
 
@@ -123,7 +123,7 @@ def claims_table(name: str) -> str:
     lines += ["| claim | paper | metric | measured (mean ± std (n)) | p (claimed) | p (reverse) | verdict |",
               "|:---|:---|:---|:---|---:|---:|:---|"]
     for c in claims:
-        arms = "; ".join(f"{k} {_arm(v)}" for k, v in c.items() if isinstance(v, dict))
+        arms = "; ".join(f"{k} {_arm(v, c.get('metric', ''))}" for k, v in c.items() if isinstance(v, dict))
         lines.append(f"| {c['claim']} | {c.get('paper', '')} | `{c.get('metric', '')}` | {arms} | "
                      f"{_p(c.get('p_claimed'))} | {_p(c.get('p_reverse'))} | {c.get('verdict', '')} |")
     if isinstance(data.get("ranking"), dict):
