@@ -316,7 +316,8 @@ SET_POOLS = Registry("pool", {
     "vsrn": "pipeline.networks.vsrn:VSRNReasoning",  # VSRN: 4 GCN layers, then a GRU's last state
 })
 IMAGE_POOLS = SET_POOLS.names
-# "last": VSE++'s caption encoder (one-way GRU, its state after the last token; networks.vse_model.TextEncoder).
+# "last": VSE++'s caption encoder (one-way GRU, its state after the last token;
+# networks.vse_model.TextEncoder).
 # A set pool over word tokens pools the states of a bidirectional GRU (gpo = VSE∞'s BiGRU
 # encoder, heads.BiGRUTextEncoder); over cached token vectors it pools their per-token
 # projection (heads.TokenSetTextEncoder).

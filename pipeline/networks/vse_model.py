@@ -46,7 +46,7 @@ class ModelConfig:
     text_pool: str = LAST          # "last": the GRU's last state (or the caption vector); a set pool:
     pool_options: dict = field(default_factory=dict)  # BiGRU states or cached token vectors pooled
     caption_loss_weight: float = 0.0  # > 0: VSRN's caption branch (networks.vsrn.CaptionDecoder) trains too
-    network_options: dict = field(default_factory=dict)  # VSRN's (networks.vsrn.VSRNOptions, variant resolved)
+    network_options: dict = field(default_factory=dict)  # VSRN's (vsrn.VSRNOptions, variant resolved)
 
     def __post_init__(self):
         if self.similarity not in SIMILARITIES:
