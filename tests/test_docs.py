@@ -226,10 +226,10 @@ def site(tmp_path_factory) -> Path:
         pytest.fail("mkdocs is not installed: make install (the `docs` extra of setup.cfg)")
     out = tmp_path_factory.mktemp("site") / "site"
     result = build_site(out)
-    problems = [line for line in (result.stdout + result.stderr).splitlines()
-                if line.startswith(("WARNING", "ERROR", "Aborted"))]
+    output = (result.stdout + result.stderr).splitlines()
+    problems = [line for line in output if line.startswith(("WARNING", "ERROR"))]
     assert result.returncode == 0, "mkdocs build --strict failed:\n" + "\n".join(
-        problems or (result.stdout + result.stderr).splitlines()[-20:])
+        problems[::-1] or output[-20:])  # the cause first: an error's last line names it
     return out
 
 

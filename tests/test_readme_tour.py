@@ -43,7 +43,7 @@ def test_the_readme_tour_runs_on_the_bundled_data(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     outputs = {}
     for args in tour_commands():
-        result = CliRunner().invoke(cli, args)
+        result = CliRunner().invoke(cli, args, prog_name="vse")
         assert result.exit_code == 0, f"vse {shlex.join(args)}\n{result.output}\n{result.exception!r}"
         outputs[args[0]] = result.output
     assert "1000 images" in outputs["extract"]
