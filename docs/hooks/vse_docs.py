@@ -14,6 +14,8 @@ An MkDocs hook (mkdocs.yml ``hooks:``) and a small command:
   ``<!-- vse:make TARGET -->``  the recipe of a Makefile target, variables expanded: the exact
       commands that made a table;
   ``<!-- vse:include FILE -->``  a Markdown file of the repository (a results folder's README);
+  ``<!-- vse:benchfiles FOLDER -->``  every JSON file of a bench/results folder with its measured
+      values, as the file holds them;
   ``<!-- vse:parts KIND -->``  losses, networks, pools or readers from the registries'
       declarations (``pipeline.core.registry``): each name, its class, and its options' types,
       defaults, ranges and help, as docs/OPTIONS.md is generated from ``TrainConfig``.
@@ -138,6 +140,43 @@ def claims_table(name: str) -> str:
     return "\n".join(lines)
 
 
+def _flat(value, prefix: str = "", depth: int = 0):
+    """(dotted key, scalar) of a JSON value, two levels of objects deep; lists and long text left out."""
+    if isinstance(value, dict) and depth < 2:
+        for key, item in value.items():
+            yield from _flat(item, f"{prefix}.{key}" if prefix else str(key), depth + 1)
+    elif isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) <= 80):
+        yield prefix, value
+
+
+def _scalar(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value).replace("|", chr(92) + "|")
+
+
+def bench_files(folder: str, rows: int = 16) -> str:
+    """Every JSON file of a bench/results folder, what made it and its measured values (the first
+    ``rows`` scalars, two levels deep), as the file holds them."""
+    path = ROOT / folder
+    files = sorted(path.glob("*.json"))
+    if not files:
+        raise DocsError(f"{folder}: no JSON results files")
+    out = []
+    for file in files:
+        data = json.loads(file.read_text(encoding="utf-8"))
+        script = ROOT / "bench" / f"{file.stem}.py"
+        made = f" (`bench/{script.name}`)" if script.is_file() else ""
+        values = list(_flat(data))
+        out += [f"### {file.name}{made}", "", f"`{folder}/{file.name}`" +
+                (f", {len(values) - rows} more values in the file." if len(values) > rows else "."), ""]
+        if values:
+            out += ["| value | measured |", "|:---|---:|"]
+            out += [f"| `{key}` | {_scalar(value)} |" for key, value in values[:rows]]
+            out.append("")
+    return "\n".join(out)
+
+
 # ---------------------------------------------------------------------------- the Makefile
 def _make_variables(text: str) -> dict:
     variables = {}
@@ -257,6 +296,8 @@ def render(name: str, args: str) -> str:
         return include(first)
     if name == "parts":
         return parts(first)
+    if name == "benchfiles":
+        return bench_files(first)
     raise DocsError(f"unknown directive vse:{name}")
 
 
