@@ -232,3 +232,14 @@ def _python_state_ints():
 def _set_python_state_ints(values) -> None:
     version, has_gauss, *internal = values
     random.setstate((version, tuple(internal), None))
+
+
+def release_run_memory() -> None:
+    """Free now what a finished run left behind in reference cycles (a failed or pruned run's
+    traceback holds its frames, so its trainer; a library's own cycles), instead of at the
+    interpreter's next full collection: a loop of runs in one process (`vse sweep`, `vse tune`)
+    may not reach one for several runs, and each run holds its data (a preloaded grid cache is
+    1-2 GB) and model until then. Called after each run of such a loop (issue 49)."""
+    import gc
+
+    gc.collect()

@@ -299,7 +299,17 @@ def train_run(config: dict, resume: bool, threads: int | None = None, echo=print
 
 
 def _train_safely(run: SweepRun, resume: bool, threads: int | None, quiet: bool) -> tuple[str, str]:
-    """For joblib workers: ('trained' | 'failed', detail) instead of an exception."""
+    """For joblib workers: ('trained' | 'failed', detail) instead of an exception. The run's memory is
+    released before the next run of this process (a sweep's, or a joblib worker's next task) begins."""
+    try:
+        return _train_outcome(run, resume, threads, quiet)
+    finally:  # after the run's frames are gone: a failed run's exception cycles through them
+        from pipeline.core.runtime import release_run_memory
+
+        release_run_memory()
+
+
+def _train_outcome(run: SweepRun, resume: bool, threads: int | None, quiet: bool) -> tuple[str, str]:
     prefix = f"[{run.name}] "
 
     def echo(message, *args, **kwargs):

@@ -10,6 +10,7 @@ loss — hardest negatives included — sees what a single process with batch N�
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import warnings
@@ -161,7 +162,11 @@ class Trainer:
     def _fit(self) -> dict:
         p = self.progress
         if dist.is_main():
-            self.run.prepare(self.cfg.to_dict(), self._write_run_files)  # config.json: the resolved config
+            # config.json: the resolved config. The files' writer holds the parts it writes, not the
+            # Trainer: a bound method here made a cycle (parts -> run folder -> Trainer -> parts) that kept
+            # a finished run's data and model alive until the next full garbage collection (issue 49)
+            files = functools.partial(write_run_files, self.captions, self.noise)
+            self.run.prepare(self.cfg.to_dict(), files)
         self.model.train()
         while p.epoch < self.loop.epochs:
             self.train_epoch()
@@ -169,12 +174,6 @@ class Trainer:
             self.scheduler.step()
             self.validate_and_save()
         return {"best_rsum": p.best_rsum, "best_epoch": p.best_epoch, "iterations": p.iteration}
-
-    def _write_run_files(self, folder) -> None:
-        """The run's files besides its config: the vocabulary, the noise index it trains on."""
-        self.captions.save(folder)
-        if self.noise is not None:
-            self.noise.save(folder)
 
     def train_epoch(self) -> int:
         """Train from the current position to the end of the epoch; returns the pairs seen."""
@@ -474,6 +473,13 @@ class Trainer:
             "file_identity": self.file_identity,
             **({"pool_weights": weights} if (weights := self.model.pool_weights()) else {}),
         }
+
+
+def write_run_files(captions, noise, folder) -> None:
+    """The run's files besides its config: the vocabulary, the noise index it trains on."""
+    captions.save(folder)
+    if noise is not None:
+        noise.save(folder)
 
 
 def clip_gradients(parameters: list[torch.Tensor], max_norm: float) -> None:

@@ -282,6 +282,8 @@ def fail_dead_trials(study, tune: TuneSpec, echo=print) -> list[int]:
 def run_tune(tune: TuneSpec, study, settings: Settings, echo=print) -> dict:
     """Run trials until the study has ``settings.budget.trials`` COMPLETE + PRUNED ones (or the
     rest are running in other processes). Returns ``counts``."""
+    from pipeline.core.runtime import release_run_memory
+
     lock = TuneLock(tune.root)
     while True:
         lock.acquire()
@@ -298,6 +300,9 @@ def run_tune(tune: TuneSpec, study, settings: Settings, echo=print) -> dict:
             study.optimize(objective, n_trials=1, catch=(SurplusTrial,))
         finally:
             lock.release()
+            # a pruned or failed trial's exception (kept by Optuna's trial loop with its traceback) holds
+            # the trial's trainer in a cycle: free it before the next trial loads its data again
+            release_run_memory()
 
 
 @dataclass
