@@ -25,8 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeline.core import precision  # noqa: E402
 from pipeline.evaluation.stats import ALPHA, mean_std, welch_greater  # noqa: E402
-from pipeline.reports.report import read_results, seed_groups  # noqa: E402
+from pipeline.reports.report import read_results, row_precision, seed_groups  # noqa: E402
 
 # (claim, paper, better loss, worse loss, metric, lower is better)
 CLAIMS = [
@@ -148,6 +149,10 @@ def verdicts(groups: dict, claims) -> list[dict]:
         if better not in groups or worse not in groups or metric not in groups[better].samples:
             out.append({"claim": claim, "verdict": "not measured"})
             continue
+        labels = {name: row_precision(groups[name].rows[0]) for name in (better, worse)}
+        if line := precision.mixed(labels):  # two precisions are two methods (core/precision)
+            out.append({"claim": claim, "verdict": f"not compared: {line}"})
+            continue
         a, b = groups[better].samples[metric], groups[worse].samples[metric]
         if min(len(a), len(b)) < 2:
             out.append({"claim": claim, "verdict": f"not testable: {len(a)} and {len(b)} seeds (one seed is "
@@ -164,7 +169,8 @@ def verdicts(groups: dict, claims) -> list[dict]:
         (ma, sa, na), (mb, sb, nb) = mean_std(a), mean_std(b)
         out.append({"claim": claim, "paper": paper, "metric": metric,
                     better: {"mean": ma, "std": sa, "n": na}, worse: {"mean": mb, "std": sb, "n": nb},
-                    "p_claimed": p_claimed, "p_reverse": p_reverse, "verdict": verdict})
+                    "p_claimed": p_claimed, "p_reverse": p_reverse, "verdict": verdict,
+                    **({"precision": labels[better]} if labels[better] != precision.UNRECORDED else {})})
     return out
 
 

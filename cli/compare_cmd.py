@@ -19,12 +19,16 @@ import click
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sign flips.")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
-def compare_command(run_a, run_b, split, features, checkpoint_name, permutations, seed, device, as_json):
+@click.option("--across-precision", is_flag=True,
+              help="Compare runs trained in different precisions (refused by default: not one method).")
+def compare_command(run_a, run_b, split, features, checkpoint_name, permutations, seed, device, as_json,
+                    across_precision):
     """Is RUN_A better than RUN_B on the same test split? R@1/5/10 both ways and rsum, A − B,
     each with the p-value of a paired permutation test over the test queries."""
     from pipeline.core.runtime import resolve_device
     from pipeline.reports.compare import compare_runs, format_comparison
 
     result = compare_runs(run_a, run_b, device=resolve_device(device), split=split, features=features,
-                          checkpoint=checkpoint_name, permutations=permutations, seed=seed)
+                          checkpoint=checkpoint_name, permutations=permutations, seed=seed,
+                          across_precision=across_precision)
     click.echo(json.dumps(result, indent=2) if as_json else format_comparison(result))

@@ -21,7 +21,7 @@ import dataclasses
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
-from pipeline.core import cpuinfo
+from pipeline.core import cpuinfo, precision
 from pipeline.core.errors import VseError
 from pipeline.core.registry import (
     ADAM_KERNELS,
@@ -200,8 +200,11 @@ class TrainConfig:
     preload: bool = option(False, "Load the whole feature array into RAM.", resume=True, identity=False)
     device: str = option("auto", "cpu, cuda, cuda:N or auto (under torchrun: cuda:LOCAL_RANK).",
                          resume=True, identity=False)
-    amp: bool = option(True, "Mixed precision on GPU (bf16 on compute capability 8.0+, else fp16 with "
-                             "loss scaling).", flag="--amp/--no-amp")
+    amp: bool | None = option(
+        None, "Mixed precision on GPU (bf16 on compute capability 8.0+, else fp16 with loss scaling). "
+              "Unset: on for the dual networks, off for the pairwise ones (sgr, saf: bf16 ties their "
+              "scores and changes MH; amp_by_default); the run records what it chose.",
+        flag="--amp/--no-amp", before=True)
     cpu_amp: bool | None = option(
         None, "bf16 autocast of the heads on a CPU with native bf16 (AVX512-BF16 or AMX; refused on one "
               "without). Unset: on where measured inside the fp32 seed noise and faster (the fast loop: "
@@ -227,6 +230,8 @@ class TrainConfig:
             self.embed_dim = 1024
         if self.cpu_amp is None:  # unset: the measured rule, stored as chosen (config_id groups by it)
             self.cpu_amp = cpu_amp_by_default(self)
+        if self.amp is None:  # the same for the GPU's autocast
+            self.amp = amp_by_default(self)
 
     @property
     def pairwise(self) -> bool:
@@ -466,16 +471,18 @@ def resume_config(saved_values: dict, config, given, where, cls=TrainConfig, sam
 
 
 def cpu_amp_by_default(config: TrainConfig) -> bool:
-    """--cpu-amp's default, by the rule of issue 43: bf16 on a CPU with native bf16 only where it
-    was measured faster with quality inside the fp32 seed noise. That holds for the fast loop (vse++
-    over cached image vectors and cached caption vectors, linear heads: 1.29× fp32, test rsum 283.5
-    ± 0.8 against 282.9 ± 2.2 over 3 seeds; ../shared/results/cpu_bf16.json, README). Sets, the GRU,
-    VSRN and the pairwise networks stay fp32 until their quality is measured over a full schedule
-    (grid-GPO: 2 seeds of 1 epoch; SAF and SGR with LSEH: 3 seeds of 1 epoch, inside the noise,
-    bench/results/f8k_saf_short_bf16, f8k_sgr_short_bf16). With MH, bf16 changes SAF and SGR far
-    beyond the noise (bench/results/f8k_sgraf_bf16: MH does not collapse under bf16, and the
-    MH-vs-LSEH comparison reverses), so the pairwise networks stay fp32 by default."""
-    fast_loop = (config.network == "vse++" and config.image_pool is None and bool(config.text_features)
-                 and not config.rc)
-    return fast_loop and cpuinfo.cpu_native_bf16()
+    """--cpu-amp's default: bf16 on a CPU with native bf16 only where it was measured faster with
+    quality inside the fp32 seed noise, the fast loop (``precision.cpu_fast_loop``: 1.29× fp32;
+    MH and LSEH over 3 seeds each, bench/results/precision_fast_cpu). Sets, the GRU and
+    VSRN stay fp32 until their quality is measured over a full schedule; the pairwise networks stay
+    fp32 (``precision.mixed_precision_measured``: bf16 ties their scores and changes MH)."""
+    return (precision.cpu_fast_loop(config) and precision.mixed_precision_measured(config)
+            and cpuinfo.cpu_native_bf16())
+
+
+def amp_by_default(config: TrainConfig) -> bool:
+    """--amp's default on a GPU: ``precision.mixed_precision_measured`` (on for the dual networks,
+    off for the pairwise ones, whose authors trained in fp32 and whose bf16 step is also slower on
+    a GPU: bench/results/gpu)."""
+    return precision.mixed_precision_measured(config)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline.core import precision
 from pipeline.core.errors import VseError
 from pipeline.core.fsutil import file_sha256
 from pipeline.core.plugin_import import user_code_error
@@ -36,7 +37,7 @@ from pipeline.training.run_folder import (
 RUN_COLUMNS = ("run", "loss", "margin", "negative_set_size", "loss_options", "batch_size", "seed",
                "epochs", "backbone", "crops", "train_set", "features", "split", "protocol", "images",
                "checkpoint", "checkpoint_iteration", "epochs_to_best", "best_val_mrecall", "config_id",
-               "noise_true_rate", "checkpoint_sha256", "evaluation_id")
+               "noise_true_rate", "checkpoint_sha256", "evaluation_id", precision.COLUMN)
 
 
 @dataclass
@@ -220,6 +221,7 @@ class RunEvaluator:
             "features": str(features), "split": self.split, "protocol": self.protocol,
             "images": len(emb.images), "checkpoint": str(checkpoint_path),
             "checkpoint_iteration": loaded.state.get("iteration"),
+            precision.COLUMN: precision.label_of(loaded.state),  # network/loss/evaluation (fp32 here)
             "epochs_to_best": epochs_to_best(records),
             "best_val_mrecall": None if best is None else best["mrecall"],
             **{k: float(v) for k, v in metrics.items()},
@@ -329,7 +331,7 @@ def evaluate_runs(run_dirs, *, device: torch.device, split: str = "test", protoc
 # the columns of a fresh row that a kept row must hold a value in (besides the metrics): what the
 # model and its cache said, which a kept row does not read again
 KEPT_COLUMNS = ("train_set", "features", "split", "protocol", "images", "checkpoint", "checkpoint_iteration",
-                "checkpoint_sha256", "evaluation_id")
+                "checkpoint_sha256", "evaluation_id", precision.COLUMN)
 
 
 def _unchanged(row: dict, evaluator: RunEvaluator, run_dir: Path, checkpoint: str) -> bool:

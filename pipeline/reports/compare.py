@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline.core import precision
 from pipeline.core.errors import VseError
 from pipeline.evaluation.metrics import metric_keys, similarity_ranks
 from pipeline.evaluation.stats import DEFAULT_PERMUTATIONS, paired_permutation_test
@@ -24,12 +25,18 @@ COMPARED = (*metric_keys("recall"), "rsum")  # what the paired test over queries
 
 def compare_runs(run_a, run_b, *, device: torch.device, split: str = "test", features=None,
                  checkpoint: str = "best.pt", permutations: int = DEFAULT_PERMUTATIONS,
-                 seed: int = 0) -> dict:
-    """{"runs": [name_a, name_b], "split", "queries": {...}, "metrics": {key: {a, b, diff, p}}}."""
-    ranks, ids = [], []
+                 seed: int = 0, across_precision: bool = False) -> dict:
+    """{"runs": [name_a, name_b], "split", "queries": {...}, "metrics": {key: {a, b, diff, p}},
+    "precision": [label_a, label_b]}. Runs trained in different precisions are refused unless
+    ``across_precision`` (a precision ablation compares them on purpose)."""
+    ranks, ids, labels = [], [], {}
     with RunEvaluator(device, split, features=features) as evaluator:
         for run in (run_a, run_b):
             emb, loaded, _, _ = evaluator.embed(run, checkpoint)
+            labels[str(run)] = precision.label_of(loaded.state)
+            if len(labels) == 2 and not across_precision and (line := precision.mixed(labels)):
+                raise VseError(f"{line}: they are not one method (--across-precision compares them "
+                               "anyway)", Path(run_b))
             ranks.append(similarity_ranks(emb.images, emb.captions, emb.caption_image,
                                           similarity=emb.similarity, device=device))
             ids.append((np.asarray(emb.caption_rows), np.asarray(emb.caption_image)))
@@ -39,14 +46,15 @@ def compare_runs(run_a, run_b, *, device: torch.device, split: str = "test", fea
     metrics = paired_permutation_test(ranks[0], ranks[1], permutations=permutations, seed=seed)
     return {"runs": run_names([run_a, run_b]), "split": split, "permutations": permutations,
             "queries": {"images": int(len(ranks[0][0])), "captions": int(len(ranks[0][1]))},
-            "metrics": {key: metrics[key] for key in COMPARED}}
+            "metrics": {key: metrics[key] for key in COMPARED}, "precision": list(labels.values())}
 
 
 def format_comparison(result: dict) -> str:
     a, b = result["runs"]
     lines = [f"A = {a}, B = {b}; {result['split']}: {result['queries']['images']} images, "
              f"{result['queries']['captions']} captions; paired permutation test over queries "
-             f"({result['permutations']} sign flips, two-sided)",
+             f"({result['permutations']} sign flips, two-sided); precision (network/loss/evaluation) "
+             f"{' vs '.join(dict.fromkeys(result.get('precision') or ['?']))}",
              f"{'metric':10s}{'A':>9s}{'B':>9s}{'A - B':>9s}{'p':>9s}"]
     for key, m in result["metrics"].items():
         mark = "  *" if m["p"] < 0.05 else ""

@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.core import precision
 from pipeline.core.errors import VseError
 from pipeline.core.fsutil import atomic_path
 from pipeline.evaluation.metrics import METRIC_KEYS, is_metric, metric_keys, metric_of, metric_order
@@ -28,7 +29,8 @@ from pipeline.evaluation.stats import ALPHA, mean_std, welch_greater
 from pipeline.reports.batch_eval import RUN_COLUMNS
 
 TEXT_COLUMNS = {"run", "loss", "loss_options", "backbone", "train_set", "features", "split",
-                "protocol", "checkpoint", "config_id", "checkpoint_sha256", "evaluation_id", "tune_budget"}
+                "protocol", "checkpoint", "config_id", "checkpoint_sha256", "evaluation_id", "tune_budget",
+                precision.COLUMN}
 FORMATS = ("md", "latex", "csv")
 BOLD_MODES = ("significant", "best", "none")
 # Columns that describe one run rather than its configuration: left out of a seed group's key.
@@ -187,9 +189,10 @@ class SeedGroup:
 def config_key(row: dict) -> tuple:
     """Rows with equal keys differ only by seed: the ``config_id`` column when present (runs
     evaluated by this vse), else the run name without its ``seed=N`` part together with every
-    configuration-describing column of results.csv."""
+    configuration-describing column of results.csv. Runs of one config in different precisions
+    (the same options on a CPU and under a GPU's autocast) are different groups."""
     if row.get("config_id"):
-        return ("config_id", row["config_id"])
+        return ("config_id", row["config_id"], row_precision(row))
     # an older results.csv: the same name apart from "seed=N" and the same described options
     return (_without_seed(str(row.get("run") or "")),
             *((k, row.get(k)) for k in RUN_COLUMNS if k not in PER_RUN_COLUMNS))
@@ -269,14 +272,16 @@ def format_results(rows, fmt: str = "md", layout: str = "paper", label: str = "r
     by_seed = seed_groups(rows, label)
     if seeds is None:
         seeds = any(g.n > 1 for g in by_seed)
+    shown = _precision_shown(rows)
     if seeds:
-        labels = [g.label + _tuned(g.rows[0]) for g in by_seed]
+        labels = [g.label + _tuned(g.rows[0]) + shown(g.rows[0]) for g in by_seed]
         cells = [[format_cell(k, g, fmt) for k in keys] for g in by_seed]
         best = significant_cells(by_seed, keys) if bold == "significant" else set()
         if bold == "best":
             best = best_cells([{k: g.mean(k) for k in keys} for g in by_seed], keys)
     else:
-        labels = [str(row.get(label) if row.get(label) is not None else "") + _tuned(row) for row in rows]
+        labels = [str(row.get(label) if row.get(label) is not None else "") + _tuned(row) + shown(row)
+                  for row in rows]
         cells = [[format_value(k, row.get(k)) for k in keys] for row in rows]
         best = best_cells(rows, keys) if bold == "best" else set()
         # one seed per row: no noise estimate, so "significant" bolds nothing
@@ -285,7 +290,8 @@ def format_results(rows, fmt: str = "md", layout: str = "paper", label: str = "r
     marked = [[_bold(text, fmt) if (i, k) in best else text for k, text in zip(keys, line)]
               for i, line in enumerate(cells)]
     table = (_latex_table if fmt == "latex" else _markdown_table)(groups, labels, marked)
-    note = _table_note(seeds, bold)
+    mixed = "(network/loss/evaluation precision): the rows differ in it" if shown(rows[0]) else ""
+    note = "; ".join(part for part in (_table_note(seeds, bold), mixed) if part)
     return table + ("\n\n" + note if fmt == "md" else "\n% " + note) if note else table
 
 
@@ -297,6 +303,20 @@ def _tuned(row: dict) -> str:
     budget = row.get("tune_budget") or (tune_budget(Path(row["checkpoint"]).parent)
                                         if row.get("checkpoint") else None)
     return f" (tuned {budget})" if budget else ""
+
+
+def row_precision(row: dict) -> str:
+    """A results row's precision label (``core.precision``); rows evaluated before it was recorded
+    say so."""
+    return str(row.get(precision.COLUMN) or precision.UNRECORDED)
+
+
+def _precision_shown(rows):
+    """Row → ' (bf16/fp32/fp32)' when the rows differ in precision (never side by side silently),
+    else ''."""
+    if len({row_precision(row) for row in rows}) < 2:
+        return lambda row: ""
+    return lambda row: f" ({row_precision(row)})"
 
 
 def _table_note(seeds: bool, bold: str) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.core import distributed as dist
+from pipeline.core import precision
 from pipeline.core.checkpoint import load_checkpoint
 from pipeline.core.config import TrainConfig
 from pipeline.core.errors import VseError
@@ -34,7 +35,13 @@ from pipeline.training import factories
 from pipeline.training.curves import Curves
 from pipeline.training.parts import Network, Objective, Optimization, RunData, RunParts, Runtime
 from pipeline.training.run_folder import RunFolder, file_identity
-from pipeline.training.settings import NoiseSettings, RunSettings, RuntimeSettings, run_settings
+from pipeline.training.settings import (
+    NoiseSettings,
+    RunSettings,
+    RuntimeSettings,
+    run_settings,
+    unreached_phases,
+)
 from pipeline.training.trainer import Trainer
 
 __all__ = ["RunParts", "build_run", "build_trainer"]
@@ -67,6 +74,9 @@ def build_run(config: TrainConfig, resume: bool = False, echo=print, given=None,
     data, init_state = _data(settings, resume_state, run, quiet_echo)
     seed_everything(settings.runtime.seed)
     loss, traits = factories.create_loss(settings.loss, runtime.device)
+    unreached = unreached_phases(settings.loss.name, traits.starts, settings.loop.epochs)
+    if unreached:  # the method never starts: said, not trained silently under its name
+        echo(f"warning: {unreached}")
     model = factories.create_model(settings.model, data.source, data.captions, traits, runtime.device,
                                    runtime.distributed)
     factories.tell_loss_the_scores(settings.loss, loss, model)
@@ -112,7 +122,7 @@ def _runtime(settings: RuntimeSettings, resume_state: dict | None, run: RunFolde
                   + (f", {kernels}" if kernels else "")
                   + (f"; {world} processes ({dist.backend()})" if distributed else ""))
     return Runtime(device=device, distributed=distributed, world=world, train_dtype=dtype,
-                   setup_line=setup_line)
+                   precision=precision.of_step(dtype, device.type), setup_line=setup_line)
 
 
 def _data(settings: RunSettings, resume_state: dict | None, run: RunFolder,

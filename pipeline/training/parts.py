@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # annotations only
     import torch
 
     from pipeline.core.config import TrainConfig
+    from pipeline.core.precision import Precision
     from pipeline.data.batches import PairSource
     from pipeline.data.captions import CaptionEncoder
     from pipeline.data.noise import NoiseIndex
@@ -41,6 +42,7 @@ class Runtime:
     distributed: bool               # under torchrun (DDP)
     world: int                      # processes
     train_dtype: torch.dtype | None  # the step's autocast dtype (None: fp32)
+    precision: Precision            # what each part computes in: the run records it (core/precision)
     setup_line: str                 # what fit says first: device, precision, kernels, processes
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from pipeline.core import distributed as dist
+from pipeline.core import precision
 from pipeline.core.checkpoint import save_checkpoint
 from pipeline.core.errors import VseError
 from pipeline.core.runtime import (
@@ -460,6 +461,7 @@ class Trainer:
             **self.captions.checkpoint_entry(),  # the vocabulary, or the caption features
             "train_config": self.cfg.to_dict(),
             "world_size": self.world,
+            precision.RECORD_KEY: self.parts.runtime.precision.as_dict(),
             "feature_source": self.source.feature_source,
             **({"image_pipeline": self.source.image_pipeline} if self.source.image_pipeline else {}),
             "optimizer": self.optimizer.state_dict(),
