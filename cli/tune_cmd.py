@@ -44,6 +44,7 @@ def tune_command(config, budget, trials, metric, pruner, sampler_seed, storage, 
         open_study,
         parse_budget,
         run_tune,
+        storage_errors,
         storage_url,
         summary_lines,
     )
@@ -60,15 +61,16 @@ def tune_command(config, budget, trials, metric, pruner, sampler_seed, storage, 
     study, settings = open_study(tune, storage, parsed, trials, metric, pruner, sampler_seed)
     click.echo(f"tune {tune.name}: {tune.root} (budget {settings.budget}, dev {settings.metric}, "
                f"{settings.pruner} pruner)")
-    run_tune(tune, study, settings, echo=click.echo)
-    for line in summary_lines(study, settings):
-        click.echo(line)
-    if not no_plots:
-        written = write_plots(study, tune.root, echo=click.echo)
-        if written:
-            live = storage_url(tune.root, storage) if storage is None else "STORAGE"
-            click.echo(f"plots: {' '.join(p.name for p in written)} in {tune.root / 'plots'} "
-                       f"(live: optuna-dashboard {live})")
-    if export:
-        click.echo(f"exported: {export_best(tune, study, settings, export, overwrite)}")
+    with storage_errors(storage_url(tune.root, storage)):  # a server gone, a file broken meanwhile: one line
+        run_tune(tune, study, settings, echo=click.echo)
+        for line in summary_lines(study, settings):
+            click.echo(line)
+        if not no_plots:
+            written = write_plots(study, tune.root, echo=click.echo)
+            if written:
+                live = storage_url(tune.root, storage) if storage is None else "STORAGE"
+                click.echo(f"plots: {' '.join(p.name for p in written)} in {tune.root / 'plots'} "
+                           f"(live: optuna-dashboard {live})")
+        if export:
+            click.echo(f"exported: {export_best(tune, study, settings, export, overwrite)}")
 

@@ -49,15 +49,22 @@ from pipeline.training.tune_spec import (  # noqa: F401  (the file's names, re-e
     load_tune,
     parse_budget,
 )
+from pipeline.training.tune_storage import (  # noqa: F401  (re-exported)
+    HEARTBEAT_S,
+    STUDY_FILE,
+    check_storage,
+    open_storage,
+    storage_errors,
+    storage_label,
+    storage_url,
+)
 
-STUDY_FILE = "study.db"
 TRIAL_FILE = "tune.json"       # in each trial folder, and in the folder an exported sweep fills
 EXPORT_TAG = "# vse tune export"
 SAMPLER = "TPE"
 MEDIAN_STARTUP_TRIALS = 3      # the median pruner prunes from the 4th trial on, from its 1st epoch
 RETRIES = 1                    # a killed trial is re-run this many times with its parameters
 UNCLAIMED_GRACE_S = 60         # a RUNNING trial that never named its host is stale after this
-HEARTBEAT_S = 60               # --storage: a trial beats this often; stale after 5 missed beats
 
 
 # ---------------------------------------------------------------------------- the study
@@ -76,34 +83,6 @@ class Settings:
                 "metric": self.metric, "pruner": self.pruner, "sampler": SAMPLER,
                 "sampler_seed": self.sampler_seed, "fingerprint": tune.fingerprint(),
                 "space": tune.space(), "tune_file": str(tune.path)}
-
-
-def storage_url(root: Path, storage: str | None) -> str:
-    return storage or f"sqlite:///{(root / STUDY_FILE).resolve()}"
-
-
-def open_storage(url: str, heartbeat: bool = False):
-    """An RDB URL (sqlite:///, postgresql://, mysql://...: Optuna's own distributed mode), else a
-    journal file path. ``heartbeat`` (a database server shared by machines): each running trial
-    beats, and any worker fails and queues again a trial whose beat stopped (another machine's)."""
-    import inspect
-    import warnings
-
-    import optuna
-
-    if "://" not in url:
-        from optuna.storages.journal import JournalFileBackend
-
-        return optuna.storages.JournalStorage(JournalFileBackend(url))
-    engine = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else None
-    beat = {}
-    if heartbeat:  # the callback's keyword was renamed in Optuna 4.9
-        name = ("heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback"
-                in inspect.signature(optuna.storages.RDBStorage).parameters else "failed_trial_callback")
-        beat = {"heartbeat_interval": HEARTBEAT_S, "grace_period": 5 * HEARTBEAT_S, name: queue_again}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine, **beat)
 
 
 def queue_again(study, frozen) -> bool:
@@ -141,24 +120,34 @@ def open_study(tune: TuneSpec, storage: str | None, budget: Budget | None, trial
     given = (budget, trials, metric, pruner, sampler_seed)
     if storage is None and not (tune.root / STUDY_FILE).exists():
         _settings(tune, {}, *given)  # a new study: refuse incomplete settings before any file
+    url = storage_url(tune.root, storage)
+    check_storage(url, tune.name, own_file=storage is None)  # reads only: nothing made in a wrong one
     lock = TuneLock(tune.root).acquire()  # one process of this machine makes the database at a time
     try:
-        store = open_storage(storage_url(tune.root, storage), heartbeat=storage is not None)
-        try:
-            summary = {s.study_name: s for s in store.get_all_studies()}.get(tune.name)
-        except Exception as exc:  # noqa: BLE001 - a broken database or server: one line
-            raise VseError(f"cannot open the study storage ({str(exc).splitlines()[0][:160]})",
-                           tune.root) from None
-        recorded = summary.user_attrs if summary is not None else {}
-        settings, higher = _settings(tune, recorded, *given)
-        study = optuna.create_study(study_name=tune.name, storage=store, load_if_exists=True,
-                                    pruner=_pruner(settings.pruner, settings.budget.epochs),
-                                    direction="maximize" if higher else "minimize")
-        for key, value in settings.attrs(tune).items():
-            if recorded.get(key) != value:
-                study.set_user_attr(key, value)
+        with storage_errors(url):
+            return _open_study(tune, url, storage is not None, given)
     finally:
         lock.release()
+
+
+def _open_study(tune: TuneSpec, url: str, shared: bool, given: tuple):
+    import optuna
+
+    store = open_storage(url, heartbeat=shared)
+    summary = {s.study_name: s for s in store.get_all_studies()}.get(tune.name)
+    if summary is not None and "fingerprint" not in summary.user_attrs:  # not a study vse tune made
+        made = len(store.get_all_trials(store.get_study_id_from_name(tune.name), deepcopy=False))
+        if made:  # (one with no trial may be another process's, between its creation and its settings)
+            raise VseError(f"holds a study named {tune.name!r} with {made} trial(s) that `vse tune` did not "
+                           "make (no settings recorded): give another --name", storage_label(url))
+    recorded = summary.user_attrs if summary is not None else {}
+    settings, higher = _settings(tune, recorded, *given)
+    study = optuna.create_study(study_name=tune.name, storage=store, load_if_exists=True,
+                                pruner=_pruner(settings.pruner, settings.budget.epochs),
+                                direction="maximize" if higher else "minimize")
+    for key, value in settings.attrs(tune).items():
+        if recorded.get(key) != value:
+            study.set_user_attr(key, value)
     return study, settings
 
 
