@@ -26,7 +26,7 @@ def sweep_command(ctx, config, jobs, resume, runs_dir, name, dry_run, seeds, los
     """Train the grid of CONFIG (YAML: base: + grid:), skipping finished runs.
 
     Training options given here override the file's base: for every run (not a grid axis)."""
-    from pipeline.training.sweep import load_sweep, plan, run_sweep
+    from pipeline.training.sweep import load_sweep, plan, run_sweep, unreached
 
     if jobs < 1:
         raise click.UsageError("--jobs must be at least 1")
@@ -35,6 +35,8 @@ def sweep_command(ctx, config, jobs, resume, runs_dir, name, dry_run, seeds, los
     if dry_run:
         for run in plan(sweep).runs:
             click.echo(f"{run.status:10s} {run.run_dir}" + (f"  ({run.detail})" if run.detail else ""))
+        for run, note in unreached(sweep.runs):
+            click.echo(f"warning: {run.name}: {note}")
         return
     run_sweep(sweep, jobs=jobs, resume=resume, echo=click.echo)
     failed = [run for run in sweep.runs if run.status == "failed"]

@@ -137,6 +137,13 @@ class VseLoss(nn.Module):
         """The loss when every embedding is equal (a collapsed model), or None: no warning."""
         return None
 
+    def starts(self) -> dict[str, int]:
+        """When each part of the method begins: {what: the first epoch, 0-based, it acts in}, for
+        the parts that wait (a warm-up first). A run whose epochs end before one of them trains
+        another method under this loss's name; ``training.settings.unreached_phases`` says so for
+        every run, sweep, tune and report (issue 49). A user's loss may declare the same method."""
+        return {}
+
     def score_matrix(self, img: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
         """S[i, j] = s(image_i, caption_j) for the declared ``similarity``."""
         return image_caption_scores(img, cap, self.similarity)

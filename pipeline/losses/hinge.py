@@ -44,6 +44,10 @@ class HardestNegativeHinge(VseLoss):
     def warming_up(self) -> bool:
         return self.epoch < self.warmup_epochs
 
+    def starts(self) -> dict[str, int]:
+        return {f"the hardest negative (after warmup_epochs {self.warmup_epochs} of summed hinges)":
+                self.warmup_epochs} if self.warmup_epochs else {}
+
     def reduce(self, to_captions: torch.Tensor, to_images: torch.Tensor) -> torch.Tensor:
         if self.warming_up():
             return to_captions.sum() + to_images.sum()

@@ -43,6 +43,7 @@ class LossTraits(NamedTuple):
     networks: int = 1        # copies of the network trained together (NCR: 2; networks.cotrain)
     sample_pass: bool = False  # wants every training pair's statistic before each epoch (NCR, DECL)
     takes_sample_ids: bool = False  # its call takes ``sample_ids=`` (per-sample state, keyed by caption id)
+    starts: tuple = ()       # (what, first epoch) of each part of the method that waits (``VseLoss.starts``)
 
 
 # VseError unless ``spec`` is a built-in name or has the form of an import path
@@ -128,6 +129,11 @@ def loss_traits(loss: nn.Module, spec: str = "") -> LossTraits:
     if networks > 1 and not takes_scores:
         raise VseError(f"loss {name} trains {networks} networks together, so it must take their stacked "
                        "score matrices (scored())")
+    starts = getattr(loss, "starts", None)
+    begins = starts() if callable(starts) else {}
+    if not isinstance(begins, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in begins.items()):
+        raise VseError(f"loss {name}: starts() must return {{what: first epoch (int)}}, got {begins!r}")
     return LossTraits(similarity, bool(getattr(loss, "uses_relevance", False)),
                       collapse if callable(collapse) else None, takes_scores, networks, sample_pass,
-                      takes_ids)
+                      takes_ids, tuple(begins.items()))

@@ -47,6 +47,7 @@ LAYOUTS = {
     "noisy": ("i2t_r1", "t2i_r1", "rsum", "human_i2t_map@r", "human_t2i_map@r", "division_auc"),
 }
 EPOCHS = "epochs_to_best"  # the --epochs-to-best column
+NEVER_BEGAN = " (its method never began: see below)"  # a row's mark: the run ended before its method began
 # The title of a metric's column group, by group and direction (Caption Retrieval = i2t).
 TITLES = {("recall", "i2t"): "Caption Retrieval", ("recall", "t2i"): "Image Retrieval",
           ("rank", "i2t"): "Caption Retrieval", ("rank", "t2i"): "Image Retrieval",
@@ -285,6 +286,10 @@ def format_results(rows, fmt: str = "md", layout: str = "paper", label: str = "r
         cells = [[format_value(k, row.get(k)) for k in keys] for row in rows]
         best = best_cells(rows, keys) if bold == "best" else set()
         # one seed per row: no noise estimate, so "significant" bolds nothing
+    firsts = ([(g.label, g.rows[0]) for g in by_seed] if seeds
+              else [(str(row.get(label) or ""), row) for row in rows])
+    missed = [(name, _unreached(row)) for name, row in firsts]  # the method never began: never a silent row
+    labels = [text + (NEVER_BEGAN if note else "") for text, (_, note) in zip(labels, missed)]
     if fmt == "csv":
         return _csv_table(groups, labels, cells)
     marked = [[_bold(text, fmt) if (i, k) in best else text for k, text in zip(keys, line)]
@@ -292,7 +297,24 @@ def format_results(rows, fmt: str = "md", layout: str = "paper", label: str = "r
     table = (_latex_table if fmt == "latex" else _markdown_table)(groups, labels, marked)
     mixed = "(network/loss/evaluation precision): the rows differ in it" if shown(rows[0]) else ""
     note = "; ".join(part for part in (_table_note(seeds, bold), mixed) if part)
-    return table + ("\n\n" + note if fmt == "md" else "\n% " + note) if note else table
+    lines = [note] if note else []
+    lines += [f"{name}: {missing}" for name, missing in missed if missing]
+    return table + "".join(("\n\n" if fmt == "md" else "\n% ") + line for line in lines)
+
+
+def _unreached(row: dict) -> str | None:
+    """``training.settings.unreached_phases`` of a row's run (its config.json beside the checkpoint):
+    the run's epochs ended before its loss's method began, so the row is another method under that
+    loss's name (issue 49). None otherwise, or when the run's folder is not at hand."""
+    from pipeline.core.config import TrainConfig, with_old_defaults
+    from pipeline.training.factories import schedule_note
+    from pipeline.training.run_folder import read_config
+
+    try:
+        saved = read_config(Path(row["checkpoint"]).parent) if row.get("checkpoint") else None
+        return schedule_note(TrainConfig.from_dict(with_old_defaults(saved))) if saved else None
+    except VseError:
+        return None
 
 
 def _tuned(row: dict) -> str:

@@ -37,6 +37,8 @@ from pipeline.training.settings import (
     ModelSettings,
     OptimizerSettings,
     RuntimeSettings,
+    loss_settings,
+    unreached_phases,
 )
 
 
@@ -75,6 +77,14 @@ def create_loss(settings: LossSettings, device: torch.device):
     """The loss (on ``device``) and the traits it declares (``loss_plugins.loss_traits``)."""
     loss = make_loss(settings.name, dict(settings.options)).to(device)
     return loss, loss_traits(loss, settings.name)
+
+
+def schedule_note(config) -> str | None:
+    """``settings.unreached_phases`` of a run's ``TrainConfig`` (its loss built to ask it): the line a
+    sweep, a tune and a report give a run whose method never starts."""
+    settings = loss_settings(config)
+    loss = make_loss(settings.name, dict(settings.options))
+    return unreached_phases(settings.name, loss_traits(loss, settings.name).starts, config.epochs)
 
 
 def tell_loss_the_scores(settings: LossSettings, loss: torch.nn.Module, model: torch.nn.Module) -> None:

@@ -209,3 +209,16 @@ def run_settings(config: TrainConfig) -> RunSettings:
                        noise=noise_settings(config), loss=loss_settings(config), model=model_settings(config),
                        optimizer=optimizer_settings(config), loop=loop_settings(config),
                        logging=logging_settings(config), files=named_files(config))
+
+
+def unreached_phases(loss: str, starts, epochs: int) -> str | None:
+    """One line when a run of ``epochs`` epochs ends before a part of its loss's method begins
+    (``starts``: the (what, first epoch 0-based) pairs a loss declares, ``VseLoss.starts``): such a
+    run trains another method under the loss's name, e.g. mh with warmup_epochs >= epochs is sum of
+    hinges throughout. None when every part begins within the run. The one check behind `vse train`'s
+    warning, the sweep's, the refused tune search and the report's mark (issue 49)."""
+    missed = [f"{what} would begin in epoch {first + 1}" for what, first in starts if first >= epochs]
+    if not missed:
+        return None
+    return (f"loss {loss}: {'; '.join(missed)}, after the run's {epochs} epoch(s): the run trains without it "
+            f"under {loss}'s name")

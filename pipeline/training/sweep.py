@@ -274,6 +274,23 @@ def _changed_options(run: SweepRun) -> str:
     return ", ".join(f"{name} {getattr(new, name)!r} (the run's: {getattr(old, name)!r})" for name in names)
 
 
+def unreached(runs: list[SweepRun]) -> list[tuple[SweepRun, str]]:
+    """(run, line) for each run whose loss's method would not begin within its epochs
+    (``training.settings.unreached_phases``: it would train another method under the loss's name).
+    A run whose loss cannot be built is left to fail alone, with its own line."""
+    from pipeline.training.factories import schedule_note
+
+    found = []
+    for run in runs:
+        try:
+            note = schedule_note(TrainConfig.from_dict(run.config))
+        except VseError:
+            continue
+        if note:
+            found.append((run, note))
+    return found
+
+
 def plan(sweep: Sweep) -> Sweep:
     """Fill in every run's status."""
     for run in sweep.runs:
@@ -348,6 +365,8 @@ def run_sweep(sweep: Sweep, *, jobs: int = 1, resume: bool = False, echo=print,
         return sweep
     echo(f"sweep {sweep.name}: training {len(todo)} of {len(sweep.runs)} runs"
          + (f", {jobs} at a time" if jobs > 1 else ""))
+    for run, note in unreached(todo):  # said before the runs, whose own output --quiet may hide
+        echo(f"warning: {run.name}: {note}")
     tasks = [(run, run.status == "unfinished") for run in todo]
     if jobs > 1:
         import os

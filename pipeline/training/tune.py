@@ -46,6 +46,7 @@ from pipeline.training.tune_spec import (  # noqa: F401  (the file's names, re-e
     Param,
     TuneSpec,
     check_metric,
+    check_schedules,
     load_tune,
     parse_budget,
 )
@@ -167,6 +168,7 @@ def _settings(tune: TuneSpec, recorded: dict, budget, trials, metric, pruner, sa
         raise VseError(f"--pruner must be one of {', '.join(PRUNERS)}, got {settings.pruner!r}")
     higher = check_metric(settings.metric, tune.path)
     tune.base["epochs"] = settings.budget.epochs  # the budget's, over base's (the study's when reopened)
+    check_schedules(tune)  # no trial trains another method under its loss's name
     attrs = settings.attrs(tune)
     for key in ("epochs", "metric", "pruner", "sampler_seed", "fingerprint"):
         if key in recorded and recorded[key] != attrs[key]:

@@ -241,6 +241,34 @@ def _check_values(tune: TuneSpec, key: str, value, searched: dict) -> None:
         raise VseError(f"search: {key}: {value!r} does not make a run: {exc}", tune.path) from None
 
 
+def check_schedules(tune: TuneSpec) -> None:
+    """No trial may train another method under its loss's name (issue 49): with the trials' epochs
+    (``tune.base``'s, the budget's), the searched values at their low ends, then each at each end of
+    its range (each choice), must let every part of the loss's method begin
+    (``training.settings.unreached_phases``). VseError naming the key, before any trial."""
+    from pipeline.training.factories import schedule_note
+
+    epochs = tune.base.get("epochs")
+
+    def note(searched: dict) -> str | None:
+        return schedule_note(TrainConfig.from_dict(run_config(tune.base, searched)))
+
+    low = {p.key: p.corners()[0] for p in tune.params}
+    found = note(low)
+    if found:
+        lows = "".join(f", {key} {value!r}" for key, value in low.items())
+        raise VseError(f"base: (with the search's low ends{lows}) every trial of {epochs} epoch(s) would "
+                       f"miss its method: {found}; give more epochs (--budget) or a shorter warm-up",
+                       tune.path)
+    for param in tune.params:
+        for value in param.corners():
+            found = note({**low, param.key: value})
+            if found:
+                raise VseError(f"search: {param.key}: {value!r} makes a trial of {epochs} epoch(s) miss its "
+                               f"method: {found}; keep the range below it or give more epochs (--budget)",
+                               tune.path)
+
+
 def check_metric(metric: str, path) -> bool:
     """True when higher is better; VseError when the validation log has no such metric."""
     from pipeline.evaluation.metrics import METRIC_KEYS, metric_of

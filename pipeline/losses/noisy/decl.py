@@ -96,6 +96,17 @@ class EvidentialLoss(NoisyPairLoss):
     def warming_up(self) -> bool:
         return self.epoch < self.warmup_epochs
 
+    def starts(self) -> dict[str, int]:
+        """The division from the first epoch after the warm-up; the KL term, annealed, from epoch 1
+        (``kl_scale`` is 0 at epoch 0)."""
+        begins = {}
+        if self.warmup_epochs:
+            begins[f"the division into clean and noisy pairs (after warmup_epochs {self.warmup_epochs})"] = \
+                self.warmup_epochs
+        if self.anneal_epochs and self.kl_weight:
+            begins[f"the KL term (annealed over anneal_epochs {self.anneal_epochs}, 0 in epoch 1)"] = 1
+        return begins
+
     def value(self, batch: Batch) -> torch.Tensor:
         size = len(batch.scores)
         step = self.step + 1

@@ -86,6 +86,12 @@ class NoisyCorrespondenceRectifier(NoisyPairLoss):
         self.register_buffer("clean_probability", torch.ones(self.networks, 0, dtype=torch.float64))
         self.register_buffer("judged_clean", torch.ones(self.networks, 0, dtype=torch.bool))
 
+    def starts(self) -> dict[str, int]:
+        """Co-divide and co-rectify after the warm-up (the noisy stream then starts within the run:
+        from co-training epoch (epochs - warmup_epochs) // 2)."""
+        return {f"the co-divide and co-rectify (after warmup_epochs {self.warmup_epochs})":
+                self.warmup_epochs} if self.warmup_epochs else {}
+
     def prepare(self, num_samples: int) -> None:
         if self.clean_probability.shape[1] != num_samples:
             shape, device = (self.networks, num_samples), self.clean_probability.device
