@@ -1,5 +1,5 @@
 """The similarity of an image embedding and a caption embedding: the one definition that
-models, losses and the retrieval metrics share.
+networks, losses and the retrieval metrics share (in core: networks and losses import no other package).
 
 ``SIMILARITIES`` names them: the inner product (``cosine`` on L2-normalised embeddings), the
 order-embedding score squared (``order``, the paper's ``s(i, c) = -||max(0, c - i)||^2``) or
