@@ -109,6 +109,22 @@ def test_a_wrong_study_db_is_refused_in_one_line_and_left_as_it_was(tmp_path, ti
     assert sorted(p.name for p in db.parent.iterdir()) == ["study.db"]  # no trial, no lock file
 
 
+@pytest.mark.parametrize("file", ["tune", "."], ids=["tune-folder", "runs-dir"])
+def test_a_file_where_the_tune_folder_goes_is_refused_in_one_line(tmp_path, tiny_cache, file):
+    runs = tmp_path / "runs"
+    if file == ".":
+        runs.write_text("a file where the runs folder goes\n")
+        blocked = runs
+    else:
+        runs.mkdir()
+        blocked = runs / file
+        blocked.write_text("a file where the tune folder goes\n")
+    before = _state(blocked)
+    _refused(vse("tune", _tune_file(tmp_path, tiny_cache), "--budget", "1x1"), runs / "tune" / "study.db",
+             f"{blocked} is a file, not a folder")
+    assert _state(blocked) == before
+
+
 # ---------------------------------------------------------------------------- --storage
 def _journal_cut(path):
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))

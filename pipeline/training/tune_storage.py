@@ -106,7 +106,13 @@ def _check_file(path: Path, label, what: str, folder_made: bool = False) -> byte
     if path.is_dir():
         raise VseError(f"a directory, not {what}", label)
     if not path.parent.is_dir():
-        if folder_made:
+        if folder_made:  # the tune folder, made with the study: nothing in its way
+            for folder in path.parents:
+                if folder.exists() or folder.is_symlink():
+                    if not folder.is_dir():
+                        raise VseError(f"{folder} is a file, not a folder: the tune folder cannot be made "
+                                       "there", label)
+                    break
             return b""
         raise VseError(f"its folder {path.parent} does not exist", label)
     if not path.exists() and not path.is_symlink():
