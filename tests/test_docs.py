@@ -182,6 +182,19 @@ def test_inline_spans_are_checked_by_their_option_names(tmp_path):
     assert problems == ["", "`vse embed` has no option --imagez"]
 
 
+MAKE = re.compile(r"`make ([a-z][a-z0-9-]*)")
+
+
+def test_every_make_target_named_in_the_docs_is_in_the_makefile():
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    targets = set(re.findall(r"^([a-z][a-z0-9-]*):", makefile, re.M))
+    named = {(path.name, target) for path in doc_files()
+             for target in MAKE.findall(path.read_text(encoding="utf-8"))}
+    assert len(named) > 20
+    missing = sorted(f"{file}: make {target}" for file, target in named if target not in targets)
+    assert not missing, "\n".join(missing)
+
+
 # ---------------------------------------------------------------------------- README.md
 def test_the_readme_is_a_front_page():
     lines = README.read_text(encoding="utf-8").splitlines()
