@@ -524,13 +524,18 @@ def profile(network: str, size: dict, args, kind: str = "ours", rows: int = 25) 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
     with torch_profile(activities=activities, record_shapes=True, profile_memory=not gpu) as prof:
         wall = _timed(step, args.device)
+    unprofiled = statistics.median(_timed(step, args.device) for _ in range(3))
     events = prof.key_averages()
     own = (lambda e: e.self_device_time_total) if gpu else (lambda e: e.self_cpu_time_total)
     clock = "self_device_s" if gpu else "self_cpu_s"
     total = sum(own(e) for e in events)
     matmul = sum(own(e) for e in events if e.key in MATMUL_OPS)
     by_shape = sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: -own(e))
-    return {"wall_s": round(wall, 4), clock: round(total / 1e6, 4),
+    # issue 50's host share: 1 − the kernels' busy time ÷ the step's wall time (median of 3 steps
+    # outside the profiler, whose own host cost is not the step's); on a CPU the host is the device
+    host = round(1 - min(total / 1e6, unprofiled) / unprofiled, 3) if gpu else "not applicable on a CPU"
+    return {"wall_s": round(wall, 4), "wall_unprofiled_s": round(unprofiled, 4), "host_fraction": host,
+            clock: round(total / 1e6, 4),
             "matmul_share": round(matmul / total, 3),
             "top_ops": [{"op": e.key, clock: round(own(e) / 1e6, 4), "calls": e.count,
                          "share": round(own(e) / total, 4)}
