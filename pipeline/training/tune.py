@@ -134,7 +134,7 @@ def open_study(tune: TuneSpec, storage: str | None, budget: Budget | None, trial
 def _open_study(tune: TuneSpec, url: str, shared: bool, given: tuple):
     import optuna
 
-    store = open_storage(url, heartbeat=shared)
+    store = open_storage(url, stale_trial=queue_again if shared else None)
     summary = {s.study_name: s for s in store.get_all_studies()}.get(tune.name)
     if summary is not None and "fingerprint" not in summary.user_attrs:  # not a study vse tune made
         made = len(store.get_all_trials(store.get_study_id_from_name(tune.name), deepcopy=False))

@@ -226,17 +226,15 @@ def _alembic_head() -> str | None:
         return None
 
 
-def open_storage(url: str, heartbeat: bool = False):
+def open_storage(url: str, stale_trial=None):
     """Optuna's storage of ``url`` (checked by ``check_storage`` first): an RDB URL (Optuna's
-    distributed mode), else a journal file path. ``heartbeat`` (a database server shared by
-    machines): each running trial beats, and any worker fails and queues again a trial whose beat
-    stopped (another machine's)."""
+    distributed mode), else a journal file path. ``stale_trial`` (a database server shared by
+    machines): each running trial beats, and any worker fails a trial whose beat stopped (another
+    machine's) and calls ``stale_trial(study, frozen_trial)`` (``tune.queue_again``)."""
     import inspect
     import warnings
 
     import optuna
-
-    from pipeline.training.tune import queue_again
 
     with storage_errors(url):
         if is_journal(url):
@@ -245,10 +243,10 @@ def open_storage(url: str, heartbeat: bool = False):
             return optuna.storages.JournalStorage(JournalFileBackend(url))
         engine = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if url.startswith("sqlite") else None
         beat = {}
-        if heartbeat:  # the callback's keyword was renamed in Optuna 4.9
+        if stale_trial is not None:  # the callback's keyword was renamed in Optuna 4.9
             name = ("heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback"
                     in inspect.signature(optuna.storages.RDBStorage).parameters else "failed_trial_callback")
-            beat = {"heartbeat_interval": HEARTBEAT_S, "grace_period": 5 * HEARTBEAT_S, name: queue_again}
+            beat = {"heartbeat_interval": HEARTBEAT_S, "grace_period": 5 * HEARTBEAT_S, name: stale_trial}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.storages.RDBStorage(url, engine_kwargs=engine, **beat)
