@@ -26,6 +26,11 @@
 #                      bench/results/f8k_sgraf_bf16/; about 3 h on 2 cores). The one-epoch bf16 LSEH runs
 #                      (f8k-saf-short-bf16 and its SGR twin, `vse sweep experiments/f8k_saf_short_bf16.yaml
 #                      --network sgr --name sgr_short_bf16`) are continued where present, else trained from the start
+#   make f8k-precision — why bf16 keeps MH alive on SAF: one part's precision changed per arm, 3 seeds,
+#                      one epoch at embed 64 (experiments/precision_saf.yaml; bench/results/precision_saf_cpu/;
+#                      about 3 h on one core)
+#   make f8k-precision-fast — the fast loop, MH and LSEH, fp32 against CPU bf16, 3 seeds
+#                      (experiments/precision_fast.yaml; bench/results/precision_fast_cpu/)
 #   make f8k-vsrn-short — MH vs LSEH (svd) on VSRN (embed 256, no caption branch), 3 seeds: one epoch,
 #                      and two with a summed-hinge warm-up (best.pt and last.pt)
 #                      (experiments/f8k_vsrn_short.yaml; bench/results/f8k_vsrn_short/)
@@ -52,7 +57,8 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
 .PHONY: install demo test docs bench f8k-vsepp f8k-losses f8k-fast f8k-sets f8k-vse-infty f8k-text-pool f8k-sgraf \
-	f8k-saf-short f8k-saf-short-bf16 f8k-sgraf-short f8k-sgraf-bf16 f8k-vsrn-short f8k-noisy f8k-tuned f8k-noisy-sgr clean
+	f8k-saf-short f8k-saf-short-bf16 f8k-sgraf-short f8k-sgraf-bf16 f8k-vsrn-short f8k-noisy f8k-tuned f8k-noisy-sgr \
+	f8k-precision f8k-precision-fast clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -234,6 +240,24 @@ f8k-sgraf-bf16: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
 	$(VSE) report $(SGRAF_BF16_OUT)/results.csv --columns recall --epochs-to-best | tee $(SGRAF_BF16_OUT)/table_recall.md
 	$(VSE) report $(SGRAF_BF16_OUT)/results.csv --columns human | tee $(SGRAF_BF16_OUT)/table_human.md
 	$(PY) bench/f8k_claims.py $(SGRAF_BF16_OUT)/results.csv --claims sgraf_bf16 | tee $(SGRAF_BF16_OUT)/claims.json
+
+# ---- precision (issue 53): why bf16 keeps MH alive on SAF, one part at a time; does the fast loop care?
+PRECISION_OUT      = bench/results/precision_saf_cpu
+PRECISION_ARMS     = fp32 bf16 fp32-scores-bf16 bf16-scores-fp32 fp32-scores-noise fp32-gemm-tf32 bf16-max1
+PRECISION_FAST_OUT = bench/results/precision_fast_cpu
+
+f8k-precision: $(F8K_GRID) $(F8K_TOKENS)
+	for arm in $(PRECISION_ARMS); do for seed in 0 1 2; do test -f $(PRECISION_OUT)/runs/$$arm-s$$seed.json || \
+	  PYTHONPATH=. $(PY) bench/precision_arms.py --arm $$arm --seed $$seed --out $(PRECISION_OUT)/runs \
+	    --runs-dir $(RUNS)/precision || exit 1; done; done
+	PYTHONPATH=. $(PY) bench/precision_table.py $(PRECISION_OUT)
+
+f8k-precision-fast: $(F8K_FEATURES) $(F8K_TEXT) $(CACHE)/f8k_svd.h5
+	$(VSE) sweep experiments/precision_fast.yaml --runs-dir $(F8K_RUNS)
+	$(VSE) evaluate --runs '$(F8K_RUNS)/precision_fast/*' --split test --judgments $(JUDGMENTS) \
+	  --out $(PRECISION_FAST_OUT)/results.csv
+	$(VSE) report $(PRECISION_FAST_OUT)/results.csv --columns recall | tee $(PRECISION_FAST_OUT)/table_recall.md
+	PYTHONPATH=. $(PY) bench/precision_table.py --fast $(PRECISION_FAST_OUT)
 
 VSRN_SHORT_OUT = bench/results/f8k_vsrn_short
 

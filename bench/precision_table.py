@@ -4,12 +4,16 @@ Per arm, over its seeds: dev rsum after the epoch (mean ± std, n), the share of
 within 1% of MH's collapse value (2 · margin · batch), the share of hinge-active queries whose
 hardest negative is tied (two or more negatives at the maximum cost), the distinct score values per
 batch (of B² = 16,384), and the median gradient norm before clipping; each over the whole epoch and
-its first 50 steps. Welch one-sided p-values against the two controls say whether an arm behaves
-like fp32 or like bf16.
+its first 50 steps. Welch one-sided p-values against the two controls, and the gaps to each control
+seed by seed (an arm's run of seed k starts from the controls' initialisation and batch order), say
+whether an arm behaves like fp32 or like bf16.
 
     PYTHONPATH=. python bench/precision_table.py bench/results/precision_saf_cpu
 
-Writes DIR/table.md and DIR/summary.json.
+Writes DIR/table.md and DIR/summary.json. ``--fast DIR`` reads DIR/results.csv instead (`vse evaluate
+--runs` of experiments/precision_fast.yaml's sweep) and writes DIR/precision.md and DIR/precision.json:
+per loss, test rsum and R@1 in fp32 and under bf16 (the rows' ``precision`` column), the two-sided
+Welch p-value of the gap, and whether bf16 is inside the fp32 seed noise (p >= 0.05).
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ import math
 import statistics
 from pathlib import Path
 
-from pipeline.evaluation.stats import mean_std, welch_greater
+from pipeline.evaluation.stats import ALPHA, mean_std, welch_greater
+from pipeline.reports.report import read_results, row_precision
 
 ORDER = ("fp32", "bf16", "fp32-scores-bf16", "bf16-scores-fp32", "fp32-scores-noise",
          "fp32-gemm-tf32", "fp32-gemm-bf16", "bf16-max1", "fp32-scores-bf16-max1")
@@ -63,10 +68,43 @@ def arm_row(runs: list[dict]) -> dict:
     return row
 
 
+FAST_METRICS = ("rsum", "i2t_r1", "t2i_r1")
+
+
+def fast_table(folder: Path) -> dict:
+    """fp32 against bf16 per loss over the seeds of a results.csv (``--fast``)."""
+    rows = read_results(folder / "results.csv")
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for row in rows:
+        groups.setdefault((str(row["loss"]), row_precision(row).split("/")[0]), []).append(row)
+    out, lines = {}, ["| loss | metric | fp32 | bf16 | bf16 − fp32 | p (two-sided) | verdict |",
+                      "|:---|:---|---:|---:|---:|---:|:---|"]
+    for loss in sorted({loss for loss, _ in groups}):
+        fp32, bf16 = groups.get((loss, "fp32"), []), groups.get((loss, "bf16"), [])
+        for metric in FAST_METRICS:
+            a, b = [r[metric] for r in fp32], [r[metric] for r in bf16]
+            (ma, sa, na), (mb, sb, nb) = mean_std(a), mean_std(b)
+            p = min(1.0, 2 * min(welch_greater(a, b), welch_greater(b, a)))
+            verdict = "inside the seed noise" if p >= ALPHA else "beyond the seed noise"
+            out.setdefault(loss, {})[metric] = {"fp32": {"mean": ma, "std": sa, "n": na},
+                                                "bf16": {"mean": mb, "std": sb, "n": nb},
+                                                "p_two_sided": p, "verdict": verdict}
+            lines.append(f"| {loss} | {metric} | {ma:.1f} ± {sa:.1f} ({na}) | {mb:.1f} ± {sb:.1f} ({nb}) | "
+                         f"{mb - ma:+.1f} | {p:.3g} | {verdict} |")
+    (folder / "precision.md").write_text("\n".join(lines) + "\n")
+    (folder / "precision.json").write_text(json.dumps(out, indent=1) + "\n")
+    print("\n".join(lines))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
+    parser.add_argument("--fast", action="store_true", help="the fast loop's results.csv: fp32 against bf16")
     args = parser.parse_args()
+    if args.fast:
+        fast_table(args.folder)
+        return
     runs: dict[str, list[dict]] = {}
     for path in sorted((args.folder / "runs").glob("*.json")):
         run = json.loads(path.read_text())
@@ -74,7 +112,11 @@ def main() -> None:
     arms = [a for a in ORDER if a in runs] + sorted(set(runs) - set(ORDER))
     rows = {arm: arm_row(runs[arm]) for arm in arms}
     controls = {c: [rsum(r) for r in runs.get(c, [])] for c in ("fp32", "bf16")}
-    for arm in arms:
+    by_seed = {c: {r["seed"]: rsum(r) for r in runs.get(c, [])} for c in ("fp32", "bf16")}
+    for arm in arms:  # the arms share each seed's initialisation and batch order: paired by seed
+        for control in ("fp32", "bf16"):
+            gaps = [rsum(r) - by_seed[control][r["seed"]] for r in runs[arm] if r["seed"] in by_seed[control]]
+            rows[arm][f"paired_vs_{control}"] = gaps
         values = [rsum(r) for r in runs[arm]]
         rows[arm]["p_above_fp32"] = welch_greater(values, controls["fp32"]) if arm != "fp32" else None
         rows[arm]["p_below_bf16"] = welch_greater(controls["bf16"], values) if arm != "bf16" else None
@@ -83,9 +125,13 @@ def main() -> None:
              f"{options.get('network_options', {}).get('sim_dim')}, batch {options.get('batch_size')}, "
              f"{options.get('epochs')} epoch, full Flickr8k train; dev rsum on {options.get('val_images')} "
              "images. Shares per step; 'early': the first 50 steps.", "",
-             "| arm | seeds | dev rsum | p > fp32 | p < bf16 | at collapse (early / all) | tied hardest "
-             "(early / all) | distinct scores (early) | grad norm (median) | min a run |",
-             "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| arm | seeds | dev rsum | − fp32, by seed | p > fp32 | − bf16, by seed | p < bf16 | "
+             "at collapse (early / all) | tied hardest (early / all) | distinct scores (early) | "
+             "grad norm (median) | min a run |",
+             "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def gaps(values):
+        return " ".join(f"{v:+.0f}" for v in values) if values else ""
 
     def p(value):
         return "" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3g}"
@@ -94,7 +140,9 @@ def main() -> None:
         r = rows[arm]
         m, s, n = r["rsum"]
         lines.append(
-            f"| {arm} | {n} | {m:.1f} ± {s:.1f} | {p(r['p_above_fp32'])} | {p(r['p_below_bf16'])} | "
+            f"| {arm} | {n} | {m:.1f} ± {s:.1f} | {gaps(r['paired_vs_fp32']) if arm != 'fp32' else ''} | "
+            f"{p(r['p_above_fp32'])} | {gaps(r['paired_vs_bf16']) if arm != 'bf16' else ''} | "
+            f"{p(r['p_below_bf16'])} | "
             f"{r['early']['at_collapse']:.2f} / {r['all']['at_collapse']:.2f} | "
             f"{r['early']['tied_queries']:.3f} / {r['all']['tied_queries']:.3f} | "
             f"{r['early']['distinct_scores']:.0f} | {r['all']['grad_norm']:.3g} | {r['minutes']:.1f} |")

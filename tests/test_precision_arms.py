@@ -1,0 +1,68 @@
+"""The precision ablation's tools (bench/precision_arms.py, bench/precision_table.py): the rounding
+each arm applies is the one it names, the products' rounding reaches the backward pass, and the
+table pairs the arms with the controls seed by seed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+import precision_arms  # noqa: E402
+import precision_table  # noqa: E402
+
+
+def test_mantissa_rounding_is_bf16_and_tf32():
+    x = torch.randn(10_000, generator=torch.Generator().manual_seed(0)) * 100
+    assert torch.equal(precision_arms.round_mantissa(x, 7), x.bfloat16().float())  # round to nearest even
+    tf32 = precision_arms.round_mantissa(x, 10)
+    relative = ((tf32 - x).abs() / x.abs()).max().item()
+    assert 2 ** -12 < relative <= 2 ** -11  # 10 explicit bits: half an ulp at most, and it does round
+
+
+def test_the_noise_arm_stays_inside_bf16_rounding():
+    x = torch.rand(10_000, generator=torch.Generator().manual_seed(1)) + 1e-3
+    bound = precision_arms.bf16_half_ulp(x)
+    assert ((x.bfloat16().float() - x).abs() <= bound).all()
+    assert (bound <= x * 2 ** -8).all()  # never coarser than bf16 itself
+
+
+def test_rounded_products_reach_the_backward_pass():
+    linear = torch.nn.Linear(16, 8)
+    x = torch.randn(4, 16, requires_grad=True)
+    mode = precision_arms.RoundedProducts(7)
+    with mode:
+        out = linear(x)
+        out.sum().backward()
+    assert mode.calls >= 3  # the forward product and the two of the backward
+    expected = F.linear(x.detach().bfloat16().float(), linear.weight.detach().bfloat16().float(), linear.bias)
+    assert torch.allclose(out, expected, rtol=0, atol=1e-6)
+
+
+def _run(arm, seed, rsum, ties):
+    steps = {"loss": [60.0, 52.0], "collapse_gap": [8.8, 0.3], "tied_queries": [ties, ties],
+             "ties_per_query": [1.0, 2.0], "distinct_scores": [100, 10], "grad_norm": [3.0, 1.0]}
+    return {"arm": arm, "seed": seed, "options": {"embed_dim": 64, "network_options": {"sim_dim": 16},
+                                                  "batch_size": 128, "epochs": 1, "val_images": 100},
+            "collapse_value": 51.2, "seconds": 60.0, "validation": [{"rsum": rsum}], "steps": steps}
+
+
+def test_the_table_pairs_arms_with_the_controls_by_seed(tmp_path, monkeypatch):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for arm, values, ties in (("fp32", (100.0, 120.0), 0.0), ("bf16", (200.0, 180.0), 0.5),
+                              ("fp32-scores-bf16", (190.0, 170.0), 0.5)):
+        for seed, value in enumerate(values):
+            (runs / f"{arm}-s{seed}.json").write_text(json.dumps(_run(arm, seed, value, ties)))
+    monkeypatch.setattr(sys, "argv", ["precision_table.py", str(tmp_path)])
+    precision_table.main()
+    summary = json.loads((tmp_path / "summary.json").read_text())["arms"]
+    assert summary["fp32-scores-bf16"]["paired_vs_fp32"] == [90.0, 50.0]
+    assert summary["fp32-scores-bf16"]["paired_vs_bf16"] == [-10.0, -10.0]
+    assert summary["bf16"]["all"]["tied_queries"] == 0.5 and summary["fp32"]["all"]["at_collapse"] == 0.5
+    assert "| fp32-scores-bf16 | 2 | 180.0 ± 14.1 | +90 +50 |" in (tmp_path / "table.md").read_text()
