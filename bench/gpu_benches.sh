@@ -6,6 +6,9 @@
 # 1. pairwise: SGR's and SAF's training steps against the authors' code running there as written
 #    (bench/train_pairwise.py --device cuda: fp32, bf16 autocast, the products alone, the
 #    authors'; 10 interleaved rounds, medians; peak GPU memory of each), then VSRN's the same way;
+#    pairwise_one_chunk: SGR's and SAF's steps with the authors' batch in one chunk (padded to its
+#    longest caption) instead of the two of launch_bound_train_pair_budget: fewer launches, more
+#    arithmetic and memory (on this CPU's emulation +2.3 GB for SGR), the choice to make there;
 # 2. profile: one profiled step of each (fp32 and bf16), VSRN's at the authors' sizes:
 #    host_fraction = 1 − the kernels' busy time ÷ the step's wall time (goal ≤ 0.15);
 # 3. dual_step: the cached dual trainer (`vse train`'s Trainer, the cache preloaded) against the
@@ -54,6 +57,8 @@ part() {  # part NAME COMMAND...: run, its output to OUT/NAME.log, time it, coun
 "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU')"
 part pairwise "$PY" bench/train_pairwise.py --device "$DEV" --bf16 --steps "$steps" "${size[@]}" \
   --authors "${VSE_SGRAF_CHECKOUT:-}" --out "$OUT/train_pairwise$suffix.json"
+part pairwise_one_chunk "$PY" bench/train_pairwise.py --device "$DEV" --bf16 --steps 5 "${size[@]}" \
+  --pair-budget 1073741824 --authors "" --out "$OUT/train_pairwise_one_chunk$suffix.json"
 part pairwise_vsrn "$PY" bench/train_pairwise.py --vsrn --device "$DEV" --bf16 --steps "$steps" "${size[@]}" \
   --authors "${VSE_VSRN_CHECKOUT:-}" --out "$OUT/train_pairwise_vsrn$suffix.json"
 part profile "$PY" bench/train_pairwise.py --profile --device "$DEV" --bf16 "${size[@]}" \

@@ -8,19 +8,22 @@ any machine can take.
 
 The step is `vse train`'s (Trainer.step): forward (under autocast for bf16), the loss (max of
 hinges, margin 0.2), backward, ``clip_gradients`` at 2, the trainer's Adam (``create_optimizer``:
-fused, one op), ``loss.item()``. It is counted **as the code runs on a GPU** (``as_on_a_gpu``):
-sgraf_ops' similarity stage in one block a chunk (its CPU path cuts a chunk into cache-sized
-blocks, a loop of hundreds of small ops that never runs on a GPU), the chunk budget of a GPU, and
-torch's foreach kernels where CUDA takes them (gradient clipping). ``cpu_path`` counts the same
-step as it runs on this CPU, for reference.
+fused, one op), ``loss.item()``. It is counted **as the code runs on a GPU** (``as_on_a_gpu``:
+``sgraf_ops.accelerator_paths``, the GPU's training chunks and similarity blocks of SGR and SAF
+and SAF's running statistics at once, where the CPU takes cache-sized blocks, a loop of hundreds
+of small ops that never runs on a GPU; torch's foreach kernels where CUDA takes them, gradient
+clipping). ``cpu_path`` counts the same step as it runs on this CPU, for reference. ``before``
+was counted at 8132baa (the code as issue 50's work began), whose GPU path was sgraf_ops in one
+block a chunk and the CPU's chunks and running-statistics loop.
 
 Sizes: small widths (embed 32, sim_dim 16, 8 members, 32-d features) at the authors' batch (128)
-and caption lengths (bench/train_pairwise.py's ``batch``), with the chunk budget scaled by the
-same factor as a chunk's per-word size, so the captions fall into the same chunks as at the
-authors' sizes (checked: ``chunks`` and ``chunks_at_authors_sizes``): the ops per step depend on
-the chunks and the lengths, not on the widths. VSRN: the same batch and lengths, its GCN folded
-as at the authors' sizes (``vsrn.folds``). The dual trainer: the real Trainer over cached image
-vectors and caption vectors (``--text-features``: linear heads, MH), one batch of 128.
+and caption lengths (bench/train_pairwise.py's ``batch``), with the chunk and block budgets scaled
+by the same factor as a chunk's per-word size, so the captions fall into the same chunks and
+blocks as at the authors' sizes (checked: ``chunks`` and ``chunks_at_authors_sizes``): the ops
+per step depend on the chunks and the lengths, not on the widths. VSRN: the same batch and
+lengths, its GCN folded as at the authors' sizes (``vsrn.folds``). The dual trainer: the real
+Trainer over cached image vectors and caption vectors (``--text-features``: linear heads, MH), one
+batch of 128.
 
 Counts: ``dispatched`` (the goal's measure): the aten ops called from Python or from autograd's
 engine (no aten op above them), each a trip through the dispatcher and, unless a view, a kernel
@@ -103,28 +106,31 @@ def count_ops(step, warmup: int = 1) -> dict:
 
 
 @contextlib.contextmanager
-def as_on_a_gpu():
-    """The CPU takes the paths a GPU takes (see the module text); undone on exit."""
+def as_on_a_gpu(scale: float = 1.0):
+    """The CPU takes the paths a GPU takes (see the module text; sgraf_ops.accelerator_paths), its
+    block budget scaled by ``scale`` (the count sizes' per-word size ÷ the authors', so the blocks
+    fall as at the authors' sizes); undone on exit."""
     import torch.utils._foreach_utils as foreach_utils
     from torch.profiler import record_function
 
     from pipeline.networks import sgraf_ops
 
-    kept = (sgraf_ops.work_blocks, foreach_utils._get_foreach_kernels_supported_devices,
-            torch.nn.GRU.forward)
-    blocks, rnn_forward = kept[0], kept[2]
+    kept = (foreach_utils._get_foreach_kernels_supported_devices, torch.nn.GRU.forward,
+            sgraf_ops.ACCELERATOR_BLOCK_FLOATS)
+    rnn_forward = kept[1]
 
     def rnn(self, *args, **kwargs):
         with record_function(RNN_RANGE):
             return rnn_forward(self, *args, **kwargs)
-    sgraf_ops.work_blocks = lambda i, c, n, e, device="cpu": blocks(i, c, n, e, "meta")
-    foreach_utils._get_foreach_kernels_supported_devices = lambda: [*kept[1](), "cpu"]
+    foreach_utils._get_foreach_kernels_supported_devices = lambda: [*kept[0](), "cpu"]
     torch.nn.GRU.forward = rnn
+    sgraf_ops.ACCELERATOR_BLOCK_FLOATS = max(1, int(kept[2] * scale))
     try:
-        yield
+        with sgraf_ops.accelerator_paths():
+            yield
     finally:
-        (sgraf_ops.work_blocks, foreach_utils._get_foreach_kernels_supported_devices,
-         torch.nn.GRU.forward) = kept
+        (foreach_utils._get_foreach_kernels_supported_devices, torch.nn.GRU.forward,
+         sgraf_ops.ACCELERATOR_BLOCK_FLOATS) = kept
 
 
 def _cast(dtype):
@@ -142,8 +148,11 @@ def _trainer_parts(model, network: str):
     return loss_fn, trainable, create_optimizer(settings, model, trainable)
 
 
-def pairwise_step(network: str, size: dict, dtype=None, budget_scale: float = 1.0):
-    """Trainer.step of SGR or SAF on one batch of ``size`` (train_pairwise.batch's lengths)."""
+def pairwise_step(network: str, size: dict, dtype=None, budget_scale: float = 1.0,
+                  launch_bound_budget: int = 0):
+    """Trainer.step of SGR or SAF on one batch of ``size`` (train_pairwise.batch's lengths);
+    ``launch_bound_budget``: SGRAF's ``launch_bound_train_pair_budget`` at the authors' sizes
+    instead of its own (scaled the same)."""
     from train_pairwise import batch
 
     from pipeline.networks.network import NetworkConfig, build_network
@@ -154,7 +163,10 @@ def pairwise_step(network: str, size: dict, dtype=None, budget_scale: float = 1.
                            embed_dim=size["embed"], vocab_size=size["vocab"], word_dim=size["word_dim"],
                            options={"sim_dim": size["sim_dim"]})
     model = build_network(config).train()
-    model.train_pair_budget = max(1, int(type(model).train_pair_budget * budget_scale))
+    for budget in ("train_pair_budget", "launch_bound_train_pair_budget"):  # the authors' chunks
+        setattr(model, budget, max(1, int(getattr(type(model), budget) * budget_scale)))
+    if launch_bound_budget:
+        model.launch_bound_train_pair_budget = max(1, int(launch_bound_budget * budget_scale))
     loss_fn, trainable, optimizer = _trainer_parts(model, network)
     images, captions, lengths = batch(size)
     ids, cast = torch.arange(len(images)), _cast(dtype)
@@ -179,17 +191,18 @@ def vsrn_step(size: dict, dtype=None):
     return step
 
 
-def chunk_sizes(size: dict) -> list[int]:
-    """The caption chunks of SGRAF.score for ``size`` with its training budget (the count sizes'
-    budget scaled as ``pairwise_step`` scales it)."""
+def chunk_sizes(size: dict, launch_bound: bool = True) -> list[int]:
+    """The caption chunks of SGRAF.score in training for ``size``, off the CPU (``launch_bound``) or
+    on it, the budget scaled as ``pairwise_step`` scales it (1 at the authors' sizes)."""
     from train_pairwise import batch
 
     from pipeline.networks.sgraf import SGRAF
 
     _, _, lengths = batch(size)
     per_word = size["batch"] * max(size["members"], size["embed"])
-    budget = int(SGRAF.train_pair_budget * per_word / _authors_per_word())
-    return _chunks(lengths.sort(descending=True).values.tolist(), per_word, budget)
+    budget = SGRAF.launch_bound_train_pair_budget if launch_bound else SGRAF.train_pair_budget
+    return _chunks(lengths.sort(descending=True).values.tolist(), per_word,
+                   int(budget * per_word / _authors_per_word()))
 
 
 def _authors_per_word() -> int:
@@ -246,13 +259,19 @@ def count_all(modes=("gpu_path", "cpu_path")) -> dict:
         for mode in modes:
             counts = out[mode] = {}
             for name, make in makers.items():
-                with as_on_a_gpu() if mode == "gpu_path" else contextlib.nullcontext():
+                with as_on_a_gpu(scale) if mode == "gpu_path" else contextlib.nullcontext():
                     counts[name] = count_ops(make())
                 print(mode, name, counts[name]["aten_ops"], counts[name]["dispatched"], file=sys.stderr,
                       flush=True)
+    if "gpu_path" in modes:  # the authors' batch in one chunk (train_pairwise.py --pair-budget 2^30)
+        with as_on_a_gpu(scale):
+            out["gpu_path_one_chunk"] = {
+                f"{network}/fp32": count_ops(pairwise_step(network, COUNT_SIZE, None, scale, 1 << 30))
+                ["dispatched"] for network in ("sgr", "saf")}
     authors = SIZES["authors"]
     out["sizes"] = {"pairwise": COUNT_SIZE, "vsrn": VSRN_COUNT_SIZE, "dual_cached": "batch 128, embed 64",
                     "chunks": chunk_sizes(COUNT_SIZE), "chunks_at_authors_sizes": chunk_sizes(authors),
+                    "chunks_on_the_cpu_path": chunk_sizes(COUNT_SIZE, False),
                     "vsrn_folds": folds(VSRN_COUNT_SIZE["embed"], 128 * VSRN_COUNT_SIZE["members"]),
                     "vsrn_folds_at_authors_sizes": folds(SIZES["vsrn_authors"]["embed"],
                                                          128 * SIZES["vsrn_authors"]["members"])}

@@ -70,6 +70,7 @@ import torch  # noqa: E402
 from golden_common import cuda_as_identity  # noqa: E402
 from torch import nn  # noqa: E402
 
+PAIR_BUDGET = 0  # --pair-budget: SGRAF's launch_bound_train_pair_budget for our steps (0: its own)
 AUTHORS = os.environ.get("VSE_SGRAF_CHECKOUT", "")  # a Paranioar/SGRAF checkout (python3.6), if any
 VSRN_AUTHORS = os.environ.get("VSE_VSRN_CHECKOUT", "")  # a KunpengLi1994/VSRN checkout, if any
 SIZES = {"authors": dict(batch=128, members=36, feature_dim=2048, embed=1024, sim_dim=256, word_dim=300,
@@ -136,6 +137,8 @@ def ours_step(network: str, size: dict, dtype=None, device: str = "cpu"):
                            embed_dim=size["embed"], vocab_size=size["vocab"], word_dim=size["word_dim"],
                            options={"sim_dim": size["sim_dim"]})
     model = build_network(config).train().to(device)
+    if PAIR_BUDGET:  # --pair-budget: the chunks off the CPU (issue 50: one chunk against a few)
+        model.launch_bound_train_pair_budget = PAIR_BUDGET
     loss_fn = build_loss("mh", margin=0.2, mask_same_image=False)
     opt = torch.optim.Adam(model.parameters(), lr=2e-4)
     images, captions, lengths = batch(size)
@@ -567,9 +570,14 @@ def main(argv=None) -> int:
                         "(bench/results/train_pairwise_profile.json; with --vsrn ours and the authors' at "
                         "--size reduced unless given: bench/results/vsrn_step_profile.json)")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (every kind on the GPU)")
+    parser.add_argument("--pair-budget", type=int, default=0, help="SGR/SAF: floats of a training chunk's "
+                        "largest intermediate off the CPU (launch_bound_train_pair_budget; 0: the "
+                        "network's own; 1073741824: the authors' batch in one chunk)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out")
     args = parser.parse_args(argv)
+    global PAIR_BUDGET
+    PAIR_BUDGET = args.pair_budget
     if args.small:
         args.size = "small"
     if args.size is None:
@@ -617,6 +625,10 @@ def main(argv=None) -> int:
         report["matmul_bf16_gflops"] = round(matmul_gflops(4096, device=args.device, dtype=torch.bfloat16), 1)
     _, _, lengths = batch(size)
     report["caption_lengths_mean"] = round(float(lengths.float().mean()), 2)
+    if not args.vsrn:
+        from pipeline.networks.sgraf import SGRAF
+
+        report["launch_bound_train_pair_budget"] = args.pair_budget or SGRAF.launch_bound_train_pair_budget
     for network in args.networks.split(","):
         kinds = ["ours", "gemm"] + (["authors"] if has_authors else []) + (["ours_bf16"] if args.bf16 else [])
         steps = {kind: make(kind, network, size, args) for kind in kinds}

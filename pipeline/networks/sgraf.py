@@ -34,7 +34,7 @@ from torch import nn
 from pipeline.core.tokens import PAD_ID
 from pipeline.networks.layers import bigru_states
 from pipeline.networks.network import NetworkConfig, PairwiseNetwork
-from pipeline.networks.sgraf_ops import EPS, similarity_nodes
+from pipeline.networks.sgraf_ops import EPS, launch_bound, similarity_nodes
 from pipeline.networks.sgraf_spec import SGRAFOptions  # their declaration (torch-free)
 
 WORD_INIT = 0.1
@@ -192,6 +192,17 @@ class AttentionFiltration(nn.Module):
         variances = torch.cat([v for _, v in self.pending])[own_order]
         self.pending = []
         with torch.no_grad():
+            if momentum is not None and launch_bound(means.device):
+                # the n updates at once: r (1 - m)^n + Σ_i m (1 - m)^(n-1-i) x_i, in float64 (a loop
+                # of 4 ops a caption would be 4 kernel launches a caption); equal to the loop's
+                # float32 updates to rounding (tests/test_op_reduction.py)
+                n = len(means)
+                weights = momentum * (1 - momentum) ** torch.arange(n - 1, -1, -1, dtype=torch.float64,
+                                                                   device=means.device)
+                for stat, values in ((bn.running_mean, means), (bn.running_var, variances)):
+                    stat.copy_(stat.double() * (1 - momentum) ** n + weights @ values.double())
+                bn.num_batches_tracked.add_(n)
+                return
             for mean, var in zip(means, variances):
                 bn.running_mean.mul_(1 - momentum).add_(momentum * mean)
                 bn.running_var.mul_(1 - momentum).add_(momentum * var)
@@ -205,6 +216,9 @@ class SGRAF(PairwiseNetwork):
     module_name = ""
     train_pair_budget = 1 << 25  # floats of a training chunk's largest intermediate (128 MB; measured:
                                  # bench/results/train_pairwise_profile.json)
+    launch_bound_train_pair_budget = 1 << 28  # the same off the CPU (``launch_bound``): each chunk's ops
+                                 # are kernel launches, so few chunks (2 at the authors' sizes, not 9:
+                                 # bench/results/op_counts.json); sgraf_ops bounds its own blocks
     score_activation = "sigmoid"  # scores are σ(raw): decl reads raw back (training.factories)
 
     def __init__(self, config: NetworkConfig):
@@ -252,12 +266,16 @@ class SGRAF(PairwiseNetwork):
         """Captions longest first, in chunks each cut to its own longest caption (no work on the
         block's padding) and sized so a chunk's largest intermediate stays within the budget (in
         training ``train_pair_budget``: autograd keeps every chunk's tensors anyway, and each chunk
-        adds a gradient of the whole image block)."""
+        adds a gradient of the whole image block). Off the CPU (``sgraf_ops.launch_bound``) training
+        takes ``launch_bound_train_pair_budget``: fewer, larger chunks (more padding, masked as
+        within any chunk), as each op is a kernel launch there (issue 50)."""
         lengths = caption_block.lengths
         order = torch.argsort(lengths, descending=True, stable=True)
         bi, members, embed = image_block.local.shape  # per word: the attention's K, the context's E
         per_word = max(1, bi * max(members, embed))
         budget = self.train_pair_budget if torch.is_grad_enabled() else self.eval_pair_budget
+        if torch.is_grad_enabled() and launch_bound(image_block.local.device):
+            budget = self.launch_bound_train_pair_budget
         sizes, start = [], 0
         while start < len(order):
             width = int(lengths[order[start]])

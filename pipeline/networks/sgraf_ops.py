@@ -20,6 +20,7 @@ element, cheaper than reading it back from memory) and keeps only the norms and 
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -30,18 +31,42 @@ BLOCK_FLOATS_PER_THREAD = 1 << 18  # context elements a block holds per thread (
                                    # (2-core Xeon, SAF at the authors' sizes, 2 threads): 2^18 to 2^19
                                    # best; 2^16 to 2^17 pay the Python cost of each block's ops (about
                                    # 80 µs forward, 170 µs backward), 2^22 loses the cache
+ACCELERATOR_BLOCK_FLOATS = 1 << 26  # off the CPU: context elements a block holds (256 MB in fp32; the
+                                    # backward holds three such buffers). A GPU's passes are bound by
+                                    # kernel launches, not by a cache: blocks only bound the memory
+_FORCED: list[bool] = []           # ``accelerator_paths``: the paths of a GPU taken on a CPU
+
+
+def launch_bound(device: torch.device | str) -> bool:
+    """Whether work on ``device`` takes the paths of a GPU, where each op is a kernel launch and the
+    host's dispatches bound a step (few, large ops: sgraf's training chunks, these blocks, SAF's
+    running statistics) rather than the CPU's caches (cache-sized blocks). True off the CPU, and on
+    it inside ``accelerator_paths`` (tests and bench/op_counts.py run the GPU's paths there)."""
+    return bool(_FORCED[-1]) if _FORCED else torch.device(device).type != "cpu"
+
+
+@contextlib.contextmanager
+def accelerator_paths(on: bool = True):
+    """Within: ``launch_bound`` is ``on`` on every device (the CPU takes a GPU's paths)."""
+    _FORCED.append(on)
+    try:
+        yield
+    finally:
+        _FORCED.pop()
 
 
 def work_blocks(images: int, captions: int, length: int, embed: int,
                 device: torch.device | str = "cpu") -> list[tuple[slice, slice]]:
     """(image slice, caption slice) blocks of about ``BLOCK_FLOATS_PER_THREAD`` × threads context
     elements: whole images when an image's captions fit, else caption ranges of one image (so a
-    block's rows are contiguous in every (Bi, Bc, L, …) tensor). Off the CPU one block, the whole
-    chunk: a GPU's passes are bound by kernel launches, not by a cache (an H200 ran the step
-    host-bound already, bench/results/gpu/README.md), and small blocks would multiply them."""
-    if torch.device(device).type != "cpu":
-        return [(slice(0, images), slice(0, captions))]
-    budget = BLOCK_FLOATS_PER_THREAD * max(1, torch.get_num_threads())
+    block's rows are contiguous in every (Bi, Bc, L, …) tensor). Off the CPU (``launch_bound``)
+    blocks of ``ACCELERATOR_BLOCK_FLOATS``, a whole chunk unless its context is larger: a GPU's
+    passes are bound by kernel launches, not by a cache (an H200 ran the step host-bound already,
+    bench/results/gpu/README.md), and small blocks would multiply them."""
+    if launch_bound(device):
+        budget = ACCELERATOR_BLOCK_FLOATS
+    else:
+        budget = BLOCK_FLOATS_PER_THREAD * max(1, torch.get_num_threads())
     per_caption = length * embed
     if captions * per_caption > budget:
         step = max(1, budget // per_caption)
