@@ -263,11 +263,20 @@ def count_all(modes=("gpu_path", "cpu_path")) -> dict:
                     counts[name] = count_ops(make())
                 print(mode, name, counts[name]["aten_ops"], counts[name]["dispatched"], file=sys.stderr,
                       flush=True)
-    if "gpu_path" in modes:  # the authors' batch in one chunk (train_pairwise.py --pair-budget 2^30)
-        with as_on_a_gpu(scale):
-            out["gpu_path_one_chunk"] = {
-                f"{network}/fp32": count_ops(pairwise_step(network, COUNT_SIZE, None, scale, 1 << 30))
-                ["dispatched"] for network in ("sgr", "saf")}
+    if "gpu_path" in modes:  # what the next levers would give (train_pairwise.py --pair-budget on a GPU)
+        from pipeline.networks import sgraf_ops
+
+        alternatives = {"one chunk (launch_bound_train_pair_budget 2^30)": (1 << 30, None),
+                        "sgraf_ops blocks of 2^27": (0, 1 << 27), "sgraf_ops blocks of 2^28": (0, 1 << 28)}
+        out["gpu_path_alternatives"] = {}
+        kept = sgraf_ops.ACCELERATOR_BLOCK_FLOATS
+        for name, (budget, block) in alternatives.items():
+            sgraf_ops.ACCELERATOR_BLOCK_FLOATS = block or kept
+            with as_on_a_gpu(scale):
+                out["gpu_path_alternatives"][name] = {
+                    f"{network}/fp32": count_ops(pairwise_step(network, COUNT_SIZE, None, scale, budget))
+                    ["dispatched"] for network in ("sgr", "saf")}
+            sgraf_ops.ACCELERATOR_BLOCK_FLOATS = kept
     authors = SIZES["authors"]
     out["sizes"] = {"pairwise": COUNT_SIZE, "vsrn": VSRN_COUNT_SIZE, "dual_cached": "batch 128, embed 64",
                     "chunks": chunk_sizes(COUNT_SIZE), "chunks_at_authors_sizes": chunk_sizes(authors),

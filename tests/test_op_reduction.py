@@ -109,3 +109,39 @@ def test_the_gpu_path_dispatches_fewer_ops():
                 model(images, captions, lengths).sum().backward()
         counts.append(count_ops(run)["dispatched"])
     assert counts[1] < 0.75 * counts[0]
+
+
+def test_clipping_a_list_with_twice_listed_gradients_in_batched_calls(monkeypatch):
+    """VSRN's list holds its caption model twice: each such gradient is scaled twice, as the
+    authors' loop scales it, now in two batched (foreach) calls, not one call a gradient; with
+    CUDA's foreach taken on the CPU, bit for bit the one-by-one loop, and fewer ops."""
+    import torch.utils._foreach_utils as foreach_utils
+    from op_counts import count_ops
+
+    from pipeline.training.trainer import clip_gradients
+
+    g = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(4, 3, generator=g)) for _ in range(6)]
+    listed = params + params[2:5] + params[3:4]  # one of them three times
+    grads = [torch.randn(q.shape, generator=g) * 10 for q in params]
+
+    def clip(foreach: bool):
+        for q, grad in zip(params, grads):
+            q.grad = grad.clone()
+        if foreach:
+            with monkeypatch.context() as m:
+                m.setattr(foreach_utils, "_get_foreach_kernels_supported_devices", lambda: ["cuda", "cpu"])
+                clip_gradients(listed, 2.0)
+        else:
+            total = torch.nn.utils.get_total_norm([q.grad for q in listed])
+            coef = torch.clamp(2.0 / (total + 1e-6), max=1.0)
+            for q in listed:
+                q.grad.mul_(coef)
+        return [q.grad.clone() for q in params]
+    for a, b in zip(clip(True), clip(False)):
+        assert torch.equal(a, b)
+    with monkeypatch.context() as m:
+        m.setattr(foreach_utils, "_get_foreach_kernels_supported_devices", lambda: ["cuda", "cpu"])
+        counts = count_ops(lambda: clip(True))  # gradients set afresh: above the norm each time
+    top = counts["top_dispatched"]
+    assert top.get("aten::_foreach_mul_") == 3 and "aten::mul_" not in top  # 3 listings, not 10 calls

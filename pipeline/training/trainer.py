@@ -492,9 +492,23 @@ def clip_gradients(parameters: list[torch.Tensor], max_norm: float) -> None:
     if total.device.type == "cpu" and bool(max_norm / (total + 1e-6) >= 1.0):  # torch's coefficient
         return
     # a gradient listed twice (VSRN's caption model, as its authors' Adam list) is scaled twice, as
-    # their loop does; CUDA's batched multiply may scale such a gradient once, so it goes one by one
-    twice = len({id(q) for q in parameters}) < len(parameters)
-    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total, foreach=False if twice else None)
+    # their loop does; CUDA's batched multiply may scale such a gradient once, so each batched call
+    # holds a gradient once: the first listing of every gradient, then the second of those listed
+    # twice (on a GPU two multi-tensor kernels, not one launch a gradient: issue 50)
+    for listing in _listings(parameters):
+        torch.nn.utils.clip_grads_with_norm_(listing, max_norm, total)
+
+
+def _listings(parameters: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """``parameters`` as lists of distinct tensors: a tensor listed k times is in the first k."""
+    seen: dict[int, int] = {}
+    listings: list[list[torch.Tensor]] = []
+    for q in parameters:
+        k = seen[id(q)] = seen.get(id(q), -1) + 1
+        if k == len(listings):
+            listings.append([])
+        listings[k].append(q)
+    return listings
 
 
 class CollapseMonitor:
