@@ -46,3 +46,14 @@ def test_a_cpu_run_leaves_the_gpu_goals_unmeasured(tmp_path):
     report = gpu_goals.goals(tmp_path, "_cpu")
     assert report["goals"]["dual_ours_over_bare"] == {"value": 0.8, "goal_min": 0.9, "met": False}
     assert report["goals"]["dual_host_fraction"] is None and report["measured"] == 1
+
+
+def test_gpu_benches_parses_and_names_scripts_that_exist():
+    import re
+    import subprocess
+
+    script = ROOT / "bench" / "gpu_benches.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    named = set(re.findall(r"bench/[a-z_]+\.(?:py|sh)", script.read_text()))
+    assert {"bench/train_pairwise.py", "bench/dual_step.py", "bench/gpu_goals.py"} <= named
+    assert all((ROOT / name).is_file() for name in named)
