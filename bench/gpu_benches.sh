@@ -7,8 +7,10 @@
 #    (bench/train_pairwise.py --device cuda: fp32, bf16 autocast, the products alone, the
 #    authors'; 10 interleaved rounds, medians; peak GPU memory of each), then VSRN's the same way;
 #    pairwise_one_chunk: SGR's and SAF's steps with the authors' batch in one chunk (padded to its
-#    longest caption) instead of the two of launch_bound_train_pair_budget: fewer launches, more
-#    arithmetic and memory (on this CPU's emulation +2.3 GB for SGR), the choice to make there;
+#    longest caption) and sgraf_ops' blocks of 2^28 floats, instead of 2 chunks and blocks of 2^26:
+#    fewer launches (bench/results/op_counts.json's alternatives), more arithmetic and memory (a
+#    CPU's emulation: +2.3 GB for SGR's one chunk), the choice to make there against the authors'
+#    peak memory;
 # 2. profile: one profiled step of each (fp32 and bf16), VSRN's at the authors' sizes:
 #    host_fraction = 1 − the kernels' busy time ÷ the step's wall time (goal ≤ 0.15);
 # 3. dual_step: the cached dual trainer (`vse train`'s Trainer, the cache preloaded) against the
@@ -58,7 +60,8 @@ part() {  # part NAME COMMAND...: run, its output to OUT/NAME.log, time it, coun
 part pairwise "$PY" bench/train_pairwise.py --device "$DEV" --bf16 --steps "$steps" "${size[@]}" \
   --authors "${VSE_SGRAF_CHECKOUT:-}" --out "$OUT/train_pairwise$suffix.json"
 part pairwise_one_chunk "$PY" bench/train_pairwise.py --device "$DEV" --bf16 --steps 5 "${size[@]}" \
-  --pair-budget 1073741824 --authors "" --out "$OUT/train_pairwise_one_chunk$suffix.json"
+  --pair-budget 1073741824 --block-floats 268435456 --authors "" \
+  --out "$OUT/train_pairwise_one_chunk$suffix.json"
 part pairwise_vsrn "$PY" bench/train_pairwise.py --vsrn --device "$DEV" --bf16 --steps "$steps" "${size[@]}" \
   --authors "${VSE_VSRN_CHECKOUT:-}" --out "$OUT/train_pairwise_vsrn$suffix.json"
 part profile "$PY" bench/train_pairwise.py --profile --device "$DEV" --bf16 "${size[@]}" \

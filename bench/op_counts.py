@@ -267,7 +267,8 @@ def count_all(modes=("gpu_path", "cpu_path")) -> dict:
         from pipeline.networks import sgraf_ops
 
         alternatives = {"one chunk (launch_bound_train_pair_budget 2^30)": (1 << 30, None),
-                        "sgraf_ops blocks of 2^27": (0, 1 << 27), "sgraf_ops blocks of 2^28": (0, 1 << 28)}
+                        "sgraf_ops blocks of 2^27": (0, 1 << 27), "sgraf_ops blocks of 2^28": (0, 1 << 28),
+                        "one chunk, blocks of 2^28 (gpu_benches.sh: pairwise_one_chunk)": (1 << 30, 1 << 28)}
         out["gpu_path_alternatives"] = {}
         kept = sgraf_ops.ACCELERATOR_BLOCK_FLOATS
         for name, (budget, block) in alternatives.items():

@@ -573,11 +573,17 @@ def main(argv=None) -> int:
     parser.add_argument("--pair-budget", type=int, default=0, help="SGR/SAF: floats of a training chunk's "
                         "largest intermediate off the CPU (launch_bound_train_pair_budget; 0: the "
                         "network's own; 1073741824: the authors' batch in one chunk)")
+    parser.add_argument("--block-floats", type=int, default=0, help="SGR/SAF: sgraf_ops' blocks off the CPU "
+                        "(ACCELERATOR_BLOCK_FLOATS; 0: its own)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     global PAIR_BUDGET
     PAIR_BUDGET = args.pair_budget
+    if args.block_floats:
+        from pipeline.networks import sgraf_ops
+
+        sgraf_ops.ACCELERATOR_BLOCK_FLOATS = args.block_floats
     if args.small:
         args.size = "small"
     if args.size is None:
@@ -626,9 +632,11 @@ def main(argv=None) -> int:
     _, _, lengths = batch(size)
     report["caption_lengths_mean"] = round(float(lengths.float().mean()), 2)
     if not args.vsrn:
+        from pipeline.networks import sgraf_ops
         from pipeline.networks.sgraf import SGRAF
 
         report["launch_bound_train_pair_budget"] = args.pair_budget or SGRAF.launch_bound_train_pair_budget
+        report["accelerator_block_floats"] = sgraf_ops.ACCELERATOR_BLOCK_FLOATS
     for network in args.networks.split(","):
         kinds = ["ours", "gemm"] + (["authors"] if has_authors else []) + (["ours_bf16"] if args.bf16 else [])
         steps = {kind: make(kind, network, size, args) for kind in kinds}
