@@ -94,3 +94,21 @@ def test_zero_padding_keeps_gradients_finite():
     captions[torch.arange(9)[None] >= lengths[:, None]] = 0.0
     model(images, captions, lengths).sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("cls", [SGR, SAF])
+def test_scores_leave_bf16_autocast_in_fp32(cls):
+    """Under bf16 autocast the interior runs in bf16 but the scores come out of σ(w_e · v) in fp32:
+    rounded to bf16 they would take a few dozen values, and MH's hardest negatives would tie
+    (PROTOCOL, "Numeric precision"; bench/results/precision_saf_cpu)."""
+    model = randomised(cls).float().eval()
+    images, captions, lengths = inputs()
+    images, captions = images.float(), captions.float()
+    with torch.no_grad():
+        fp32 = model(images, captions, lengths)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mixed = model(images, captions, lengths)
+    assert mixed.dtype == torch.float32
+    assert not torch.equal(mixed, mixed.bfloat16().float())  # finer than bf16's grid
+    assert mixed.unique().numel() > mixed.bfloat16().unique().numel()  # fewer ties than bf16 scores
+    assert torch.allclose(mixed, fp32, atol=0.05)  # the interior's bf16 rounding only

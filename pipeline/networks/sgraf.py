@@ -308,7 +308,16 @@ class SGRAF(PairwiseNetwork):
         nodes, logits = similarity_nodes(attn, v, w, sim_glo, self.sim_tranloc_w, self.node_scorer())
         node_mask = torch.cat([torch.ones_like(mask[:, :1]), mask], dim=1)    # (Bc, L + 1)
         vector = self.reason(nodes, node_mask, logits)
-        return torch.sigmoid(self.sim_eval_w(vector)).squeeze(-1)
+        return self.score_of(vector)
+
+    def score_of(self, vector: torch.Tensor) -> torch.Tensor:
+        """σ(w_e · vector) (Bi, Bc), in the parameters' precision with autocast off. Under bf16 the
+        sigmoid's outputs would take a few dozen values a batch, MH's hardest negatives would tie and
+        its gradient spread over them: another method than the authors' (docs/PROTOCOL.md, "Numeric
+        precision"). One Linear S → 1: its cost is nothing beside the similarity stage."""
+        head = self.sim_eval_w
+        with torch.autocast(device_type=vector.device.type, enabled=False):
+            return torch.sigmoid(head(vector.to(head.weight.dtype))).squeeze(-1)
 
     def node_scorer(self) -> nn.Linear | None:
         """A Linear S → 1 that ``reason`` reads every node through (its ``logits``), if any."""
