@@ -445,7 +445,7 @@ def test_extract_options_out_of_range(tmp_path):
     (b'epochs: "ten"\n', "epochs must be an integer, got 'ten'"),
     (b"epochs: 2.5\n", "epochs must be an integer, got 2.5"),
     (b"lr: fast\n", "lr must be a number, got 'fast'"),
-    (b"amp: 1\n", "amp must be true or false, got 1"),
+    (b"amp: 1\n", "amp must be true or false (or null), got 1"),
     (b"batch_size: -4\n", "batch_size must be at least 1, got -4"),
     (b"loss_options: [1, 2]\n", "loss_options must be a mapping of option names to values, got [1, 2]"),
     (b"val_split: 7\n", "val_split must be text, got 7"),

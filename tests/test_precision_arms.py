@@ -36,10 +36,15 @@ def test_rounded_products_reach_the_backward_pass():
     linear = torch.nn.Linear(16, 8)
     x = torch.randn(4, 16, requires_grad=True)
     mode = precision_arms.RoundedProducts(7)
-    with mode:
-        out = linear(x)
-        out.sum().backward()
-    assert mode.calls >= 3  # the forward product and the two of the backward
+    try:
+        with mode:
+            out = linear(x)
+            out.sum().backward()
+        calls = mode.calls
+        linear(x).sum().backward()  # outside: not rounded, not counted
+    finally:
+        mode.close()
+    assert calls >= 3 and mode.calls == calls  # the forward product and the two of the backward
     expected = F.linear(x.detach().bfloat16().float(), linear.weight.detach().bfloat16().float(), linear.bias)
     assert torch.allclose(out, expected, rtol=0, atol=1e-6)
 

@@ -258,7 +258,9 @@ def test_train_options_have_no_defaults_of_their_own_and_help_shows_trainconfigs
     for name, flag in (("epochs", "--epochs INTEGER"), ("lr", "--lr FLOAT"),
                        ("batch_size", "--batch-size INTEGER")):
         assert f"{flag} [default: {TrainConfig.default(name)}]" in help_text
-    assert "[default: amp]" in help_text and "[default: freeze-bn]" in help_text
+    assert "[default: freeze-bn]" in help_text
+    # --amp and --cpu-amp: unset by default, the measured rule decides (core/precision)
+    assert "Unset: on for the dual networks, off for the pairwise ones" in help_text
 
 
 def test_what_resume_may_change_leaves_the_updates_alone(tiny_cache, tmp_path):
