@@ -71,3 +71,17 @@ def test_the_table_pairs_arms_with_the_controls_by_seed(tmp_path, monkeypatch):
     assert summary["fp32-scores-bf16"]["paired_vs_bf16"] == [-10.0, -10.0]
     assert summary["bf16"]["all"]["tied_queries"] == 0.5 and summary["fp32"]["all"]["at_collapse"] == 0.5
     assert "| fp32-scores-bf16 | 2 | 180.0 ± 14.1 | +90 +50 |" in (tmp_path / "table.md").read_text()
+
+
+def test_the_protocol_holds_the_ablation_table_of_its_results_file():
+    """docs/PROTOCOL.md's precision table is bench/results/precision_saf_cpu/table.md's, not typed
+    twice (python docs/hooks/vse_docs.py --readme writes the region)."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("vse_docs", root / "docs" / "hooks" / "vse_docs.py")
+    docs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(docs)
+    protocol = root / "docs" / "PROTOCOL.md"
+    assert "<!-- vse:table bench/results/precision_saf_cpu/table.md -->" in protocol.read_text()
+    assert docs.regions_up_to_date(protocol), "stale: python docs/hooks/vse_docs.py --readme"

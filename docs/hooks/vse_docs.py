@@ -380,20 +380,23 @@ def on_page_markdown(markdown, page, config, files, **kwargs):
         raise PluginError(f"{page.file.src_uri}: {exc}") from exc
 
 
-# ---------------------------------------------------------------------------- README.md
+# ---------------------------------------------------------------------------- files with regions
+REGION_FILES = ("README.md", "docs/PROTOCOL.md")  # they hold their generated regions themselves
+
+
 def main(argv: list[str]) -> int:
-    """``--readme``: write README.md's generated regions; ``--check``: exit 1 when they are stale."""
-    readme = ROOT / "README.md"
+    """``--readme``: write the generated regions of REGION_FILES; ``--check``: exit 1 when stale."""
+    paths = [ROOT / name for name in REGION_FILES]
     if argv[:1] == ["--check"]:
-        if not regions_up_to_date(readme):
-            print("README.md's generated regions are stale: python docs/hooks/vse_docs.py --readme")
-            return 1
-        return 0
+        stale = [p.name for p in paths if not regions_up_to_date(p)]
+        if stale:
+            print(f"{', '.join(stale)}: stale regions: python docs/hooks/vse_docs.py --readme")
+        return int(bool(stale))
     if argv[:1] == ["--readme"]:
-        readme.write_text(fill(readme.read_text(encoding="utf-8"), keep_markers=True), encoding="utf-8")
+        for path in paths:
+            path.write_text(fill(path.read_text(encoding="utf-8"), keep_markers=True), encoding="utf-8")
         return 0
-    print(__doc__)
-    return 2
+    return print(__doc__) or 2
 
 
 if __name__ == "__main__":
