@@ -204,6 +204,28 @@ def test_the_readme_is_a_front_page():
     assert re.findall(r"^make \w+", setup, re.M) == ["make demo", "make test"]
 
 
+def test_the_readme_links_point_at_files_that_exist():
+    """README.md is read on a repository host, outside the site's strict build: its relative links
+    (into docs/ and the repository) must name files that exist, and their anchors headings there."""
+    text = README.read_text(encoding="utf-8")
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert len(links) > 10
+    broken = []
+    for link in links:
+        if re.match(r"^[a-z]+:", link):
+            continue
+        path, _, anchor = link.partition("#")
+        target = ROOT / (path or "README.md")
+        if not target.exists():
+            broken.append(f"{link}: no file {path}")
+        elif anchor and target.suffix == ".md":
+            slugs = {re.sub(r"[^\w\- ]", "", h.lower()).strip().replace(" ", "-")
+                     for h in re.findall(r"^#+ (.+)$", target.read_text(encoding="utf-8"), re.M)}
+            if anchor not in slugs:
+                broken.append(f"{link}: no heading #{anchor} in {path}")
+    assert not broken, "\n".join(broken)
+
+
 def test_the_readme_results_table_is_its_results_file():
     """The region between `<!-- vse:table FILE ... -->` and `<!-- /vse:table -->` is FILE's table
     (python docs/hooks/vse_docs.py --readme writes it)."""
