@@ -34,33 +34,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 def small_pair(folder: Path, num_images: int = 300, dim: int = 64, text_dim: int = 32):
     """A feature cache of ``num_images`` random image vectors (100 of them dev and test) with 5 demo
-    captions each, and a caption-vector file of random unit vectors for them."""
-    from conftest import demo_captions, write_feature_cache
+    captions each, and a caption-vector file of random unit vectors for them (fast_train's maker)."""
+    from fast_train import synthetic_pair
 
-    import pipeline.text.encoders as encoders
-    from pipeline.data.caption_features import encode_text
-
-    folder.mkdir(parents=True, exist_ok=True)
-    ids, captions = demo_captions(1000)
-    captions = [captions[j % len(captions)] for j in range(5 * num_images)]
-    rng = np.random.default_rng(0)
-    feats = rng.standard_normal((num_images, dim)).astype(np.float32)
-    splits = {"train": np.arange(num_images - 100), "dev": np.arange(num_images - 100, num_images - 50),
-              "test": np.arange(num_images - 50, num_images)}
-    cache = write_feature_cache(folder / "pair.h5", feats, captions, np.repeat(np.arange(num_images), 5),
-                                splits, image_ids=[f"img{i}" for i in range(num_images)])
-
-    def random_vectors(texts, *args, **kwargs):
-        v = rng.standard_normal((len(texts), text_dim)).astype(np.float32)
-        return encoders.EncodedCaptions(v / np.linalg.norm(v, axis=1, keepdims=True))
-
-    real = encoders.encode_captions
-    encoders.encode_captions = random_vectors
-    try:
-        encode_text(cache, "cbow", folder / "pair_text.h5")  # identity says cbow: the vectors are random
-    finally:
-        encoders.encode_captions = real
-    return cache, folder / "pair_text.h5"
+    return synthetic_pair(folder, num_images, dim, text_dim, held_out=50, stem="pair")
 
 
 def sync(device: str) -> None:

@@ -33,8 +33,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 from benchkit import trainer_vs_bare  # noqa: E402
 
 
-def synthetic_pair(folder: Path, num_images: int = 8000, dim: int = 1280, text_dim: int = 384):
-    """A Flickr8k-sized feature cache and caption-feature file of random vectors."""
+def synthetic_pair(folder: Path, num_images: int = 8000, dim: int = 1280, text_dim: int = 384,
+                   held_out: int = 1000, stem: str = "synthetic"):
+    """A Flickr8k-sized feature cache (``held_out`` images each for dev and test) and caption-feature
+    file of random vectors, FOLDER/STEM.h5 and FOLDER/STEM_text.h5."""
     from conftest import demo_captions, write_feature_cache
 
     import pipeline.text.encoders as encoders
@@ -44,9 +46,10 @@ def synthetic_pair(folder: Path, num_images: int = 8000, dim: int = 1280, text_d
     captions = [captions[j % len(captions)] for j in range(5 * num_images)]
     rng = np.random.default_rng(0)
     feats = rng.standard_normal((num_images, dim)).astype(np.float32)
-    splits = {"train": np.arange(num_images - 2000), "dev": np.arange(num_images - 2000, num_images - 1000),
-              "test": np.arange(num_images - 1000, num_images)}
-    cache = write_feature_cache(folder / "synthetic.h5", feats, captions, np.repeat(np.arange(num_images), 5),
+    folder.mkdir(parents=True, exist_ok=True)
+    n, k = num_images, held_out
+    splits = {"train": np.arange(n - 2 * k), "dev": np.arange(n - 2 * k, n - k), "test": np.arange(n - k, n)}
+    cache = write_feature_cache(folder / f"{stem}.h5", feats, captions, np.repeat(np.arange(num_images), 5),
                                 splits, image_ids=[f"img{i}" for i in range(num_images)])
 
     def random_vectors(texts, *args, **kwargs):
@@ -56,10 +59,10 @@ def synthetic_pair(folder: Path, num_images: int = 8000, dim: int = 1280, text_d
     real = encoders.encode_captions
     encoders.encode_captions = random_vectors
     try:
-        encode_text(cache, "cbow", folder / "synthetic_text.h5")  # identity says cbow: vectors are random
+        encode_text(cache, "cbow", folder / f"{stem}_text.h5")  # identity says cbow: vectors are random
     finally:
         encoders.encode_captions = real
-    return cache, folder / "synthetic_text.h5"
+    return cache, folder / f"{stem}_text.h5"
 
 
 def measure_ratio(cfg, batches: int, rounds: int) -> dict:
