@@ -124,7 +124,12 @@ def test_distributed_step_equals_one_process_on_the_global_batch(launched, case,
             error = (got["grads"][name] - grad).norm() / grad.norm().clamp_min(1e-12)
             assert error < 1e-4, (case, name, rank, error.item())
         for name, weight in expected["weights"].items():  # Adam's first step moves each weight by ≈ lr
-            torch.testing.assert_close(got["weights"][name], weight, rtol=0, atol=1e-5, msg=f"{case} {name}")
+            # · sign(grad): where a gradient is at float32's summation noise (another order of sums,
+            # another thread count) its sign, and so a 2·lr move, is noise too; compare the rest
+            grad = expected["grads"][name]
+            settled = grad.abs() > 1e-5 * grad.abs().max()
+            torch.testing.assert_close(got["weights"][name][settled], weight[settled], rtol=0, atol=1e-5,
+                                       msg=f"{case} {name}")
     if case == "rc_finetune":
         assert any(name.startswith("image_encoder.backbone.") for name in expected["grads"])
     if case == "rc_frozen":
