@@ -103,10 +103,16 @@ def test_seed_groups_never_merge_precisions():
     assert [g.n for g in seed_groups(rows)] == [2, 1]
 
 
-def test_compare_refuses_two_precisions(fp32_and_bf16_runs):
+def test_compare_refuses_two_precisions(fp32_and_bf16_runs, monkeypatch):
+    from pipeline.reports.batch_eval import RunEvaluator
     from tests.conftest import vse
 
+    embedded = []
+    real_embed = RunEvaluator.embed
+    monkeypatch.setattr(RunEvaluator, "embed",
+                        lambda self, *a, **k: embedded.append(a) or real_embed(self, *a, **k))
     result = vse("compare", fp32_and_bf16_runs / "fp32", fp32_and_bf16_runs / "bf16", "--permutations", 100)
+    assert embedded == []  # refused from the checkpoints' records, before either run was embedded
     assert result.exit_code == 1
     line = result.output.strip().splitlines()[-1]
     assert "different precision" in line and "bf16/fp32/fp32" in line and "--across-precision" in line

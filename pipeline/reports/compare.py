@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from pipeline.core import precision
+from pipeline.core.checkpoint import load_checkpoint
 from pipeline.core.errors import VseError
 from pipeline.evaluation.metrics import metric_keys, similarity_ranks
 from pipeline.evaluation.stats import DEFAULT_PERMUTATIONS, paired_permutation_test
@@ -29,14 +30,15 @@ def compare_runs(run_a, run_b, *, device: torch.device, split: str = "test", fea
     """{"runs": [name_a, name_b], "split", "queries": {...}, "metrics": {key: {a, b, diff, p}},
     "precision": [label_a, label_b]}. Runs trained in different precisions are refused unless
     ``across_precision`` (a precision ablation compares them on purpose)."""
-    ranks, ids, labels = [], [], {}
+    # the checkpoints' records are read before anything is embedded: a refusal costs no embedding
+    labels = {str(run): precision.label_of(load_checkpoint(Path(run) / checkpoint)) for run in (run_a, run_b)}
+    if not across_precision and (line := precision.mixed(labels)):
+        raise VseError(f"{line}: they are not one method (--across-precision compares them anyway)",
+                       Path(run_b))
+    ranks, ids = [], []
     with RunEvaluator(device, split, features=features) as evaluator:
         for run in (run_a, run_b):
-            emb, loaded, _, _ = evaluator.embed(run, checkpoint)
-            labels[str(run)] = precision.label_of(loaded.state)
-            if len(labels) == 2 and not across_precision and (line := precision.mixed(labels)):
-                raise VseError(f"{line}: they are not one method (--across-precision compares them "
-                               "anyway)", Path(run_b))
+            emb, _, _, _ = evaluator.embed(run, checkpoint)
             ranks.append(similarity_ranks(emb.images, emb.captions, emb.caption_image,
                                           similarity=emb.similarity, device=device))
             ids.append((np.asarray(emb.caption_rows), np.asarray(emb.caption_image)))
