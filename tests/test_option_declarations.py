@@ -85,8 +85,10 @@ POOL_CASES = [({"dpe": 4}, "pool gpo has no option dpe (its options: d_pe, d_hid
               ({"temperature": 0}, "pool gpo: temperature must be > 0, got 0.0"),
               ({"d_pe": 3}, "pool gpo: d_pe must be even (sin and cos of each frequency), got 3")]
 NETWORK_CASES = [({"sim_dims": 8}, "network sgr has no option sim_dims (its options: sim_dim, "),
-                 ({"sim_dim": "8"}, "network sgr: sim_dim must be an integer, got '8'"),
-                 ({"sim_dim": 0}, "network sgr: sim_dim and sgr_steps must be >= 1, caption_chunk >= 0")]
+                 ({"sim_dim": "8"}, "network sgr: sim_dim must be an integer >= 1, got '8'"),
+                 ({"sim_dim": 0}, "network sgr: sim_dim must be an integer >= 1, got 0"),
+                 ({"dropout": 1.0}, "network sgr: dropout must be < 1, got 1.0"),
+                 ({"smooth": float("inf")}, "network sgr: smooth must be a finite number, got inf")]
 READER_CASES = [({"csv_img_column": "x"}, "--dataset csv has no option --csv-img-column (its options: "
                                           "--csv-img-key, --csv-caption-key, "),
                 ({"split_seed": "1"}, "--dataset csv: --split-seed must be an integer >= 0 or null, got '1'"),
@@ -141,6 +143,22 @@ def test_a_user_network_declares_ranges_the_same_way():
 
 
 # ---------------------------------------------------------------------------- losses declare them
+def test_every_built_in_network_declares_each_option_with_its_help():
+    """The networks' options page (docs/parts-networks.md) is generated from these declarations:
+    each option of sgr, saf and vsrn says what it does, and vse++ / vse-infty have none."""
+    import dataclasses
+
+    from pipeline.core.values import option_facts
+
+    declared = {}
+    for name in registry.NETWORKS.names:
+        options = registry.NETWORKS.spec(name).Options
+        for field in dataclasses.fields(options) if options is not None else ():
+            declared[f"{name}.{field.name}"] = option_facts(field).help
+    assert {key.split(".")[0] for key in declared} == {"sgr", "saf", "vsrn"}
+    assert [key for key, help_text in declared.items() if len(help_text.split()) < 3] == []
+
+
 def test_every_built_in_loss_declares_its_options_and_shows_them_as_its_signature():
     """``VseLoss`` builds each loss from its ``Options`` (the defaults live there only), and a loss's
     signature is its options (loss_check reads mask_same_image's default from it)."""

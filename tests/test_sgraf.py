@@ -79,7 +79,7 @@ def test_options_are_checked_in_one_line():
     config = NetworkConfig("sgr", feature_dim=4, set_size=3, embed_dim=8, text_dim=4, options={"sim_dims": 3})
     with pytest.raises(VseError, match="no option sim_dims .*its options: sim_dim"):
         SGR(config)
-    with pytest.raises(VseError, match="^network sgr: sgr_steps must be an integer, got '3'$"):
+    with pytest.raises(VseError, match="^network sgr: sgr_steps must be an integer >= 1, got '3'$"):
         SGR(NetworkConfig("sgr", feature_dim=4, set_size=3, embed_dim=8, text_dim=4,
                           options={"sgr_steps": "3"}))
 

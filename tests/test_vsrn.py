@@ -89,7 +89,7 @@ def test_the_variant_rule():
     assert fields["network_options"] == {**vars(VSRNOptions()), "variant": "f30k"}
     with pytest.raises(VseError, match="vsrn has no option colour"):
         model_fields({"colour": 1}, "grid")
-    with pytest.raises(VseError, match="variant must be auto, f30k or coco"):
+    with pytest.raises(VseError, match="variant must be one of auto, f30k, coco, got 'f8k'"):
         model_fields({"variant": "f8k"}, "grid")
 
 

@@ -4,27 +4,22 @@ AAAI 2021), torch-free: their own options (``SGRAFOptions``, the authors' defaul
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from pipeline.core.registry import NetworkSpec
+from pipeline.core.values import declare
 
 
 @dataclass(frozen=True)
 class SGRAFOptions:
     """SGRAF's own options (`--network-option NAME=VALUE`); the defaults are the authors'."""
 
-    sim_dim: int = 256         # size of a similarity vector (--sim_dim)
-    sgr_steps: int = 3         # SGR's reasoning steps (--sgr_step)
-    smooth: float = 9.0        # λ of the cross-attention's softmax (hard-coded in model.py)
-    dropout: float = 0.4       # of the word embeddings and the self-attentions
-    caption_chunk: int = 0     # captions scored at once (0: by the memory budget)
-
-    def __post_init__(self):
-        if self.sim_dim < 1 or self.sgr_steps < 1 or self.caption_chunk < 0:
-            raise ValueError("sim_dim and sgr_steps must be >= 1, caption_chunk >= 0")
-        if not 0 <= self.dropout < 1 or not math.isfinite(self.smooth):
-            raise ValueError("dropout must be in [0, 1) and smooth finite")
+    sim_dim: int = declare(256, "Size of a similarity vector (the authors' --sim_dim).", low=1)
+    sgr_steps: int = declare(3, "SGR's graph-reasoning steps (--sgr_step).", low=1)
+    smooth: float = declare(9.0, "λ of the cross-attention's softmax (hard-coded in the authors' model.py).")
+    dropout: float = declare(0.4, "Dropout of the word embeddings and the self-attentions.", low=0, below=1)
+    caption_chunk: int = declare(0, "Captions scored at once (0: as many as the memory budget allows).",
+                                 low=0)
 
 
 SGR = NetworkSpec("pairwise", model="pipeline.networks.sgraf:SGR", Options=SGRAFOptions)

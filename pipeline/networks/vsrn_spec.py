@@ -9,6 +9,7 @@ import dataclasses
 
 from pipeline.core.errors import VseError
 from pipeline.core.registry import LAST, NetworkSpec
+from pipeline.core.values import declare
 
 # The two image encoders of their EncoderImagePrecompAttn (model.py:200-280), by their data_name:
 # f30k_precomp has no norm after fc and a BatchNorm1d on the image vector; every other name
@@ -22,22 +23,17 @@ class VSRNOptions:
     """`--network vsrn`'s own options (``--network-option NAME=VALUE``); the defaults are the
     authors' (train.py's and their README's)."""
 
-    variant: str = "auto"              # f30k | coco | auto (f30k for imported region sets, unless
-                                       # their folder names COCO; coco for CNN grids: ``resolve_variant``)
-    caption_max_len: int = 60          # --max_len: captions cut to this many tokens in the caption branch
-    caption_dropout: float = 0.2       # --input_dropout_p: after the caption encoder's input map, and on
-                                       # the decoder's inputs at every step
-    caption_hidden: int = 512          # --dim_hidden: the caption encoder's and decoder's GRUs
-    caption_word_dim: int = 300        # --dim_word: the decoder's word embeddings
-    caption_params_twice: bool = True  # their Adam list holds the caption model twice (model.py:456-460)
-
-    def __post_init__(self):
-        if self.variant not in ("auto", *VARIANTS):
-            raise ValueError(f"variant must be auto, {' or '.join(VARIANTS)}, got {self.variant!r}")
-        if self.caption_max_len < 2 or self.caption_hidden < 1 or self.caption_word_dim < 1:
-            raise ValueError("caption_max_len must be >= 2, caption_hidden and caption_word_dim >= 1")
-        if not 0 <= self.caption_dropout < 1:
-            raise ValueError(f"caption_dropout must be in [0, 1), got {self.caption_dropout}")
+    variant: str = declare("auto", "f30k or coco: how region features are normalised (auto: f30k for "
+                           "imported region sets unless their folder names COCO, coco for CNN grids; "
+                           "resolve_variant).", choices=("auto", *VARIANTS))
+    caption_max_len: int = declare(60, "Captions cut to this many tokens in the caption branch (--max_len).",
+                                   low=2)
+    caption_dropout: float = declare(0.2, "Dropout after the caption encoder's input map and on the "
+                                     "decoder's inputs at every step (--input_dropout_p).", low=0, below=1)
+    caption_hidden: int = declare(512, "The caption encoder's and decoder's GRU size (--dim_hidden).", low=1)
+    caption_word_dim: int = declare(300, "The decoder's word embedding size (--dim_word).", low=1)
+    caption_params_twice: bool = declare(True, "Adam's parameter list holds the caption model twice, as "
+                                         "the authors' does (model.py:456-460).")
 
 
 def check_pools(config) -> None:
