@@ -1,7 +1,8 @@
 """A run whose epochs end before its loss's method begins (issue 49): each loss with a phase says
 when its method starts (``starts()``), and one check (``training.settings.unreached_phases``)
 compares it with the run's epochs: `vse train` says so in one line, `vse sweep` names each such run,
-`vse tune` refuses a search whose trials would be such runs, and `vse report` marks such a row."""
+`vse tune` refuses a search whose trials would be such runs, `vse report` marks such a row and
+`vse compare` names such a run."""
 
 from __future__ import annotations
 
@@ -99,10 +100,17 @@ def test_a_tune_whose_trials_would_miss_the_method_is_refused(tiny_cache, tmp_pa
     assert not (tmp_path / "runs").exists()  # refused before any study or trial
 
 
-def test_a_report_marks_a_row_whose_method_never_began(tiny_cache, tmp_path):
-    runs = tmp_path / "runs"
+@pytest.fixture(scope="module")
+def warm_and_hard(tiny_cache, tmp_path_factory):
+    """Two mh runs of one epoch: "warm" sums its hinges throughout (warmup_epochs 1), "hard" is mh."""
+    runs = tmp_path_factory.mktemp("schedules") / "runs"
     train_run(tiny_cache, runs / "warm", loss="mh", epochs=1, loss_options={"warmup_epochs": 1})
     train_run(tiny_cache, runs / "hard", loss="mh", epochs=1)
+    return runs
+
+
+def test_a_report_marks_a_row_whose_method_never_began(warm_and_hard, tmp_path):
+    runs = warm_and_hard
     out = tmp_path / "results.csv"
     evaluated = vse("evaluate", "--runs", f"{runs}/*", "--split", "test", "--out", out)
     assert evaluated.exit_code == 0, evaluated.output
@@ -113,3 +121,13 @@ def test_a_report_marks_a_row_whose_method_never_began(tiny_cache, tmp_path):
     assert marked == ["warm (its method never began: see below)"], result.output
     assert (f"warm: loss mh: {HARDEST.format(1)} would begin in epoch 2, after the run's 1 epoch(s)"
             in result.output)
+
+
+def test_a_comparison_names_a_run_whose_method_never_began(warm_and_hard):
+    result = vse("compare", warm_and_hard / "hard", warm_and_hard / "warm", "--split", "test",
+                 "--permutations", 100)
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert lines[-1] == (f"B: loss mh: {HARDEST.format(1)} would begin in epoch 2, after the run's "
+                         "1 epoch(s): the run trains without it under mh's name")
+    assert not any(line.startswith("A: ") for line in lines)

@@ -19,6 +19,7 @@ from pipeline.core.errors import VseError
 from pipeline.evaluation.metrics import metric_keys, similarity_ranks
 from pipeline.evaluation.stats import DEFAULT_PERMUTATIONS, paired_permutation_test
 from pipeline.reports.batch_eval import RunEvaluator
+from pipeline.training.factories import run_schedule_note
 from pipeline.training.run_folder import run_names
 
 COMPARED = (*metric_keys("recall"), "rsum")  # what the paired test over queries covers
@@ -28,8 +29,10 @@ def compare_runs(run_a, run_b, *, device: torch.device, split: str = "test", fea
                  checkpoint: str = "best.pt", permutations: int = DEFAULT_PERMUTATIONS,
                  seed: int = 0, across_precision: bool = False) -> dict:
     """{"runs": [name_a, name_b], "split", "queries": {...}, "metrics": {key: {a, b, diff, p}},
-    "precision": [label_a, label_b]}. Runs trained in different precisions are refused unless
-    ``across_precision`` (a precision ablation compares them on purpose)."""
+    "precision": [label_a, label_b], "schedule": [note_a, note_b]} (a note: the run ended before its
+    loss's method began, ``training.factories.run_schedule_note``; else None). Runs trained in
+    different precisions are refused unless ``across_precision`` (a precision ablation compares them
+    on purpose)."""
     # the checkpoints' records are read before anything is embedded: a refusal costs no embedding
     labels = {str(run): precision.label_of(load_checkpoint(Path(run) / checkpoint)) for run in (run_a, run_b)}
     if not across_precision and (line := precision.mixed(labels)):
@@ -48,7 +51,8 @@ def compare_runs(run_a, run_b, *, device: torch.device, split: str = "test", fea
     metrics = paired_permutation_test(ranks[0], ranks[1], permutations=permutations, seed=seed)
     return {"runs": run_names([run_a, run_b]), "split": split, "permutations": permutations,
             "queries": {"images": int(len(ranks[0][0])), "captions": int(len(ranks[0][1]))},
-            "metrics": {key: metrics[key] for key in COMPARED}, "precision": list(labels.values())}
+            "metrics": {key: metrics[key] for key in COMPARED}, "precision": list(labels.values()),
+            "schedule": [run_schedule_note(Path(run)) for run in (run_a, run_b)]}
 
 
 def format_comparison(result: dict) -> str:
@@ -62,4 +66,5 @@ def format_comparison(result: dict) -> str:
         mark = "  *" if m["p"] < 0.05 else ""
         lines.append(f"{key:10s}{m['a']:9.1f}{m['b']:9.1f}{m['diff']:+9.1f}{m['p']:9.4f}{mark}")
     lines.append("* p < 0.05")
+    lines += [f"{name}: {note}" for name, note in zip("AB", result.get("schedule") or ()) if note]
     return "\n".join(lines)

@@ -306,15 +306,9 @@ def _unreached(row: dict) -> str | None:
     """``training.settings.unreached_phases`` of a row's run (its config.json beside the checkpoint):
     the run's epochs ended before its loss's method began, so the row is another method under that
     loss's name (issue 49). None otherwise, or when the run's folder is not at hand."""
-    from pipeline.core.config import TrainConfig, with_old_defaults
-    from pipeline.training.factories import schedule_note
-    from pipeline.training.run_folder import read_config
+    from pipeline.training.factories import run_schedule_note
 
-    try:
-        saved = read_config(Path(row["checkpoint"]).parent) if row.get("checkpoint") else None
-        return schedule_note(TrainConfig.from_dict(with_old_defaults(saved))) if saved else None
-    except VseError:
-        return None
+    return run_schedule_note(Path(row["checkpoint"]).parent) if row.get("checkpoint") else None
 
 
 def _tuned(row: dict) -> str:

@@ -87,6 +87,19 @@ def schedule_note(config) -> str | None:
     return unreached_phases(settings.name, loss_traits(loss, settings.name).starts, config.epochs)
 
 
+def run_schedule_note(run_dir) -> str | None:
+    """``schedule_note`` of a trained run, from the config.json in its folder (`vse report` marks
+    such rows, `vse compare` names such runs); None when the folder holds no readable config."""
+    from pipeline.core.config import TrainConfig, with_old_defaults
+    from pipeline.training.run_folder import read_config
+
+    try:
+        saved = read_config(run_dir)
+        return schedule_note(TrainConfig.from_dict(with_old_defaults(saved))) if saved else None
+    except VseError:
+        return None
+
+
 def tell_loss_the_scores(settings: LossSettings, loss: torch.nn.Module, model: torch.nn.Module) -> None:
     """A network whose scores are σ(raw) (``score_activation = "sigmoid"``: SGR, SAF) tells a loss
     that reads the raw score (``score_is_sigmoid``: decl, whose authors take tanh and the evidence of
