@@ -269,7 +269,8 @@ PRECISION_SGRAF_RUNS = $(RUNS)/precision
 # bf16 (experiments/precision_sgraf.yaml); the two networks train side by side, a thread each (two
 # single-thread processes on 2 cores do not slow each other; two 2-thread ones do). Resumable: a
 # sweep skips its finished runs and continues an unfinished one from its last.pt. Then each
-# precision's SGR runs with the SAF run of their folder name (the SGRAF rows), tables and claims
+# precision's SGR runs with the SAF run of their folder name (the SGRAF rows), tables and claims,
+# and each epoch's dev rsum over the seeds (did a method recover or collapse after epoch 1?)
 f8k-precision-sgraf: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
 	for prec in fp32 bf16; do amp=$$(test $$prec = bf16 && echo --cpu-amp || echo --no-cpu-amp); \
 	  OMP_NUM_THREADS=1 $(VSE) sweep experiments/precision_sgraf.yaml --network saf --name saf_$$prec $$amp \
@@ -284,6 +285,8 @@ f8k-precision-sgraf: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
 	    | tee $(PRECISION_SGRAF_OUT)/table_recall_$$prec.md && \
 	  $(PY) bench/f8k_claims.py $(PRECISION_SGRAF_OUT)/results_$$prec.csv --claims precision_sgraf_$$prec \
 	    | tee $(PRECISION_SGRAF_OUT)/claims_$$prec.json || exit 1; done
+	$(PY) bench/dev_curves.py '$(PRECISION_SGRAF_RUNS)/s*_fp32/*' '$(PRECISION_SGRAF_RUNS)/s*_bf16/*' \
+	  | tee $(PRECISION_SGRAF_OUT)/dev_rsum.md
 
 VSRN_SHORT_OUT = bench/results/f8k_vsrn_short
 
