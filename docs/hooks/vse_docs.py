@@ -24,15 +24,33 @@ An MkDocs hook (mkdocs.yml ``hooks:``) and a small command:
   its generated text between the two in the file itself: README.md's results table is such a
   region (``python docs/hooks/vse_docs.py --readme`` writes it; tests/test_docs.py checks it).
 
-A directive whose file is missing, or whose columns or target are not there, stops the build
+- one measured number in a sentence or a table cell, always a region, on one line:
+
+  ``<!-- vse:value FILE KEY [SPEC] -->718<!-- /vse:value -->``
+
+  KEY is a path into the JSON file FILE, dotted, list items by their index
+  (``service.requests_per_s``, ``results.1.query.single_p50_ms``; a key that holds dots or
+  spaces is found too, the path quoted if it has spaces: ``"claims.8.a + b.mean"``); SPEC a
+  Python format spec (``.0f``, ``,.0f``, ``+.1f``, ``.1%``, ``.2g``), none: the value as Python
+  writes it. A number is rounded half up from its digits in the file (1.335 → ``1.34``), its
+  exponent has no leading zero (``1.5e-8``) and a negative one the typographic minus (``−9.8``),
+  as the pages write them. The text between the markers is what a repository host shows; the
+  build writes the value from FILE, ``python docs/hooks/vse_docs.py --readme`` writes it into the
+  page, and tests/test_docs.py fails while a page's text differs from its file. Only what the
+  file holds: a ratio, difference or unit the file does not store stays typed, out of a region
+  (the pages compute nothing).
+
+A directive whose file is missing, or whose columns, target or key are not there, stops the build
 (``mkdocs build --strict``, and so ``make test``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import inspect
 import json
+import math
 import re
 import shlex
 import sys
@@ -43,8 +61,10 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `mkdocs build` from the repository root imports cli and pipeline
     sys.path.insert(0, str(ROOT))
 
-DIRECTIVE = re.compile(r"<!-- vse:(?P<name>[a-z]+) (?P<args>[^>]*?) -->"
+DIRECTIVE = re.compile(r"<!-- vse:(?!value )(?P<name>[a-z]+) (?P<args>[^>]*?) -->"
                        r"(?:\n(?P<body>.*?)<!-- /vse:(?P=name) -->)?", re.S)
+VALUE = re.compile(r"<!-- vse:value (?P<args>[^>\n]*?) -->(?P<body>[^<\n]*)<!-- /vse:value -->")
+VALUE_OPENING = re.compile(r"<!-- vse:value (?P<args>[^>\n]*?) -->")
 
 
 class DocsError(Exception):
@@ -177,6 +197,65 @@ def bench_files(folder: str, rows: int = 16) -> str:
     return "\n".join(out)
 
 
+def _lookup(data, key: str, name: str):
+    """The value at ``key`` (dotted; list items by index) in ``data``, the JSON of ``name``."""
+    parts, value, i = key.split("."), data, 0
+    while i < len(parts):
+        where = ".".join(parts[:i]) or "the top level"
+        if isinstance(value, list):
+            if not re.fullmatch(r"-?\d+", parts[i]) or not -len(value) <= int(parts[i]) < len(value):
+                raise DocsError(f"{name}: no key {key!r} ({where} is a list of {len(value)}, "
+                                f"not indexed by {parts[i]!r})")
+            value, i = value[int(parts[i])], i + 1
+        elif isinstance(value, dict):
+            # the longest run of parts that is a key: keys may hold dots ("noise=0.2")
+            j = next((j for j in range(len(parts), i, -1) if ".".join(parts[i:j]) in value), None)
+            if j is None:
+                raise DocsError(f"{name}: no key {key!r} (no {parts[i]!r} under {where})")
+            value, i = value[".".join(parts[i:j])], j
+        else:
+            raise DocsError(f"{name}: no key {key!r} ({where} is a value, {value!r})")
+    return value
+
+
+def json_value(name: str, key: str, spec: str = "") -> str:
+    """One value of the JSON file ``name``, the one at ``key``, written by the format ``spec``."""
+    try:
+        data = json.loads(_path(name).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DocsError(f"{name}: not a JSON file ({exc})") from exc
+    found = _lookup(data, key, name)
+    if found is None or isinstance(found, (dict, list)):
+        raise DocsError(f"{name}: {key!r} holds {type(found).__name__ if found is not None else 'null'}, "
+                        f"not one value")
+    try:
+        if isinstance(found, float) and spec and math.isfinite(found):
+            # rounded as a person rounds the number the file writes: 1.335 → 1.34 (not 1.33, as
+            # the binary float 1.33499… would give)
+            with decimal.localcontext() as context:
+                context.rounding = decimal.ROUND_HALF_UP
+                text = format(decimal.Decimal(repr(found)), spec)
+        else:
+            text = format(found, spec)
+    except (TypeError, ValueError) as exc:
+        raise DocsError(f"{name}: {key!r} = {found!r} does not take the format {spec!r} ({exc})") from exc
+    if isinstance(found, (int, float)) and not isinstance(found, bool):
+        text = re.sub(r"e([+-])0*(\d)", lambda m: "e" + m.group(1).replace("+", "") + m.group(2), text)
+        text = re.sub(r"^(\s*)-", "\\1\u2212", text)
+    return text
+
+
+def value_from_args(args: str) -> str:
+    """The text of ``<!-- vse:value ARGS -->``: ARGS is ``FILE KEY [SPEC]``."""
+    try:
+        words = shlex.split(args)
+    except ValueError as exc:
+        raise DocsError(f"vse:value {args}: {exc}") from exc
+    if len(words) not in (2, 3):
+        raise DocsError(f"vse:value {args}: FILE KEY [SPEC] ({len(words)} words given)")
+    return json_value(*words)
+
+
 # ---------------------------------------------------------------------------- the Makefile
 def _make_variables(text: str) -> dict:
     variables = {}
@@ -301,6 +380,21 @@ def render(name: str, args: str) -> str:
     raise DocsError(f"unknown directive vse:{name}")
 
 
+def fill_values(markdown: str, keep_markers: bool = False) -> str:
+    """``markdown`` with every value region replaced by its value (``keep_markers``: the region
+    stays, the value between its markers)."""
+    def replace(match):
+        text = value_from_args(match.group("args"))
+        return f"<!-- vse:value {match.group('args')} -->{text}<!-- /vse:value -->" if keep_markers else text
+
+    ends = {m.start() for m in VALUE.finditer(markdown)}
+    stray = [m.group("args") for m in VALUE_OPENING.finditer(markdown) if m.start() not in ends]
+    if stray:
+        raise DocsError(f"vse:value {stray[0]}: no <!-- /vse:value --> after it on its line "
+                        "(a value is a region: <!-- vse:value FILE KEY -->TEXT<!-- /vse:value -->)")
+    return VALUE.sub(replace, markdown)
+
+
 def fill(markdown: str, keep_markers: bool = False) -> str:
     """``markdown`` with every directive replaced by what it names (``keep_markers``: the
     directives stay, their generated text between them and their end marker, as in README.md)."""
@@ -311,12 +405,36 @@ def fill(markdown: str, keep_markers: bool = False) -> str:
             return f"<!-- vse:{name} {args} -->\n{text}\n<!-- /vse:{name} -->"
         return text
 
-    return DIRECTIVE.sub(replace, markdown)
+    return DIRECTIVE.sub(replace, fill_values(markdown, keep_markers))
+
+
+def fill_regions(markdown: str) -> str:
+    """``markdown`` with the generated text of its regions written again, and nothing else: a
+    directive without an end marker stays as it is (the build fills it)."""
+    def replace(match):
+        if match.group("body") is None:
+            return match.group(0)
+        name, args = match.group("name"), match.group("args")
+        return f"<!-- vse:{name} {args} -->\n{render(name, args)}\n<!-- /vse:{name} -->"
+
+    return DIRECTIVE.sub(replace, fill_values(markdown, keep_markers=True))
 
 
 def regions_up_to_date(path: Path) -> bool:
     text = path.read_text(encoding="utf-8")
     return fill(text, keep_markers=True) == text
+
+
+def stale_values(text: str) -> list[str]:
+    """'KEY of FILE: TEXT, the file holds VALUE' for each value region whose text is not its file's."""
+    stale = []
+    for match in VALUE.finditer(text):
+        now = value_from_args(match.group("args"))
+        if match.group("body") != now:
+            line = text.count("\n", 0, match.start()) + 1
+            stale.append(f"line {line}: {match.group('args')}: {match.group('body')!r}, "
+                         f"the file holds {now!r}")
+    return stale
 
 
 # ---------------------------------------------------------------------------- MkDocs hooks
@@ -384,17 +502,44 @@ def on_page_markdown(markdown, page, config, files, **kwargs):
 REGION_FILES = ("README.md", "docs/PROTOCOL.md")  # they hold their generated regions themselves
 
 
+def value_pages() -> list[Path]:
+    """The site's pages that hold a value region (their other directives the build fills)."""
+    pages = sorted(p for p in (ROOT / "docs").rglob("*.md") if "hooks" not in p.parts)
+    return [p for p in pages if VALUE_OPENING.search(p.read_text(encoding="utf-8"))
+            and str(p.relative_to(ROOT)) not in REGION_FILES]
+
+
+def _name(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def _rewrite(path: Path) -> bool:
+    text = path.read_text(encoding="utf-8")
+    new = fill(text, keep_markers=True) if _name(path) in REGION_FILES else fill_regions(text)
+    if new != text:
+        path.write_text(new, encoding="utf-8")
+    return new != text
+
+
 def main(argv: list[str]) -> int:
-    """``--readme``: write the generated regions of REGION_FILES; ``--check``: exit 1 when stale."""
-    paths = [ROOT / name for name in REGION_FILES]
+    """``--readme [FILE...]``: write the generated regions of REGION_FILES and the value regions of
+    the site's pages (or of the files named only); ``--check``: exit 1 when one is stale."""
+    paths = [ROOT / name for name in REGION_FILES] + value_pages()
     if argv[:1] == ["--check"]:
-        stale = [p.name for p in paths if not regions_up_to_date(p)]
+        stale = [_name(p) for p in paths
+                 if (not regions_up_to_date(p) if _name(p) in REGION_FILES
+                     else stale_values(p.read_text(encoding="utf-8")))]
         if stale:
             print(f"{', '.join(stale)}: stale regions: python docs/hooks/vse_docs.py --readme")
         return int(bool(stale))
     if argv[:1] == ["--readme"]:
-        for path in paths:
-            path.write_text(fill(path.read_text(encoding="utf-8"), keep_markers=True), encoding="utf-8")
+        if argv[1:]:
+            paths = [(ROOT / name).resolve() for name in argv[1:]]
+        try:
+            changed = [_name(p) for p in paths if _rewrite(p)]
+        except DocsError as exc:
+            return print(f"error: {exc}", file=sys.stderr) or 1
+        print(f"rewrote {', '.join(changed)}" if changed else "every region is current")
         return 0
     return print(__doc__) or 2
 
