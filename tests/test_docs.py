@@ -5,6 +5,8 @@
 - every `vse …` command line in README.md and docs/ names a real command and real options, parsed
   against the click CLI (cli/main.py);
 - README.md's results table is its results file (a generated region), and README.md stays short;
+- every measured number a page keeps as a value region (``<!-- vse:value FILE KEY -->``) is the
+  number its JSON file holds now;
 - a built page fetches nothing from the internet, in headless Chromium.
 
 The README's ten-minute tour runs in tests/test_readme_tour.py.
@@ -246,6 +248,99 @@ def test_a_results_directive_names_an_existing_file_and_columns():
         docs.fill("<!-- vse:make f8k-nothing -->")
     table = docs.fill('<!-- vse:table bench/results/f8k_fast/table_recall.md columns="Model|rsum" -->')
     assert table.splitlines()[0] == "| Model | rsum |" and "method=mh | 289.4 ± 3.2 (5)" in table
+
+
+# ---------------------------------------------------------------------------- value regions
+def stale_value_regions(paths: list[Path]) -> list[str]:
+    """'FILE: line N: ARGS: TEXT, the file holds VALUE' for each value region whose text is not what
+    its JSON file holds (python docs/hooks/vse_docs.py --readme writes them)."""
+    docs = hook_module()
+    return [f"{path.name}: {problem}" for path in paths
+            for problem in docs.stale_values(path.read_text(encoding="utf-8"))]
+
+
+def test_every_number_a_page_keeps_is_the_one_its_results_file_holds():
+    docs = hook_module()
+    pages = [p for p in doc_files() if docs.VALUE_OPENING.search(p.read_text(encoding="utf-8"))]
+    assert DOCS / "benchmarks.md" in pages and DOCS / "results-noisy.md" in pages
+    stale = stale_value_regions(pages)
+    assert not stale, "numbers that differ from their results files (python docs/hooks/vse_docs.py " \
+        "--readme writes them):\n" + "\n".join(stale)
+
+
+def test_a_number_that_drifts_from_its_results_file_fails_and_the_rewrite_mends_it(tmp_path):
+    """On copies: a page whose typed number is not its file's, and a results file measured again."""
+    docs = hook_module()
+    page = tmp_path / "benchmarks.md"
+    text = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
+    first = docs.VALUE.search(text)
+    page.write_text(text[:first.start("body")] + "999999" + text[first.end("body"):], encoding="utf-8")
+    line = text.count("\n", 0, first.start()) + 1
+    assert stale_value_regions([page]) == [f"benchmarks.md: line {line}: {first.group('args')}: "
+                                           f"'999999', the file holds {first.group('body')!r}"]
+    assert docs.main(["--readme", str(page)]) == 0
+    assert page.read_text(encoding="utf-8") == text and not stale_value_regions([page])
+
+    results = tmp_path / "bench.json"
+    results.write_text('{"service": {"requests_per_s": 717.9, "rounds": [{"p50_ms": 10.63}]}}')
+    page.write_text(f"<!-- vse:table bench/results/f8k_fast/table_recall.md -->\n\n"
+                    f"<!-- vse:value {results} service.requests_per_s .0f -->718<!-- /vse:value --> "
+                    f"requests/s, p50 <!-- vse:value {results} service.rounds.0.p50_ms .1f -->10.6"
+                    f"<!-- /vse:value --> ms\n", encoding="utf-8")
+    assert not stale_value_regions([page])
+    results.write_text('{"service": {"requests_per_s": 650.25, "rounds": [{"p50_ms": 12.05}]}}')
+    assert len(stale_value_regions([page])) == 2
+    docs.main(["--readme", str(page)])
+    rewritten = page.read_text(encoding="utf-8")
+    assert "-->650<!-- /vse:value --> requests/s" in rewritten
+    assert "-->12.1<!-- /vse:value --> ms" in rewritten  # 12.05 rounded half up
+    # the table directive, without an end marker, is the build's: the rewrite leaves it as it is
+    assert rewritten.startswith("<!-- vse:table bench/results/f8k_fast/table_recall.md -->\n\n")
+    assert docs.fill(rewritten).endswith("650 requests/s, p50 12.1 ms\n")
+
+
+def test_a_value_whose_file_or_key_is_missing_stops_the_build_in_one_line(tmp_path):
+    from mkdocs.exceptions import PluginError
+
+    docs = hook_module()
+    results = tmp_path / "search.json"
+    results.write_text('{"service": {"requests_per_s": 717.9}, "results": [{"kind": "flat"}]}')
+    page = type("Page", (), {"file": type("File", (), {"src_uri": "benchmarks.md"})()})()
+    cases = {
+        f"{results} service.requests_per_sec":
+            f"{results}: no key 'service.requests_per_sec' (no 'requests_per_sec' under service)",
+        f"{results} results.1.kind": f"{results}: no key 'results.1.kind' (results is a list of 1, not",
+        f"{results} service": f"{results}: 'service' holds dict, not one value",
+        "bench/results/nowhere.json service.requests_per_s":
+            "bench/results/nowhere.json: no such results file",
+    }
+    for args, message in cases.items():
+        markdown = f"Served <!-- vse:value {args} .0f -->718<!-- /vse:value --> requests/s.\n"
+        with pytest.raises(PluginError) as raised:
+            docs.on_page_markdown(markdown, page=page, config=None, files=None)
+        assert str(raised.value).startswith(f"benchmarks.md: {message}") and "\n" not in str(raised.value)
+    with pytest.raises(docs.DocsError, match="no <!-- /vse:value --> after it"):
+        docs.fill(f"Served <!-- vse:value {results} service.requests_per_s --> 718 requests/s.")
+
+
+def test_a_value_is_written_as_the_pages_write_numbers(tmp_path):
+    docs = hook_module()
+    results = tmp_path / "r.json"
+    results.write_text('{"n": 21544, "ratio": 1.335, "diff": 1.4901161193847656e-08, "share": 0.556, '
+                       '"change": -9.82, "up": 36.427, "rows": [{"kind": "flat"}, {"kind": "hnsw"}], '
+                       '"1024-d hnsw": {"x": 437.7}, "noise=0.2,method=a + b": {"mean": 112.72}}')
+
+    def value(key, spec=""):
+        return docs.json_value(str(results), key, spec)
+
+    assert value("n", ",") == "21,544" and value("n") == "21544"
+    assert value("ratio", ".2f") == "1.34"  # half up from the file's digits (the float 1.335 is 1.33499…)
+    assert value("diff", ".2g") == "1.5e-8" and value("share", ".0%") == "56%"
+    assert value("change", "+.1f") == "\u22129.8" and value("up", "+.1f") == "+36.4"
+    assert value("rows.-1.kind") == "hnsw" and value("1024-d hnsw.x", ".0f") == "438"
+    assert value("noise=0.2,method=a + b.mean", ".1f") == "112.7"  # a key holding dots, '=' and spaces
+    quoted = '"noise=0.2,method=a + b.mean"'
+    assert docs.fill(f"<!-- vse:value {results} {quoted} .1f -->x<!-- /vse:value -->") == "112.7"
 
 
 # ---------------------------------------------------------------------------- the site
