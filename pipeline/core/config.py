@@ -475,7 +475,8 @@ def cpu_amp_by_default(config: TrainConfig) -> bool:
     quality inside the fp32 seed noise, the fast loop (``precision.cpu_fast_loop``: 1.29× fp32;
     MH and LSEH over 3 seeds each, bench/results/precision_fast_cpu). Sets, the GRU and
     VSRN stay fp32 until their quality is measured over a full schedule; the pairwise networks stay
-    fp32 (``precision.mixed_precision_measured``: bf16 ties their scores and changes MH)."""
+    fp32 (``precision.mixed_precision_measured``: bf16 scores tie and change MH; with their score
+    layer in fp32, measured over one epoch only)."""
     return (precision.cpu_fast_loop(config) and precision.mixed_precision_measured(config)
             and cpuinfo.cpu_native_bf16())
 

@@ -80,9 +80,12 @@ def mixed_precision_measured(config) -> bool:
     """Mixed precision (``--amp`` on a GPU, ``--cpu-amp`` on a CPU with native bf16) is the default
     only where it was measured inside the fp32 seed noise: the dual networks, whose losses score
     fp32 products of the embeddings (the fast loop: MH and LSEH, fp32 against CPU bf16 over 3 seeds
-    each, bench/results/precision_fast_cpu). Never for the pairwise networks (SGR, SAF): bf16 rounds
-    their sigmoid scores to a few distinct values, MH's hardest negative ties, and the run trains
-    another method (bench/results/precision_saf_cpu; PROTOCOL, "Numeric precision")."""
+    each, bench/results/precision_fast_cpu). Not for the pairwise networks (SGR, SAF): bf16 scores
+    rounded to a few distinct values tie MH's hardest negative, and the run trains another method
+    (bench/results/precision_saf_cpu; PROTOCOL, "Numeric precision"). Their score layer now stays
+    fp32 under autocast, which trained as fp32 over one epoch (that folder's bf16-scores-fp32 arm);
+    until the same holds at the end of training (experiments/precision_sgraf.yaml, both precisions)
+    they stay fp32."""
     from pipeline.core.registry import NETWORKS
 
     return NETWORKS.spec(config.network).kind != "pairwise"
