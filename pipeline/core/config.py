@@ -202,8 +202,9 @@ class TrainConfig:
                          resume=True, identity=False)
     amp: bool | None = option(
         None, "Mixed precision on GPU (bf16 on compute capability 8.0+, else fp16 with loss scaling). "
-              "Unset: on for the dual networks, off for the pairwise ones (sgr, saf: bf16 ties their "
-              "scores and changes MH; amp_by_default); the run records what it chose.",
+              "Unset: on for the dual networks, off for the pairwise ones (sgr, saf: their authors' fp32; "
+              "bf16 with fp32 scores is measured over one epoch only; amp_by_default); the run records "
+              "what it chose.",
         flag="--amp/--no-amp", before=True)
     cpu_amp: bool | None = option(
         None, "bf16 autocast of the heads on a CPU with native bf16 (AVX512-BF16 or AMX; refused on one "
