@@ -277,7 +277,7 @@ f8k-precision-sgraf: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
 	    --runs-dir $(PRECISION_SGRAF_RUNS) --resume & saf=$$!; \
 	  OMP_NUM_THREADS=1 $(VSE) sweep experiments/precision_sgraf.yaml --network sgr --name sgr_$$prec $$amp \
 	    --runs-dir $(PRECISION_SGRAF_RUNS) --resume & sgr=$$!; \
-	  wait $$saf && wait $$sgr || exit 1; done
+	  wait $$saf; saf=$$?; wait $$sgr && test $$saf = 0 || exit 1; done
 	for prec in fp32 bf16; do \
 	  $(VSE) evaluate --runs "$(PRECISION_SGRAF_RUNS)/sgr_$$prec/*" --average-with-runs $(PRECISION_SGRAF_RUNS)/saf_$$prec \
 	    --split test --judgments $(JUDGMENTS) --out $(PRECISION_SGRAF_OUT)/results_$$prec.csv && \
