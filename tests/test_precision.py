@@ -116,10 +116,19 @@ def test_compare_refuses_two_precisions(fp32_and_bf16_runs, monkeypatch):
     assert result.exit_code == 1
     line = result.output.strip().splitlines()[-1]
     assert "different precision" in line and "bf16/fp32/fp32" in line and "--across-precision" in line
+    import pipeline.evaluation.inference as inference
+    import pipeline.reports.compare as compare
+
+    reads = []
+    real_load = compare.load_checkpoint
+    monkeypatch.setattr(compare, "load_checkpoint",
+                        lambda path: reads.append(Path(path).parent.name) or real_load(path))
+    monkeypatch.setattr(inference, "load_checkpoint", lambda *a, **k: pytest.fail("a checkpoint read twice"))
     allowed = vse("compare", fp32_and_bf16_runs / "fp32", fp32_and_bf16_runs / "bf16", "--permutations", 100,
                   "--across-precision", "--json")
     assert allowed.exit_code == 0, allowed.output
     assert json.loads(allowed.output)["precision"] == ["fp32/fp32/fp32", "bf16/fp32/fp32"]
+    assert reads == ["fp32", "bf16"]  # each checkpoint read once, its model built from that state
 
 
 def test_claims_refuse_two_precisions():

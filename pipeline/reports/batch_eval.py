@@ -21,7 +21,13 @@ from pipeline.core.plugin_import import user_code_error
 from pipeline.data.cache import FeatureCache
 from pipeline.data.captions import CaptionEncoder, caption_key
 from pipeline.evaluation.evaluate import evaluate_split_embeddings
-from pipeline.evaluation.inference import LoadedModel, check_features_match, encode_split, load_model
+from pipeline.evaluation.inference import (
+    LoadedModel,
+    check_features_match,
+    encode_split,
+    load_model,
+    model_from_state,
+)
 from pipeline.evaluation.metrics import metric_keys
 from pipeline.training.run_folder import (
     best_record,
@@ -175,13 +181,15 @@ class RunEvaluator:
                     keys += [m.key.format(k=k) for k in ks]
         return keys
 
-    def embed(self, run_dir, checkpoint: str = "best.pt"):
-        """(split embeddings, loaded model, checkpoint path, feature cache path) of one run."""
+    def embed(self, run_dir, checkpoint: str = "best.pt", state: dict | None = None):
+        """(split embeddings, loaded model, checkpoint path, feature cache path) of one run;
+        ``state``: the checkpoint already read by the caller (``load_checkpoint``), not read again."""
         run_dir = Path(run_dir)
         checkpoint_path = run_dir / checkpoint
-        if not checkpoint_path.is_file():
+        if state is None and not checkpoint_path.is_file():
             raise VseError(f"no {checkpoint} (not trained up to a validation yet?)", run_dir)
-        loaded = load_model(checkpoint_path, self.device)
+        loaded = (load_model(checkpoint_path, self.device) if state is None
+                  else model_from_state(state, checkpoint_path, self.device))
         train_config = loaded.train_config
         features = self.features or train_config.get("features")
         if not features:

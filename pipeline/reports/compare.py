@@ -33,15 +33,16 @@ def compare_runs(run_a, run_b, *, device: torch.device, split: str = "test", fea
     loss's method began, ``training.factories.run_schedule_note``; else None). Runs trained in
     different precisions are refused unless ``across_precision`` (a precision ablation compares them
     on purpose)."""
-    # the checkpoints' records are read before anything is embedded: a refusal costs no embedding
-    labels = {str(run): precision.label_of(load_checkpoint(Path(run) / checkpoint)) for run in (run_a, run_b)}
+    # both checkpoints are read once, before anything is embedded: a refusal costs no embedding
+    states = [load_checkpoint(Path(run) / checkpoint) for run in (run_a, run_b)]
+    labels = {str(run): precision.label_of(state) for run, state in zip((run_a, run_b), states)}
     if not across_precision and (line := precision.mixed(labels)):
         raise VseError(f"{line}: they are not one method (--across-precision compares them anyway)",
                        Path(run_b))
     ranks, ids = [], []
     with RunEvaluator(device, split, features=features) as evaluator:
-        for run in (run_a, run_b):
-            emb, _, _, _ = evaluator.embed(run, checkpoint)
+        for run, state in zip((run_a, run_b), states):
+            emb, _, _, _ = evaluator.embed(run, checkpoint, state=state)
             ranks.append(similarity_ranks(emb.images, emb.captions, emb.caption_image,
                                           similarity=emb.similarity, device=device))
             ids.append((np.asarray(emb.caption_rows), np.asarray(emb.caption_image)))
