@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
+import functools
 import inspect
 import json
 import math
@@ -218,13 +219,21 @@ def _lookup(data, key: str, name: str):
     return value
 
 
-def json_value(name: str, key: str, spec: str = "") -> str:
-    """One value of the JSON file ``name``, the one at ``key``, written by the format ``spec``."""
+@functools.lru_cache(maxsize=64)
+def _json_file(name: str, path: Path, mtime_ns: int, size: int):
+    """A JSON results file parsed once while it is unchanged (a page holds dozens of its values;
+    ``mtime_ns`` and ``size`` key the cache, so a file rewritten since is read again)."""
     try:
-        data = json.loads(_path(name).read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise DocsError(f"{name}: not a JSON file ({exc})") from exc
-    found = _lookup(data, key, name)
+
+
+def json_value(name: str, key: str, spec: str = "") -> str:
+    """One value of the JSON file ``name``, the one at ``key``, written by the format ``spec``."""
+    path = _path(name)
+    stat = path.stat()
+    found = _lookup(_json_file(name, path, stat.st_mtime_ns, stat.st_size), key, name)
     if found is None or isinstance(found, (dict, list)):
         raise DocsError(f"{name}: {key!r} holds {type(found).__name__ if found is not None else 'null'}, "
                         f"not one value")
