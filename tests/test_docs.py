@@ -457,3 +457,20 @@ if __name__ == "__main__":  # docs/img/command-page.png: python tests/test_docs.
     print(f"{len(seen)} requests, all local: {all(u.startswith('http://127.0.0.1:') for u in seen)}; "
           f"script errors: {errors}")
     httpd.shutdown()
+
+
+def test_a_table_with_a_caption_gives_each_row_once_after_its_caption(tmp_path):
+    """A table file with a caption line above its rows (bench/precision_table.py writes one):
+    the caption, then every row exactly once, then the footer; two tables in one file refused."""
+    docs = hook_module()
+    table = tmp_path / "table.md"
+    table.write_text("SAF, one epoch.\n\n| arm | rsum |\n|:---|---:|\n| fp32 | 115.5 |\n| bf16 | 191.7 |\n"
+                     "| tf32 | 116.1 |\n\nrsum: dev, 100 images.\n", encoding="utf-8")
+    assert docs.results_table(str(table)) == ("SAF, one epoch.\n\n| arm | rsum |\n|:---|---:|\n"
+                                              "| fp32 | 115.5 |\n| bf16 | 191.7 |\n| tf32 | 116.1 |\n\n"
+                                              "rsum: dev, 100 images.")
+    assert docs.results_table(str(table), "rsum").splitlines()[2:] == [
+        "| rsum |", "| ---: |", "| 115.5 |", "| 191.7 |", "| 116.1 |", "", "rsum: dev, 100 images."]
+    table.write_text("| a |\n|---|\n| 1 |\n\nbetween\n\n| b |\n|---|\n", encoding="utf-8")
+    with pytest.raises(docs.DocsError, match="more than one Markdown table"):
+        docs.results_table(str(table))

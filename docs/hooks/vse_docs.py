@@ -87,13 +87,20 @@ def _cells(line: str) -> list[str]:
 
 
 def results_table(name: str, columns: str = "") -> str:
-    """The table in ``name`` (a `vse report` Markdown table, its footer line after it), all of its
-    columns or those named in ``columns`` ("A|B|C", as its header spells them)."""
+    """The table in ``name`` (a `vse report` Markdown table, a caption line before it and its
+    footer lines after it, each kept where it stands), all of its columns or those named in
+    ``columns`` ("A|B|C", as its header spells them)."""
     lines = _path(name).read_text(encoding="utf-8").strip().splitlines()
-    table = [line for line in lines if line.startswith("|")]
-    if len(table) < 2:
+    rows = [i for i, line in enumerate(lines) if line.startswith("|")]
+    if len(rows) < 2:
         raise DocsError(f"{name}: no Markdown table")
-    notes = [line for line in lines[len(table):] if line.strip()]
+    first, last = rows[0], rows[-1]
+    if rows != list(range(first, last + 1)):
+        raise DocsError(f"{name}: more than one Markdown table (a line that is not a row at line "
+                        f"{next(i for i in range(first, last) if i not in rows) + 1})")
+    table = lines[first:last + 1]
+    caption = [line for line in lines[:first] if line.strip()]
+    notes = [line for line in lines[last + 1:] if line.strip()]
     if columns:
         header = _cells(table[0])
         wanted = [c.strip() for c in columns.split("|")]
@@ -103,7 +110,7 @@ def results_table(name: str, columns: str = "") -> str:
         index = [header.index(c) for c in wanted]
         rows = [_cells(line) for line in table]
         table = ["| " + " | ".join(row[i] for i in index) + " |" for row in rows]
-    return "\n".join(table + ([""] + notes if notes else []))
+    return "\n".join((caption + [""] if caption else []) + table + ([""] + notes if notes else []))
 
 
 def _p(value) -> str:
