@@ -285,6 +285,7 @@ f8k-precision-sgraf: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
 	    | tee $(PRECISION_SGRAF_OUT)/table_recall_$$prec.md && \
 	  $(PY) bench/f8k_claims.py $(PRECISION_SGRAF_OUT)/results_$$prec.csv --claims precision_sgraf_$$prec \
 	    | tee $(PRECISION_SGRAF_OUT)/claims_$$prec.json || exit 1; done
+	PYTHONPATH=. $(PY) bench/precision_table.py --fast $(PRECISION_SGRAF_OUT)
 	$(PY) bench/dev_curves.py '$(PRECISION_SGRAF_RUNS)/s*_fp32/*' '$(PRECISION_SGRAF_RUNS)/s*_bf16/*' \
 	  | tee $(PRECISION_SGRAF_OUT)/dev_rsum.md
 

@@ -10,10 +10,12 @@ whether an arm behaves like fp32 or like bf16.
 
     PYTHONPATH=. python bench/precision_table.py bench/results/precision_saf_cpu
 
-Writes DIR/table.md and DIR/summary.json. ``--fast DIR`` reads DIR/results.csv instead (`vse evaluate
---runs` of experiments/precision_fast.yaml's sweep) and writes DIR/precision.md and DIR/precision.json:
-per loss, test rsum and R@1 in fp32 and under bf16 (the rows' ``precision`` column), the two-sided
-Welch p-value of the gap, and whether bf16 is inside the fp32 seed noise (p >= 0.05).
+Writes DIR/table.md and DIR/summary.json. ``--fast DIR`` reads DIR/results*.csv instead (`vse
+evaluate --runs` of experiments/precision_fast.yaml's or precision_sgraf.yaml's sweeps) and writes
+DIR/precision.md and DIR/precision.json: per configuration (the run name without its seed and its
+precision), test rsum and R@1 in fp32 and under bf16 (the rows' ``precision`` column), the gaps seed
+by seed, the two-sided Welch p-value of the gap, and whether bf16 is inside the fp32 seed noise
+(p >= 0.05).
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 
 from pipeline.evaluation.stats import ALPHA, mean_std, welch_greater
-from pipeline.reports.report import read_results, row_precision
+from pipeline.reports.report import read_results, row_precision, without_seed
 
 ORDER = ("fp32", "bf16", "fp32-scores-bf16", "bf16-scores-fp32", "fp32-scores-noise",
          "fp32-gemm-tf32", "fp32-gemm-bf16", "bf16-max1", "fp32-scores-bf16-max1")
@@ -71,26 +74,55 @@ def arm_row(runs: list[dict]) -> dict:
 FAST_METRICS = ("rsum", "i2t_r1", "t2i_r1")
 
 
-def fast_table(folder: Path) -> dict:
-    """fp32 against bf16 per loss over the seeds of a results.csv (``--fast``)."""
-    rows = read_results(folder / "results.csv")
+def configuration(run: str) -> str:
+    """A results row's configuration without its seed and its precision: the name both precisions'
+    runs of one configuration share ("method=mh,cpu_amp=true,seed=0" -> "method=mh";
+    "sgr_bf16/method=mh,seed=2 + saf_bf16/method=mh,seed=2" -> "sgr/method=mh + saf/method=mh")."""
+    name = without_seed(run)
+    name = re.sub(r"_(fp32|bf16|fp16)(?=/|$)", "", name)
+    return ",".join(part for part in name.split(",") if not re.fullmatch(r"\s*(cpu_)?amp=\w+", part))
+
+
+def seed_of(run: str) -> int | None:
+    match = re.search(r"seed=(\d+)", run)
+    return int(match.group(1)) if match else None
+
+
+def precision_pairs(folder: Path, files: list[Path]) -> dict:
+    """fp32 against bf16 for each configuration of ``files`` (results.csv files of `vse evaluate
+    --runs`, the precision read from each row's ``precision`` column): mean ± std over seeds, the
+    gap of means, the gaps seed by seed (a seed's runs share their initialisation and batch order in
+    both precisions) and the two-sided Welch p-value. Writes DIR/precision.md and DIR/precision.json."""
     groups: dict[tuple[str, str], list[dict]] = {}
-    for row in rows:
-        groups.setdefault((str(row["loss"]), row_precision(row).split("/")[0]), []).append(row)
-    out, lines = {}, ["| loss | metric | fp32 | bf16 | bf16 − fp32 | p (two-sided) | verdict |",
-                      "|:---|:---|---:|---:|---:|---:|:---|"]
-    for loss in sorted({loss for loss, _ in groups}):
-        fp32, bf16 = groups.get((loss, "fp32"), []), groups.get((loss, "bf16"), [])
+    for path in files:
+        for row in read_results(path):
+            key = (configuration(str(row["run"])), row_precision(row).split("/")[0])
+            groups.setdefault(key, []).append(row)
+    out, lines = {}, ["| configuration | metric | fp32 | bf16 | bf16 − fp32 | by seed | p (two-sided) "
+                      "| verdict |", "|:---|:---|---:|---:|---:|---:|---:|:---|"]
+    for config in dict.fromkeys(c for c, _ in groups):
+        fp32, bf16 = groups.get((config, "fp32"), []), groups.get((config, "bf16"), [])
+        if not fp32 or not bf16:
+            continue
+        by_seed = {seed_of(str(r["run"])): r for r in fp32}
         for metric in FAST_METRICS:
             a, b = [r[metric] for r in fp32], [r[metric] for r in bf16]
             (ma, sa, na), (mb, sb, nb) = mean_std(a), mean_std(b)
             p = min(1.0, 2 * min(welch_greater(a, b), welch_greater(b, a)))
             verdict = "inside the seed noise" if p >= ALPHA else "beyond the seed noise"
-            out.setdefault(loss, {})[metric] = {"fp32": {"mean": ma, "std": sa, "n": na},
-                                                "bf16": {"mean": mb, "std": sb, "n": nb},
-                                                "p_two_sided": p, "verdict": verdict}
-            lines.append(f"| {loss} | {metric} | {ma:.1f} ± {sa:.1f} ({na}) | {mb:.1f} ± {sb:.1f} ({nb}) | "
-                         f"{mb - ma:+.1f} | {p:.3g} | {verdict} |")
+            paired = {seed_of(str(r["run"])): r[metric] - by_seed[seed_of(str(r["run"]))][metric]
+                      for r in bf16 if seed_of(str(r["run"])) in by_seed}
+            paired = dict(sorted(paired.items(), key=lambda kv: (kv[0] is None, kv[0])))
+            out.setdefault(config, {})[metric] = {"fp32": {"mean": ma, "std": sa, "n": na},
+                                                  "bf16": {"mean": mb, "std": sb, "n": nb},
+                                                  "difference": mb - ma,
+                                                  "by_seed": {str(k): v for k, v in paired.items()},
+                                                  "p_two_sided": p, "verdict": verdict}
+            lines.append(f"| {config} | {metric} | {ma:.1f} ± {sa:.1f} ({na}) | {mb:.1f} ± {sb:.1f} ({nb}) | "
+                         f"{mb - ma:+.1f} | {' '.join(f'{v:+.1f}' for v in paired.values())} | {p:.3g} | "
+                         f"{verdict} |")
+    if not out:
+        raise SystemExit(f"{folder}: no configuration has rows in both fp32 and bf16")
     (folder / "precision.md").write_text("\n".join(lines) + "\n")
     (folder / "precision.json").write_text(json.dumps(out, indent=1) + "\n")
     print("\n".join(lines))
@@ -100,10 +132,12 @@ def fast_table(folder: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
-    parser.add_argument("--fast", action="store_true", help="the fast loop's results.csv: fp32 against bf16")
+    parser.add_argument("--fast", action="store_true",
+                        help="fp32 against bf16 over the folder's results*.csv (the fast loop's, the "
+                             "end-of-training table's), not the ablation's runs")
     args = parser.parse_args()
     if args.fast:
-        fast_table(args.folder)
+        precision_pairs(args.folder, sorted(args.folder.glob("results*.csv")))
         return
     runs: dict[str, list[dict]] = {}
     for path in sorted((args.folder / "runs").glob("*.json")):

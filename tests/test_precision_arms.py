@@ -85,3 +85,25 @@ def test_the_protocol_holds_the_ablation_table_of_its_results_file():
     protocol = root / "docs" / "PROTOCOL.md"
     assert "<!-- vse:table bench/results/precision_saf_cpu/table.md -->" in protocol.read_text()
     assert docs.regions_up_to_date(protocol), "stale: python docs/hooks/vse_docs.py --readme"
+
+
+def test_precision_pairs_match_a_configuration_across_precisions_seed_by_seed(tmp_path):
+    """--fast pairs the rows of two results files by configuration (the run name without its seed
+    and its precision) and by seed, the precision read from each row's own column."""
+    header = "run,loss,seed,precision,rsum,i2t_r1,t2i_r1\n"
+    rows = {"fp32": [(0, 100.0), (1, 110.0), (2, 120.0)], "bf16": [(2, 125.0), (0, 101.0), (1, 104.0)]}
+    for prec, values in rows.items():
+        net = "bf16/fp32/fp32" if prec == "bf16" else "fp32/fp32/fp32"
+        lines = [f'"sgr_{prec}/method=mh,seed={s}",mh,{s},{net},{r},{r / 10},{r / 20}' for s, r in values]
+        lines += [f'"sgr_{prec}/method=mh,seed={s} + saf_{prec}/method=mh,seed={s}",mh,{s},{net},{r + 1},1,1'
+                  for s, r in values]
+        (tmp_path / f"results_{prec}.csv").write_text(header + "\n".join(lines) + "\n")
+    out = precision_table.precision_pairs(tmp_path, sorted(tmp_path.glob("results*.csv")))
+    assert list(out) == ["sgr/method=mh", "sgr/method=mh + saf/method=mh"]
+    rsum = out["sgr/method=mh"]["rsum"]
+    assert rsum["by_seed"] == {"0": 1.0, "1": -6.0, "2": 5.0}
+    assert rsum["fp32"]["mean"] == 110.0 and rsum["bf16"]["n"] == 3
+    assert abs(rsum["difference"] - 0.0) < 1e-12 and rsum["verdict"] == "inside the seed noise"
+    assert "| sgr/method=mh | rsum | 110.0 ± 10.0 (3) | 110.0 ± 13.1 (3) | +0.0 | +1.0 -6.0 +5.0 |" \
+        in (tmp_path / "precision.md").read_text()
+    assert precision_table.configuration("method=lseh,cpu_amp=true,seed=1") == "method=lseh"

@@ -195,7 +195,7 @@ def config_key(row: dict) -> tuple:
     if row.get("config_id"):
         return ("config_id", row["config_id"], row_precision(row))
     # an older results.csv: the same name apart from "seed=N" and the same described options
-    return (_without_seed(str(row.get("run") or "")),
+    return (without_seed(str(row.get("run") or "")),
             *((k, row.get(k)) for k in RUN_COLUMNS if k not in PER_RUN_COLUMNS))
 
 
@@ -207,7 +207,7 @@ def seed_groups(rows, label: str = "run") -> list[SeedGroup]:
         grouped.setdefault(config_key(row), []).append(row)
     groups = []
     for members in grouped.values():
-        group = SeedGroup(_without_seed(str(members[0].get(label) or "")), members)
+        group = SeedGroup(without_seed(str(members[0].get(label) or "")), members)
         for key in {k for row in members for k in row}:
             values = [row[key] for row in members if isinstance(row.get(key), (int, float))
                       and not isinstance(row.get(key), bool)]
@@ -217,10 +217,10 @@ def seed_groups(rows, label: str = "run") -> list[SeedGroup]:
     return groups
 
 
-def _without_seed(name: str) -> str:
+def without_seed(name: str) -> str:
     """A run name without its ``seed=N`` part; an average of runs ("A + B") without each one's."""
     if " + " in name:
-        return " + ".join(map(_without_seed, name.split(" + ")))
+        return " + ".join(map(without_seed, name.split(" + ")))
     name = re.sub(r"/seed=\d+$", "", name)  # an exported sweep's STUDY-best/seed=N
     parts = [p for p in name.split(",") if not re.fullmatch(r"seed=\d+", p.strip())]
     return ",".join(parts) or name
