@@ -474,3 +474,11 @@ def test_a_table_with_a_caption_gives_each_row_once_after_its_caption(tmp_path):
     table.write_text("| a |\n|---|\n| 1 |\n\nbetween\n\n| b |\n|---|\n", encoding="utf-8")
     with pytest.raises(docs.DocsError, match="more than one Markdown table"):
         docs.results_table(str(table))
+
+
+def test_the_results_index_links_every_results_page():
+    """docs/results.md's table is how a reader finds a results page: each docs/results-*.md is in it."""
+    index = (DOCS / "results.md").read_text(encoding="utf-8")
+    pages = sorted(p.name for p in DOCS.glob("results-*.md"))
+    assert len(pages) >= 12
+    assert [name for name in pages if f"]({name})" not in index] == []
