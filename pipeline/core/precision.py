@@ -83,9 +83,9 @@ def mixed_precision_measured(config) -> bool:
     each, bench/results/precision_fast_cpu). Not for the pairwise networks (SGR, SAF): bf16 scores
     rounded to a few distinct values tie MH's hardest negative, and the run trains another method
     (bench/results/precision_saf_cpu; PROTOCOL, "Numeric precision"). Their score layer now stays
-    fp32 under autocast, which trained as fp32 over one epoch (that folder's bf16-scores-fp32 arm);
-    until the same holds at the end of training (experiments/precision_sgraf.yaml, both precisions)
-    they stay fp32."""
+    fp32 under autocast, which trained as fp32 over one epoch (that folder's bf16-scores-fp32 arm)
+    but not over three: MH gained under bf16 in every seed on SGR and SAF while LSEH did not move
+    (bench/results/precision_sgraf_cpu, precision.md), so they stay fp32."""
     from pipeline.core.registry import NETWORKS
 
     return NETWORKS.spec(config.network).kind != "pairwise"
