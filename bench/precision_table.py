@@ -83,9 +83,9 @@ def configuration(run: str) -> str:
     return ",".join(part for part in name.split(",") if not re.fullmatch(r"\s*(cpu_)?amp=\w+", part))
 
 
-def seed_of(run: str) -> int | None:
-    match = re.search(r"seed=(\d+)", run)
-    return int(match.group(1)) if match else None
+def seed_of(row: dict) -> int:
+    """A results row's training seed (its ``seed`` column; an averaged row's is its first run's)."""
+    return int(float(row["seed"]))
 
 
 def precision_pairs(folder: Path, files: list[Path]) -> dict:
@@ -104,15 +104,14 @@ def precision_pairs(folder: Path, files: list[Path]) -> dict:
         fp32, bf16 = groups.get((config, "fp32"), []), groups.get((config, "bf16"), [])
         if not fp32 or not bf16:
             continue
-        by_seed = {seed_of(str(r["run"])): r for r in fp32}
+        by_seed = {seed_of(r): r for r in fp32}
         for metric in FAST_METRICS:
             a, b = [r[metric] for r in fp32], [r[metric] for r in bf16]
             (ma, sa, na), (mb, sb, nb) = mean_std(a), mean_std(b)
             p = min(1.0, 2 * min(welch_greater(a, b), welch_greater(b, a)))
             verdict = "inside the seed noise" if p >= ALPHA else "beyond the seed noise"
-            paired = {seed_of(str(r["run"])): r[metric] - by_seed[seed_of(str(r["run"]))][metric]
-                      for r in bf16 if seed_of(str(r["run"])) in by_seed}
-            paired = dict(sorted(paired.items(), key=lambda kv: (kv[0] is None, kv[0])))
+            paired = dict(sorted((seed_of(r), r[metric] - by_seed[seed_of(r)][metric])
+                                 for r in bf16 if seed_of(r) in by_seed))
             out.setdefault(config, {})[metric] = {"fp32": {"mean": ma, "std": sa, "n": na},
                                                   "bf16": {"mean": mb, "std": sb, "n": nb},
                                                   "difference": mb - ma,

@@ -91,13 +91,13 @@ def results_table(name: str, columns: str = "") -> str:
     footer lines after it, each kept where it stands), all of its columns or those named in
     ``columns`` ("A|B|C", as its header spells them)."""
     lines = _path(name).read_text(encoding="utf-8").strip().splitlines()
-    rows = [i for i, line in enumerate(lines) if line.startswith("|")]
-    if len(rows) < 2:
+    at = [i for i, line in enumerate(lines) if line.startswith("|")]
+    if len(at) < 2:
         raise DocsError(f"{name}: no Markdown table")
-    first, last = rows[0], rows[-1]
-    if rows != list(range(first, last + 1)):
-        raise DocsError(f"{name}: more than one Markdown table (a line that is not a row at line "
-                        f"{next(i for i in range(first, last) if i not in rows) + 1})")
+    first, last = at[0], at[-1]
+    if len(at) != last - first + 1:
+        gap = next(i for i in range(first, last) if not lines[i].startswith("|"))
+        raise DocsError(f"{name}: more than one Markdown table (line {gap + 1} is not a row)")
     table = lines[first:last + 1]
     caption = [line for line in lines[:first] if line.strip()]
     notes = [line for line in lines[last + 1:] if line.strip()]
