@@ -19,21 +19,28 @@ backbones, side by side, only core (docs/ARCHITECTURE.md):
     training    the Trainer, the factories that build its parts, run folders, curves, sweeps
     reports     results over many runs: evaluate --runs, tables, compare, plots, gallery
     search      a trained model put to work: embed, FAISS index, search, the web service
+    api         the Python API (docs/api.md): a checkpoint loaded, images and captions embedded
+                and scored, a split evaluated, a run trained from a dict; its names are handed
+                on here when first read (``pipeline.load_model``), so ``import pipeline`` stays light
 """
 
 __version__ = "0.1.0"
 
 # The packages in the order above: each may import only those before it (tests/test_layers.py).
 LAYERS = ("core", "networks", "losses", "backbones", "text", "data", "relevance", "evaluation", "training",
-          "reports", "search")
+          "reports", "search", "api")
 # Packages of one floor: each imports core and none of the others (tests/test_layers.py).
 SIDE_BY_SIDE = ("networks", "losses", "backbones")
 
 # Where each module of the flat layout (version 0.1.0 before the split by concern) went. A user's
-# plug-in (FILE.py:Class) that imports an old path, e.g. ``from pipeline.losses import
-# MaxHingeLoss``, still works for one version, with a note; the old names that are packages now
-# (losses, backbones, text, evaluation, search) cannot be kept. The modules of ``pipeline.models``
-# (0.1.0's second layout) have their own table: ``pipeline.models``.
+# plug-in (FILE.py:Class) that imports an old module path, e.g. ``import pipeline.loss_plugins``,
+# still works for one version, with a note (a FutureWarning naming the new path). The old modules
+# that are packages now keep their names at the package's face: ``losses`` and ``backbones`` hand
+# them on as their public names (``from pipeline.losses import MaxHingeLoss``); ``evaluation`` and
+# ``search`` hand on the names of the module that took them (below: "evaluation", "search") with a
+# note, for one version (``moved_name``). ``pipeline.text``'s face hands on nothing: ``from
+# pipeline.text import Vocabulary`` fails; it is ``pipeline.text.vocabulary`` (below: "text"). The
+# modules of ``pipeline.models`` (0.1.0's second layout) have their own table: ``pipeline.models``.
 MOVED = {
     "errors": "core.errors", "fsutil": "core.fsutil", "runtime": "core.runtime",
     "distributed": "core.distributed", "runlock": "core.runlock", "plugin_import": "core.plugin_import",
@@ -91,3 +98,43 @@ def _install_moved_modules() -> None:
 
 
 _install_moved_modules()
+
+
+def moved_name(package: str, name: str):
+    """``package.name`` (e.g. ``pipeline.evaluation.format_table``) where ``package`` was a flat
+    module of 0.1.0 and is a package now: the name of the module that took the old module's names
+    (``MOVED``), with a FutureWarning naming its new path, for one version. A package's module
+    ``__getattr__`` calls it; any other name (a submodule not imported yet included: the import
+    system asks for it first) is an AttributeError."""
+    import importlib
+    import importlib.util
+    import warnings
+
+    old = package.removeprefix(__name__ + ".")
+    missing = AttributeError(f"module {package!r} has no attribute {name!r}")
+    if name.startswith("_") or old not in MOVED or importlib.util.find_spec(f"{package}.{name}") is not None:
+        raise missing
+    home = importlib.import_module(f"{__name__}.{MOVED[old]}")
+    value = vars(home).get(name)
+    if value is None or not (name.isupper() or getattr(value, "__module__", None) == home.__name__):
+        raise missing  # only what the module defines: not what it imported
+    warnings.warn(f"{package}.{name} is now {home.__name__}.{name}; the old path goes in the next version",
+                  FutureWarning, stacklevel=3)
+    return value
+
+
+# The Python API (``pipeline.api``), handed on from here when first read.
+API = ("load_model", "Model", "evaluate", "train")
+
+
+def __getattr__(name: str):
+    if name not in API:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = globals()[name] = getattr(importlib.import_module(f"{__name__}.api"), name)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *API})

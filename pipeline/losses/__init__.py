@@ -11,5 +11,36 @@
 Pure torch, tensors in and tensors out: a loss scores embeddings or a network's score matrix
 (``core.similarity``), and never imports a network.
 
+The package hands on its public names (``from pipeline.losses import MaxHingeLoss, build_loss``):
+every built-in loss class, named by ``core.registry.LOSSES``, and the seam's names below, each
+imported when first read, so ``import pipeline.losses`` stays torch-free.
+
 May import: ``pipeline.core``.
 """
+
+from __future__ import annotations
+
+from pipeline.core.registry import LOSSES, Registry
+
+# name → "module:attribute" of every public name: the registry's classes, then the seam's.
+PUBLIC = Registry("name", {
+    **{spec.rpartition(":")[2]: spec for spec in LOSSES.values()},
+    **{name: f"pipeline.losses.base:{name}" for name in ("VseLoss", "Batch", "build_loss", "LOSS_NAMES")},
+    "LADDER_DEFAULTS": "pipeline.losses.ladder:LADDER_DEFAULTS",
+    "NoisyPairLoss": "pipeline.losses.noisy.base:NoisyPairLoss",
+    **{name: f"pipeline.losses.plugins:{name}" for name in ("make_loss", "loss_class", "loss_traits",
+                                                           "LossTraits")},
+    "run_contract": "pipeline.losses.check:run_contract",
+})
+__all__ = list(PUBLIC)
+
+
+def __getattr__(name: str):
+    if name not in PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = globals()[name] = PUBLIC.get_part(name)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *PUBLIC})

@@ -12,14 +12,40 @@ features are read lazily by the stages that need them).
 A new layout is one module here plus one ``READERS`` line. The input policy every reader
 follows is in ``base``; the helpers that follow it (``assemble``, split files, UTF-8 lines, safe
 paths, file lookups) are in ``toolkit``.
+
+The package hands on its public names (``from pipeline.data.readers import load_csv, CsvLayout``):
+``load_dataset``, the input policy's names of ``base``, and every reader function and layout
+class that ``READERS`` names, each reader imported when first read.
 """
 
 from __future__ import annotations
 
-from pipeline.core.registry import READERS
-from pipeline.data.readers.base import ConcatenatedRows, Dataset, LoadReport, image_folders, open_image
+from pipeline.core.registry import READERS, Registry
+from pipeline.data.readers.base import (
+    ConcatenatedRows,
+    Dataset,
+    LoadReport,
+    image_folders,
+    image_shape_problem,
+    open_image,
+)
 
-__all__ = ["ConcatenatedRows", "Dataset", "LoadReport", "image_folders", "load_dataset", "open_image"]
+# name → "module:attribute" of each reader and layout class that READERS names.
+PUBLIC = Registry("name", {spec.rpartition(":")[2]: spec for entry in READERS.entries.values()
+                           for spec in (entry.reader, entry.layout) if spec})
+__all__ = ["ConcatenatedRows", "Dataset", "LoadReport", "image_folders", "image_shape_problem",
+           "load_dataset", "open_image", *PUBLIC]
+
+
+def __getattr__(name: str):
+    if name not in PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = globals()[name] = PUBLIC.get_part(name)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *PUBLIC})
 
 
 def load_dataset(kind: str, root, **options) -> Dataset:
