@@ -6,4 +6,15 @@ significance).
 
 May import: ``pipeline.core``, ``networks``, ``losses``, ``backbones``, ``text``, ``data``,
 ``relevance``.
+
+0.1.0's flat ``pipeline.evaluation`` is this package now: its names are handed on from the module that
+took them, with a note, for one version (``pipeline.moved_name``).
 """
+
+from __future__ import annotations
+
+
+def __getattr__(name: str):
+    from pipeline import moved_name
+
+    return moved_name(__name__, name)
