@@ -170,7 +170,10 @@ def options_markdown(config_class=TrainConfig) -> str:
         flag = f"`{flag}`" if facts.cli else flag
         help_text = helps.get(f.name, facts.help)
         before = "" if facts.before is UNSET else f"`{facts.before!r}`"
-        lines.append(f"| {flag} | {kind} | `{config_class.default(f.name)!r}` | "
+        default = f"`{config_class.default(f.name)!r}`"
+        if facts.cli and facts.flag_value is not UNSET:  # a one-way flag: off unless given
+            default = f"off (`{f.name}: {config_class.default(f.name)!r}`)"
+        lines.append(f"| {flag} | {kind} | {default} | "
                      f"{'yes' if facts.resume else ''} | {'yes' if facts.identity else ''} | {before} | "
                      f"{help_text.replace('|', '/')} |")
     lines += ["", "Loss flags (each sets one entry of `loss_options`):", "",
