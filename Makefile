@@ -154,7 +154,7 @@ f8k-fast: $(F8K_FEATURES) $(F8K_TEXT) $(CACHE)/f8k_svd.h5 $(CACHE)/f8k_bert.h5 $
 	  --judgments $(JUDGMENTS) --out $(FAST_OUT)/results.csv
 	$(VSE) report $(FAST_OUT)/results.csv --columns recall --epochs-to-best | tee $(FAST_OUT)/table_recall.md
 	$(VSE) report $(FAST_OUT)/results.csv --columns human | tee $(FAST_OUT)/table_human.md
-	$(PY) bench/f8k_claims.py $(FAST_OUT)/results.csv | tee $(FAST_OUT)/claims.json
+	$(VSE) claims experiments/claims/fast.yaml
 
 # ---- sets (VSE∞): the 7 × 7 grid pooled by mean / max / GPO, and LSEH on the VSE∞-style model --
 F8K_GRID   = $(CACHE)/f8k_effnet_grid7.h5
@@ -173,7 +173,7 @@ f8k-sets: $(F8K_FEATURES) $(F8K_GRID) $(F8K_TEXT)
 	$(VSE) sweep experiments/f8k_sets.yaml --runs-dir $(F8K_RUNS)
 	$(VSE) evaluate --runs '$(F8K_RUNS)/sets/*' --split test --judgments $(JUDGMENTS) --out $(SETS_OUT)/results.csv
 	$(VSE) report $(SETS_OUT)/results.csv --columns recall --epochs-to-best | tee $(SETS_OUT)/table_recall.md
-	$(PY) bench/f8k_claims.py $(SETS_OUT)/results.csv --claims sets | tee $(SETS_OUT)/claims.json
+	$(VSE) claims experiments/claims/sets.yaml
 	$(VSE) plot --runs '$(F8K_RUNS)/sets/*' --out $(SETS_OUT)/figures
 
 f8k-vse-infty: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5 $(CACHE)/f8k_bert.h5
@@ -182,7 +182,7 @@ f8k-vse-infty: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5 $(CACHE)/f8k_bert.h
 	  --out $(INFTY_OUT)/results.csv
 	$(VSE) report $(INFTY_OUT)/results.csv --columns recall --epochs-to-best | tee $(INFTY_OUT)/table_recall.md
 	$(VSE) report $(INFTY_OUT)/results.csv --columns human | tee $(INFTY_OUT)/table_human.md
-	$(PY) bench/f8k_claims.py $(INFTY_OUT)/results.csv --claims vse_infty | tee $(INFTY_OUT)/claims.json
+	$(VSE) claims experiments/claims/vse_infty.yaml
 	$(VSE) plot --runs '$(F8K_RUNS)/vse_infty/*' --out $(INFTY_OUT)/figures
 
 SGRAF_OUT = bench/results/f8k_sgraf
@@ -203,7 +203,7 @@ f8k-saf-short: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
 	  --out $(SAF_SHORT_OUT)/results.csv
 	$(VSE) report $(SAF_SHORT_OUT)/results.csv --columns recall --epochs-to-best | tee $(SAF_SHORT_OUT)/table_recall.md
 	$(VSE) report $(SAF_SHORT_OUT)/results.csv --columns human | tee $(SAF_SHORT_OUT)/table_human.md
-	$(PY) bench/f8k_claims.py $(SAF_SHORT_OUT)/results.csv --claims saf_short | tee $(SAF_SHORT_OUT)/claims.json
+	$(VSE) claims experiments/claims/saf_short.yaml
 
 f8k-saf-short-bf16: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
 	$(VSE) sweep experiments/f8k_saf_short_bf16.yaml --runs-dir $(F8K_RUNS)
@@ -221,7 +221,7 @@ f8k-sgraf-short: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
 	  --judgments $(JUDGMENTS) --out $(SGRAF_SHORT_OUT)/results.csv
 	$(VSE) report $(SGRAF_SHORT_OUT)/results.csv --columns recall --epochs-to-best | tee $(SGRAF_SHORT_OUT)/table_recall.md
 	$(VSE) report $(SGRAF_SHORT_OUT)/results.csv --columns human | tee $(SGRAF_SHORT_OUT)/table_human.md
-	$(PY) bench/f8k_claims.py $(SGRAF_SHORT_OUT)/results.csv --claims sgraf_short | tee $(SGRAF_SHORT_OUT)/claims.json
+	$(VSE) claims experiments/claims/sgraf_short.yaml
 
 SGRAF_BF16_OUT = bench/results/f8k_sgraf_bf16
 
@@ -242,7 +242,7 @@ f8k-sgraf-bf16: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
 	  --judgments $(JUDGMENTS) --out $(SGRAF_BF16_OUT)/results.csv
 	$(VSE) report $(SGRAF_BF16_OUT)/results.csv --columns recall --epochs-to-best | tee $(SGRAF_BF16_OUT)/table_recall.md
 	$(VSE) report $(SGRAF_BF16_OUT)/results.csv --columns human | tee $(SGRAF_BF16_OUT)/table_human.md
-	$(PY) bench/f8k_claims.py $(SGRAF_BF16_OUT)/results.csv --claims sgraf_bf16 | tee $(SGRAF_BF16_OUT)/claims.json
+	$(VSE) claims experiments/claims/sgraf_bf16.yaml
 
 # ---- precision (issue 53): why bf16 keeps MH alive on SAF, one part at a time; does the fast loop care?
 PRECISION_OUT      = bench/results/precision_saf_cpu
@@ -283,8 +283,7 @@ f8k-precision-sgraf: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
 	    --split test --judgments $(JUDGMENTS) --out $(PRECISION_SGRAF_OUT)/results_$$prec.csv && \
 	  $(VSE) report $(PRECISION_SGRAF_OUT)/results_$$prec.csv --columns recall --epochs-to-best \
 	    | tee $(PRECISION_SGRAF_OUT)/table_recall_$$prec.md && \
-	  $(PY) bench/f8k_claims.py $(PRECISION_SGRAF_OUT)/results_$$prec.csv --claims precision_sgraf_$$prec \
-	    | tee $(PRECISION_SGRAF_OUT)/claims_$$prec.json || exit 1; done
+	  $(VSE) claims experiments/claims/precision_sgraf_$$prec.yaml || exit 1; done
 	PYTHONPATH=. $(PY) bench/precision_table.py --fast $(PRECISION_SGRAF_OUT)
 	$(PY) bench/dev_curves.py '$(PRECISION_SGRAF_RUNS)/s*_fp32/*' '$(PRECISION_SGRAF_RUNS)/s*_bf16/*' \
 	  | tee $(PRECISION_SGRAF_OUT)/dev_rsum.md
@@ -297,10 +296,10 @@ f8k-vsrn-short: $(F8K_GRID) $(CACHE)/f8k_svd.h5
 	  --out $(VSRN_SHORT_OUT)/results.csv
 	$(VSE) report $(VSRN_SHORT_OUT)/results.csv --columns recall --epochs-to-best | tee $(VSRN_SHORT_OUT)/table_recall.md
 	$(VSE) report $(VSRN_SHORT_OUT)/results.csv --columns human | tee $(VSRN_SHORT_OUT)/table_human.md
-	$(PY) bench/f8k_claims.py $(VSRN_SHORT_OUT)/results.csv --claims vsrn_short | tee $(VSRN_SHORT_OUT)/claims.json
+	$(VSE) claims experiments/claims/vsrn_short.yaml
 	$(VSE) evaluate --runs '$(F8K_RUNS)/vsrn_short/*-warm,seed=*' --checkpoint-name last.pt --split test \
 	  --judgments $(JUDGMENTS) --out $(VSRN_SHORT_OUT)/results_last.csv
-	$(PY) bench/f8k_claims.py $(VSRN_SHORT_OUT)/results_last.csv --claims vsrn_last | tee $(VSRN_SHORT_OUT)/claims_last.json
+	$(VSE) claims experiments/claims/vsrn_last.yaml
 
 NOISY_OUT     = bench/results/f8k_noisy
 NOISY_SGR_OUT = bench/results/f8k_noisy_sgr
@@ -324,9 +323,8 @@ f8k-noisy-sgr: $(F8K_GRID) $(F8K_TOKENS)
 	$(VSE) evaluate --runs '$(F8K_RUNS)/noisy_sgr/*' --split test --judgments $(JUDGMENTS) \
 	  --out $(NOISY_SGR_OUT)/results.csv
 	$(VSE) report $(NOISY_SGR_OUT)/results.csv --columns noisy | tee $(NOISY_SGR_OUT)/table_noisy.md
-	$(PY) bench/f8k_claims.py $(NOISY_OUT)/results.csv --claims noisy --ranking-with $(NOISY_SGR_OUT)/results.csv \
-	  | tee $(NOISY_OUT)/claims.json
-	$(PY) bench/f8k_claims.py $(NOISY_SGR_OUT)/results.csv --claims noisy_sgr | tee $(NOISY_SGR_OUT)/claims.json
+	$(VSE) claims experiments/claims/noisy.yaml
+	$(VSE) claims experiments/claims/noisy_sgr.yaml
 
 f8k-text-pool: $(F8K_FEATURES)
 	$(VSE) sweep experiments/f8k_text_pool.yaml --runs-dir $(F8K_RUNS)

@@ -47,10 +47,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import f8k_claims  # noqa: E402
-
 from pipeline.core.errors import VseError  # noqa: E402
 from pipeline.evaluation.stats import ALPHA, mean_std, welch_greater  # noqa: E402
+from pipeline.reports.claims import Claim, claim_groups, claim_set_path, load_claims, verdicts  # noqa: E402
 from pipeline.training.sweep import check_folder_name, read_yaml_mapping  # noqa: E402
 from pipeline.training.tune import EXPORT_TAG, TRIAL_FILE, load_tune, parse_budget  # noqa: E402
 
@@ -118,7 +117,7 @@ class Spec:
     out: Path
     default_results: Path
     judgments: str | None
-    claims: str
+    claims: str                     # the claim set's name (experiments/claims/NAME.yaml) or its file
     studies: list[Study] = field(default_factory=list)
 
 
@@ -143,9 +142,11 @@ def load_spec(path, budget: str | None = None, runs_dir=None, judgments=None) ->
     if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
         raise VseError(f"epochs: a whole number of at least 1, got {epochs!r}", path)
     claims = str(spec.get("claims", "noisy"))
-    if claims not in f8k_claims.CLAIM_SETS:
-        raise VseError(f"claims: {claims!r} is no claim set of bench/f8k_claims.py (one of "
-                       f"{', '.join(sorted(f8k_claims.CLAIM_SETS))})", path)
+    try:  # a claim set by name, or a claims file (relative to this file's folder)
+        claims = str(claim_set_path(claims, path.parent))
+        load_claims(claims)
+    except VseError as exc:
+        raise VseError(f"claims: {exc}", path) from None
     name = check_folder_name(str(spec.get("name") or path.stem), "name", path)
     given = budget or spec.get("budget")
     if not given:
@@ -464,24 +465,24 @@ def two_sided_p(a: list, b: list) -> float | None:
 
 
 def pair_claims(spec: Spec, default: dict) -> list[tuple]:
-    """Every ordering of two methods at one noise level as a claim (f8k_claims' tuple), the better
-    one first by the default table's mean rsum: the rankings the default table shows."""
+    """Every ordering of two methods at one noise level as a claim (``reports.claims.Claim``), the
+    better one first by the default table's mean rsum: the rankings the default table shows."""
     claims = []
     for noise in dict.fromkeys(s.noise for s in spec.studies):
         studies = [s for s in spec.studies if s.noise == noise]
         for i, a in enumerate(studies):
             for b in studies[i + 1:]:
-                means = [mean_std(default[s.label].samples.get("rsum", []))[0] if s.label in default else 0.0
-                         for s in (a, b)]
+                means = [mean_std(default[s.label].samples.get("rsum", []))[0]
+                         if not isinstance(default.get(s.label, []), list) else 0.0 for s in (a, b)]
                 better, worse = (a, b) if means[0] >= means[1] else (b, a)
-                claims.append((f"{better.method} beats {worse.method} at {noise}", "ranking", better.label,
-                               worse.label, "rsum", False))
+                claims.append(Claim(f"{better.method} beats {worse.method} at {noise}", "ranking",
+                                    better.label, worse.label, "rsum"))
     return claims
 
 
 def compare_claims(claims, default: dict, tuned_groups: dict) -> tuple[list[dict], list[dict], dict]:
     """(verdicts on the tuned table, each claim's two verdicts and change, the claims by change)."""
-    before, after = f8k_claims.verdicts(default, claims), f8k_claims.verdicts(tuned_groups, claims)
+    before, after = verdicts(default, claims), verdicts(tuned_groups, claims)
     compared = [{"claim": b["claim"], "default": b["verdict"], "tuned": a["verdict"],
                  "change": claim_change(b["verdict"], a["verdict"]),
                  **{f"{side}_{key}": entry[key] for side, entry in (("default", b), ("tuned", a))
@@ -496,9 +497,9 @@ def compare_claims(claims, default: dict, tuned_groups: dict) -> tuple[list[dict
 def write_comparison(spec: Spec, results: Path) -> None:
     from pipeline.reports.report import read_results
 
-    default = f8k_claims.claim_groups(read_results(spec.default_results))
-    tuned_groups = f8k_claims.claim_groups(tuned_rows(spec, results))
-    after, compared, summary = compare_claims(f8k_claims.CLAIM_SETS[spec.claims], default, tuned_groups)
+    default = claim_groups(read_results(spec.default_results))
+    tuned_groups = claim_groups(tuned_rows(spec, results))
+    after, compared, summary = compare_claims(load_claims(spec.claims).claims, default, tuned_groups)
     _, pairs, pair_summary = compare_claims(pair_claims(spec, default), default, tuned_groups)
     test = f"Welch one-sided over seeds, alpha {ALPHA}"
     _write(spec.out / "claims.json", json.dumps({"results": str(results), "test": test, "claims": after},
@@ -516,10 +517,17 @@ def write_comparison(spec: Spec, results: Path) -> None:
            + claims_section(spec, summary, pair_summary))
 
 
+def _shown(claims: str) -> str:
+    """A claims file as the side-by-side table names it: from the repository root when inside it."""
+    root = Path(__file__).resolve().parents[1]
+    path = Path(claims).resolve()
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(claims)
+
+
 def claims_section(spec: Spec, summary: dict, pair_summary: dict) -> str:
-    """The claims of the default table (bench/f8k_claims.py's set) by how equal tuning changed them,
+    """The claims of the default table (the spec's claim set) by how equal tuning changed them,
     and the count of each change over the orderings of two methods."""
-    lines = ["", f"Claims of the default table (bench/f8k_claims.py, {spec.claims!r}; Welch one-sided, "
+    lines = ["", f"Claims of the default table ({_shown(spec.claims)}; Welch one-sided, "
              f"p < {ALPHA}) after equal tuning (claims_compare.json):"]
     shown = ("holds", "flips", "disappears", "appears", "stays reversed", "inside the seed noise in both")
     for change in shown:

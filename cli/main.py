@@ -58,6 +58,7 @@ COMMANDS = {
     "evaluate": "cli.evaluate_cmd:evaluate_command",
     "report": "cli.report_cmd:report_command",
     "compare": "cli.compare_cmd:compare_command",
+    "claims": "cli.claims_cmd:claims_command",
     "plot": "cli.report_cmd:plot_command",
     "gallery": "cli.report_cmd:gallery_command",
     "check-loss": "cli.check_loss_cmd:check_loss_command",

@@ -132,7 +132,7 @@ def test_compare_refuses_two_precisions(fp32_and_bf16_runs, monkeypatch):
 
 
 def test_claims_refuse_two_precisions():
-    import f8k_claims
+    from pipeline.reports.claims import Claim, claim_groups, verdicts
 
     def group_rows(precision_label, values):
         return [{"run": f"x/seed={i}", "config_id": precision_label, "loss": "mh", "rsum": v,
@@ -141,9 +141,9 @@ def test_claims_refuse_two_precisions():
     rows = group_rows("fp32/fp32/fp32", [1.0, 2.0, 3.0]) + [
         {**r, "loss": "lseh", "run": f"y/seed={i}", "config_id": "y"}
         for i, r in enumerate(group_rows("bf16/fp32/fp32", [5.0, 6.0, 7.0]))]
-    claims = [("lseh beats mh", "LSEH", "lseh", "mh", "rsum", False)]
-    verdict = f8k_claims.verdicts(f8k_claims.claim_groups(rows), claims)[0]
+    claims = [Claim("lseh beats mh", "LSEH", "lseh", "mh", "rsum")]
+    verdict = verdicts(claim_groups(rows), claims)[0]
     assert verdict["verdict"].startswith("not compared: runs of different precision")
     same = [{**r, "precision": "fp32/fp32/fp32"} for r in rows]
-    verdict = f8k_claims.verdicts(f8k_claims.claim_groups(same), claims)[0]
+    verdict = verdicts(claim_groups(same), claims)[0]
     assert verdict["verdict"] == "holds" and verdict["precision"] == "fp32/fp32/fp32"
