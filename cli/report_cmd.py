@@ -26,12 +26,15 @@ from pipeline.core.registry import REPORT_LAYOUTS
 @click.option("--seeds/--per-run", "seeds", default=None,
               help="One row per configuration, mean ± std (n) over its seeds (default: when some "
               "configuration has several seeds), or one row per run.")
-def report_command(results, fmt, layout, label, bold, epochs, seeds):
+@click.option("--baseline", metavar="NAME", default=None,
+              help="Add a column: each configuration's p against NAME (a row's name without the seed, or a "
+              "loss), Welch's two-sided t-test over seeds of rsum.")
+def report_command(results, fmt, layout, label, bold, epochs, seeds, baseline):
     """Print RESULTS (from `vse evaluate --runs … --out`) as the papers' table; runs that
     differ only by seed are one row, mean ± std (n)."""
     from pipeline.reports.report import format_results, read_results
 
-    click.echo(format_results(read_results(results), fmt, layout, label, bold, epochs, seeds))
+    click.echo(format_results(read_results(results), fmt, layout, label, bold, epochs, seeds, baseline))
 
 
 @click.command("plot")

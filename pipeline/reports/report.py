@@ -47,6 +47,7 @@ LAYOUTS = {
     "noisy": ("i2t_r1", "t2i_r1", "rsum", "human_i2t_map@r", "human_t2i_map@r", "division_auc"),
 }
 EPOCHS = "epochs_to_best"  # the --epochs-to-best column
+HEADLINE = "rsum"  # the metric of --baseline's p column, whatever the layout shows
 NEVER_BEGAN = " (its method never began: see below)"  # a row's mark: the run ended before its method began
 # The title of a metric's column group, by group and direction (Caption Retrieval = i2t).
 TITLES = {("recall", "i2t"): "Caption Retrieval", ("recall", "t2i"): "Image Retrieval",
@@ -205,16 +206,20 @@ def seed_groups(rows, label: str = "run") -> list[SeedGroup]:
     grouped: dict[tuple, list[dict]] = {}
     for row in rows:
         grouped.setdefault(config_key(row), []).append(row)
-    groups = []
-    for members in grouped.values():
-        group = SeedGroup(without_seed(str(members[0].get(label) or "")), members)
-        for key in {k for row in members for k in row}:
-            values = [row[key] for row in members if isinstance(row.get(key), (int, float))
-                      and not isinstance(row.get(key), bool)]
-            if values:
-                group.samples[key] = [float(v) for v in values]
-        groups.append(group)
-    return groups
+    return [seed_group(without_seed(str(members[0].get(label) or "")), members)
+            for members in grouped.values()]
+
+
+def seed_group(label: str, members: list[dict]) -> SeedGroup:
+    """The SeedGroup of ``members`` (rows of one configuration, or rows pooled on purpose: `vse compare
+    --across-precision`): each numeric column's values, one per row that has it."""
+    group = SeedGroup(label, members)
+    for key in {k for row in members for k in row}:
+        values = [row[key] for row in members if isinstance(row.get(key), (int, float))
+                  and not isinstance(row.get(key), bool)]
+        if values:
+            group.samples[key] = [float(v) for v in values]
+    return group
 
 
 def without_seed(name: str) -> str:
@@ -244,6 +249,56 @@ def significant_cells(groups: list[SeedGroup], keys) -> set[tuple[int, str]]:
     return marked
 
 
+def welch_two_sided(a, b) -> float | None:
+    """Two-sided p-value of Welch's t-test over seeds (``scipy.stats.ttest_ind(a, b, equal_var=False)``);
+    None with fewer than two values on a side. Two samples with no spread at all: p = 0 when their
+    means differ, 1 when not (as ``stats.welch_greater``)."""
+    import numpy as np
+
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if len(a) < 2 or len(b) < 2:
+        return None
+    if a.var() == 0 and b.var() == 0:
+        return 0.0 if a.mean() != b.mean() else 1.0
+    from scipy.stats import ttest_ind
+
+    return float(ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def paired_two_sided(a, b) -> float | None:
+    """Two-sided p-value of the paired t-test over seeds (``scipy.stats.ttest_rel(a, b)``: ``a[i]`` and
+    ``b[i]`` one seed's values); None with fewer than two pairs. Differences that are all equal: p = 0
+    when they are not 0, 1 when they are."""
+    import numpy as np
+
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    if len(d) < 2:
+        return None
+    if d.var() == 0:
+        return 0.0 if d.mean() != 0 else 1.0
+    from scipy.stats import ttest_rel
+
+    return float(ttest_rel(a, b).pvalue)
+
+
+def format_p(p: float | None) -> str:
+    """A p-value as the tables print it ("" when untested)."""
+    return "" if p is None else "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def find_group(groups: list[SeedGroup], name: str, what: str = "--baseline") -> SeedGroup:
+    """The seed group named ``name``: by its label, else by its loss when one group has that loss;
+    one VseError when none or several answer to it."""
+    found = [g for g in groups if g.label == name] or [g for g in groups if g.rows[0].get("loss") == name]
+    if not found:
+        labels = ", ".join(g.label for g in groups)
+        raise VseError(f"{what} {name!r} names no configuration (one of {labels})")
+    if len(found) > 1:
+        raise VseError(f"{what} {name!r} names {len(found)} configurations (another code, precision or "
+                       "options): give the run name of one")
+    return found[0]
+
+
 def format_cell(key: str, group: SeedGroup, fmt: str) -> str:
     """``mean ± std (n)``; one seed prints its value and ``(1)``."""
     mean, std, n = mean_std(group.samples.get(key, []))
@@ -256,11 +311,14 @@ def format_cell(key: str, group: SeedGroup, fmt: str) -> str:
 
 
 def format_results(rows, fmt: str = "md", layout: str = "paper", label: str = "run",
-                   bold="significant", epochs: bool = False, seeds: bool | None = None) -> str:
+                   bold="significant", epochs: bool = False, seeds: bool | None = None,
+                   baseline: str | None = None) -> str:
     """The results table of ``rows`` in ``fmt`` (md | latex | csv), one line per row, or per
     configuration with ``seeds`` (default: when some configuration has several seeds);
     ``epochs`` adds the epochs each run needed to reach its best validation M-Recall.
-    ``bold``: one of BOLD_MODES (True/False mean "best"/"none", as older callers pass)."""
+    ``bold``: one of BOLD_MODES (True/False mean "best"/"none", as older callers pass).
+    ``baseline``: a configuration (``find_group``); a last column gives each row's p against it,
+    Welch's two-sided t-test over seeds of ``HEADLINE`` (one row per configuration)."""
     if fmt not in FORMATS:
         raise VseError(f"unknown table format {fmt!r} (expected {', '.join(FORMATS)})")
     bold = {True: "best", False: "none"}.get(bold, bold)
@@ -272,7 +330,9 @@ def format_results(rows, fmt: str = "md", layout: str = "paper", label: str = "r
     keys = [k for _, cols in groups for _, k in cols]
     by_seed = seed_groups(rows, label)
     if seeds is None:
-        seeds = any(g.n > 1 for g in by_seed)
+        seeds = any(g.n > 1 for g in by_seed) or baseline is not None
+    if baseline is not None and not seeds:
+        raise VseError("--baseline compares configurations over their seeds: not with --per-run")
     shown = _precision_shown(rows)
     if seeds:
         labels = [g.label + _tuned(g.rows[0]) + shown(g.rows[0]) for g in by_seed]
@@ -290,16 +350,31 @@ def format_results(rows, fmt: str = "md", layout: str = "paper", label: str = "r
               else [(str(row.get(label) or ""), row) for row in rows])
     missed = [(name, _unreached(row)) for name, row in firsts]  # the method never began: never a silent row
     labels = [text + (NEVER_BEGAN if note else "") for text, (_, note) in zip(labels, missed)]
+    against = _baseline_column(by_seed, baseline) if baseline is not None else None
+    if against is not None:
+        groups = [*groups, ("", [(against[0], HEADLINE)])]
     if fmt == "csv":
-        return _csv_table(groups, labels, cells)
+        return _csv_table(groups, labels, [line + ([against[1][i]] if against else [])
+                                           for i, line in enumerate(cells)])
     marked = [[_bold(text, fmt) if (i, k) in best else text for k, text in zip(keys, line)]
-              for i, line in enumerate(cells)]
+              + ([against[1][i]] if against else []) for i, line in enumerate(cells)]
     table = (_latex_table if fmt == "latex" else _markdown_table)(groups, labels, marked)
     mixed = "(network/loss/evaluation precision): the rows differ in it" if shown(rows[0]) else ""
-    note = "; ".join(part for part in (_table_note(seeds, bold), mixed) if part)
+    p_note = (f"p vs {baseline}: Welch's two-sided t-test over seeds of {HEADLINE} against that row"
+              if against else "")
+    note = "; ".join(part for part in (_table_note(seeds, bold), mixed, p_note) if part)
     lines = [note] if note else []
     lines += [f"{name}: {missing}" for name, missing in missed if missing]
     return table + "".join(("\n\n" if fmt == "md" else "\n% ") + line for line in lines)
+
+
+def _baseline_column(groups: list[SeedGroup], baseline: str) -> tuple[str, list[str]]:
+    """(header, one cell per group): each group's p against the baseline group on ``HEADLINE``."""
+    base = find_group(groups, baseline)
+    cells = ["(baseline)" if g is base else format_p(welch_two_sided(g.samples.get(HEADLINE, []),
+                                                                       base.samples.get(HEADLINE, [])))
+             for g in groups]
+    return f"p vs {baseline} ({HEADLINE})", cells
 
 
 def _unreached(row: dict) -> str | None:
