@@ -70,3 +70,13 @@ def test_no_module_of_vse_imports_the_old_paths():
 
     users = [m for m, targets in imports().items() for t in targets if t.startswith("pipeline.models")]
     assert users == []
+
+
+def test_the_old_paths_and_the_package_faces_give_the_same_objects():
+    """0.1.0's ``pipeline.models.losses`` and today's face ``pipeline.losses`` hand on one class."""
+    import pipeline.losses
+    import pipeline.networks
+
+    assert fresh_import("losses").MaxHingeLoss is pipeline.losses.MaxHingeLoss
+    assert fresh_import("heads").GPO is pipeline.networks.GPO
+    assert fresh_import("sgraf").SGR is pipeline.networks.SGR
