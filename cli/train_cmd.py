@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from cli.train_options import TrainOption, given_values, train_options
-from pipeline.core.config import LOSS_FLAGS, TrainConfig, option_names
+from pipeline.core.config import LOSS_FLAGS, TrainConfig, option_names, run_options
 from pipeline.core.errors import VseError
 
 __all__ = ["TrainOption", "train_command"]
@@ -37,7 +37,7 @@ def _read_config_file(path: str) -> dict:
         raise VseError(f"cannot parse config ({str(exc).splitlines()[0]})", path) from exc
     if not isinstance(values, dict) or not all(isinstance(k, str) for k in values):
         raise VseError("config must be a mapping of option names to values", path)
-    values = {k.replace("-", "_"): v for k, v in values.items()}
+    values = run_options({k.replace("-", "_"): v for k, v in values.items()})  # a run's config.json too
     options = set(option_names())
     unknown = sorted(set(values) - options - set(LOSS_FLAGS))
     if unknown:

@@ -46,14 +46,13 @@ def test_gpu_autocast_default_follows_the_measured_rule(network, dual, tiny_cach
     assert TrainConfig.from_dict({"features": str(tiny_cache), "network": network}).to_dict()["amp"] is dual
 
 
-def test_cpu_bf16_default_never_for_the_pairwise_networks(tiny_cache, monkeypatch):
+def test_cpu_bf16_is_never_a_default(tiny_cache, monkeypatch):
     from pipeline.core import cpuinfo
 
-    monkeypatch.setattr(cpuinfo, "cpu_native_bf16", lambda: True)
-    fast = TrainConfig(features=str(tiny_cache), text_features=str(tiny_cache))
-    assert fast.cpu_amp is True
-    pairwise = TrainConfig(features=str(tiny_cache), text_features=str(tiny_cache), network="saf")
-    assert pairwise.cpu_amp is False
+    monkeypatch.setattr(cpuinfo, "cpu_native_bf16", lambda: True)  # a CPU with native bf16: still fp32
+    for network in ("vse++", "saf"):
+        config = TrainConfig(features=str(tiny_cache), text_features=str(tiny_cache), network=network)
+        assert config.cpu_amp is False
 
 
 def test_old_configs_without_amp_read_as_before(tiny_cache):

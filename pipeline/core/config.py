@@ -21,7 +21,7 @@ import dataclasses
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
-from pipeline.core import cpuinfo, precision
+from pipeline.core import precision
 from pipeline.core.errors import VseError
 from pipeline.core.registry import (
     ADAM_KERNELS,
@@ -201,16 +201,16 @@ class TrainConfig:
     device: str = option("auto", "cpu, cuda, cuda:N or auto (under torchrun: cuda:LOCAL_RANK).",
                          resume=True, identity=False)
     amp: bool | None = option(
-        None, "Mixed precision on GPU (bf16 on compute capability 8.0+, else fp16 with loss scaling). "
-              "Unset: on for the dual networks, off for the pairwise ones (sgr, saf: their authors' fp32; "
-              "bf16 with fp32 scores still changed MH over three epochs; amp_by_default); the run records "
-              "what it chose.",
+        None, "Mixed precision on a GPU (bf16 on compute capability 8.0+, else fp16 with loss scaling); "
+              "no effect on a CPU (--cpu-amp). Unset: on for the dual networks, off for the pairwise ones "
+              "(sgr, saf: their authors' fp32; bf16 with fp32 scores still changed MH over three epochs; "
+              "amp_by_default). config.json records what was applied (false on a CPU) and the precision.",
         flag="--amp/--no-amp", before=True)
-    cpu_amp: bool | None = option(
-        None, "bf16 autocast of the heads on a CPU with native bf16 (AVX512-BF16 or AMX; refused on one "
-              "without). Unset: on where measured inside the fp32 seed noise and faster (the fast loop: "
-              "vse++ over cached image and caption vectors, on a native-bf16 CPU: cpu_amp_by_default), "
-              "off elsewhere; the run records what it chose. Validation and evaluation stay fp32.",
+    cpu_amp: bool = option(
+        False, "bf16 autocast of the heads on a CPU, only when asked for by name: without it every CPU "
+               "trains in fp32, so a command gives the same numbers on a laptop and a server. Refused on a "
+               "CPU without native bf16 (AVX512-BF16 or AMX); no effect on a GPU (--amp). Validation and "
+               "evaluation stay fp32.",
         flag="--cpu-amp/--no-cpu-amp", before=False)
     deterministic: bool = option(False, "GPU: reproducible kernels (cuDNN deterministic, no autotuning) "
                                         "so --resume is exact; slower. CPU runs are deterministic anyway.")
@@ -229,9 +229,7 @@ class TrainConfig:
             self.caption_loss_weight = 0.0    # (one stored value per behaviour: config_id groups them)
         if self.embed_dim is None:  # unset, and the network sets none: VSE++'s 1024, stored as such
             self.embed_dim = 1024
-        if self.cpu_amp is None:  # unset: the measured rule, stored as chosen (config_id groups by it)
-            self.cpu_amp = cpu_amp_by_default(self)
-        if self.amp is None:  # the same for the GPU's autocast
+        if self.amp is None:  # unset: the GPU's measured rule, stored as chosen (config_id groups by it)
             self.amp = amp_by_default(self)
 
     @property
@@ -243,6 +241,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, values: dict) -> TrainConfig:
         """Options not in ``values`` take the defaults above (the only place that holds them)."""
+        values = run_options(values)  # a run's config.json: its precision record is no option
         unknown = sorted(set(values) - set(option_names(cls)))
         if unknown:
             raise VseError(f"unknown training option(s): {', '.join(unknown)}")
@@ -419,8 +418,34 @@ def old_defaults(cls=TrainConfig) -> dict:
 
 
 def with_old_defaults(values: dict, cls=TrainConfig) -> dict:
-    """A saved config with the values of the options it predates filled in."""
-    return {**old_defaults(cls), **values}
+    """A saved config with the values of the options it predates filled in (and a config.json's
+    precision record read as ``run_options`` reads it)."""
+    return {**old_defaults(cls), **run_options(values)}
+
+
+# ---------------------------------------------------------------------------- the precision applied
+def recorded_config(config: TrainConfig, used: precision.Precision, device_type: str) -> dict:
+    """What a run's config.json holds: its options, with ``amp`` and ``cpu_amp`` as the device
+    applied them (``precision.applied``: a CPU run never says ``"amp": true``), and the precision
+    record (``precision.RECORD_KEY``: the checkpoint's, with the device kind). The record also keeps,
+    under ``identity``, the two options as the config resolved them before the device was known
+    (--amp's GPU default on a CPU run too): config_id, --resume and `vse sweep` compare those, so a
+    run keeps the config_id that the same behaviour had before this record existed."""
+    values = config.to_dict()
+    options = {name: values[name] for name in precision.OPTIONS}
+    record = {**used.as_dict(), "device": device_type, "identity": options}
+    return {**values, **precision.applied(options, device_type), precision.RECORD_KEY: record}
+
+
+def run_options(values: dict) -> dict:
+    """The options of a saved config: a config.json's precision record taken out, and the
+    precision options as the run's identity holds them (``recorded_config``)."""
+    record = values.get(precision.RECORD_KEY)
+    if record is None:
+        return values
+    values = {name: value for name, value in values.items() if name != precision.RECORD_KEY}
+    identity = record.get("identity") if isinstance(record, dict) else None
+    return {**values, **(identity or {})}
 
 
 def identity_values(values: dict, cls=TrainConfig) -> dict:
@@ -469,17 +494,6 @@ def resume_config(saved_values: dict, config, given, where, cls=TrainConfig, sam
     notes += [f"{name} {getattr(config, name)!r} (the same file as the run's {getattr(saved, name)!r})"
               for name in renamed]
     return config, saved, notes
-
-
-def cpu_amp_by_default(config: TrainConfig) -> bool:
-    """--cpu-amp's default: bf16 on a CPU with native bf16 only where it was measured faster with
-    quality inside the fp32 seed noise, the fast loop (``precision.cpu_fast_loop``: 1.29× fp32;
-    MH and LSEH over 3 seeds each, bench/results/precision_fast_cpu). Sets, the GRU and
-    VSRN stay fp32 until their quality is measured over a full schedule; the pairwise networks stay
-    fp32 (``precision.mixed_precision_measured``: bf16 scores tie and change MH; with their score
-    layer in fp32 MH still gained in every seed over three epochs)."""
-    return (precision.cpu_fast_loop(config) and precision.mixed_precision_measured(config)
-            and cpuinfo.cpu_native_bf16())
 
 
 def amp_by_default(config: TrainConfig) -> bool:

@@ -11,9 +11,13 @@ The parts (``Precision``):
 Runs of different labels are not one method: reports show the column, comparisons refuse
 (``mixed``).
 
-The default (``--amp`` / ``--cpu-amp`` unset) follows the authors' numerics, fp32, except where a
-faster precision was measured inside the fp32 seed noise (``mixed_precision_measured``); see
-docs/PROTOCOL.md, "Numeric precision", for the measurements behind each case.
+The default does not depend on the machine's model. On a CPU it is fp32 everywhere: bf16 only
+when asked for by name (``--cpu-amp``), so a command gives the same numerics on a laptop and on a
+server with native bf16. On a GPU (``--amp`` unset) it follows the authors' numerics, fp32, except
+where mixed precision was measured inside the fp32 seed noise (``mixed_precision_measured``); the
+record says which (bf16 on compute capability 8.0+, fp16 before). See docs/PROTOCOL.md, "Numeric
+precision", for the measurements behind each case. A run's config.json records the options as they
+were applied (``applied``) and this record (``config.recorded_config``).
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
-RECORD_KEY = "precision"       # the checkpoint's and the validation records' entry
+RECORD_KEY = "precision"       # the checkpoint's, config.json's and the validation records' entry
+OPTIONS = ("amp", "cpu_amp")   # the training options that choose the step's precision
 COLUMN = "precision"           # the results row's column
 UNRECORDED = "unrecorded"      # a run saved before precision was recorded
 
@@ -77,22 +82,23 @@ def mixed(labels: dict) -> str | None:
 
 
 def mixed_precision_measured(config) -> bool:
-    """Mixed precision (``--amp`` on a GPU, ``--cpu-amp`` on a CPU with native bf16) is the default
-    only where it was measured inside the fp32 seed noise: the dual networks, whose losses score
-    fp32 products of the embeddings (the fast loop: MH and LSEH, fp32 against CPU bf16 over 3 seeds
-    each, bench/results/precision_fast_cpu). Not for the pairwise networks (SGR, SAF): bf16 scores
-    rounded to a few distinct values tie MH's hardest negative, and the run trains another method
-    (bench/results/precision_saf_cpu; PROTOCOL, "Numeric precision"). Their score layer now stays
-    fp32 under autocast, which trained as fp32 over one epoch (that folder's bf16-scores-fp32 arm)
-    but not over three: MH gained under bf16 in every seed on SGR and SAF while LSEH did not move
-    (bench/results/precision_sgraf_cpu, precision.md), so they stay fp32."""
+    """Mixed precision on a GPU (``--amp``) is the default only where it was measured inside the fp32
+    seed noise: the dual networks, whose losses score fp32 products of the embeddings (the fast loop:
+    MH and LSEH, fp32 against CPU bf16 over 3 seeds each, bench/results/precision_fast_cpu). A CPU
+    is never in mixed precision by default (``--cpu-amp`` by name), whatever this says. Not for the
+    pairwise networks (SGR, SAF): bf16 scores rounded to a few distinct values tie MH's hardest
+    negative, and the run trains another method (bench/results/precision_saf_cpu; PROTOCOL, "Numeric
+    precision"). Their score layer now stays fp32 under autocast, which trained as fp32 over one
+    epoch (that folder's bf16-scores-fp32 arm) but not over three: MH gained under bf16 in every seed
+    on SGR and SAF while LSEH did not move (bench/results/precision_sgraf_cpu, precision.md), so they
+    stay fp32."""
     from pipeline.core.registry import NETWORKS
 
     return NETWORKS.spec(config.network).kind != "pairwise"
 
 
-def cpu_fast_loop(config) -> bool:
-    """The one CPU case measured faster under bf16 (1.29×, ../shared/results/cpu_bf16.json): vse++
-    over cached image and caption vectors with linear heads."""
-    return (config.network == "vse++" and config.image_pool is None and bool(config.text_features)
-            and not config.rc)
+def applied(options: dict, device_type: str) -> dict:
+    """``OPTIONS`` as a device applies them: --amp on a GPU only, --cpu-amp on a CPU only
+    (``runtime.train_dtype``); what a run's config.json records."""
+    return {"amp": bool(options["amp"]) and device_type == "cuda",
+            "cpu_amp": bool(options["cpu_amp"]) and device_type == "cpu"}

@@ -22,6 +22,7 @@ import torch
 from pipeline.core import distributed as dist
 from pipeline.core import precision
 from pipeline.core.checkpoint import save_checkpoint
+from pipeline.core.config import recorded_config
 from pipeline.core.errors import VseError
 from pipeline.core.runtime import (
     autocast,
@@ -167,7 +168,8 @@ class Trainer:
             # Trainer: a bound method here made a cycle (parts -> run folder -> Trainer -> parts) that kept
             # a finished run's data and model alive until the next full garbage collection (issue 49)
             files = functools.partial(write_run_files, self.captions, self.noise)
-            self.run.prepare(self.cfg.to_dict(), files)
+            config = recorded_config(self.cfg, self.parts.runtime.precision, self.device.type)  # as applied
+            self.run.prepare(config, files)
         self.model.train()
         while p.epoch < self.loop.epochs:
             self.train_epoch()
