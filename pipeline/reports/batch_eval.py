@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.core import precision
+from pipeline.core import code_identity, precision
 from pipeline.core.errors import VseError
 from pipeline.core.fsutil import file_sha256
 from pipeline.core.plugin_import import user_code_error
@@ -34,6 +34,7 @@ from pipeline.training.run_folder import (
     config_id,
     epochs_to_best,
     is_run_dir,
+    read_code_identity,
     read_config,
     read_validation_log,
     run_names,
@@ -43,7 +44,8 @@ from pipeline.training.run_folder import (
 RUN_COLUMNS = ("run", "loss", "margin", "negative_set_size", "loss_options", "batch_size", "seed",
                "epochs", "backbone", "crops", "train_set", "features", "split", "protocol", "images",
                "checkpoint", "checkpoint_iteration", "epochs_to_best", "best_val_mrecall", "config_id",
-               "noise_true_rate", "checkpoint_sha256", "evaluation_id", precision.COLUMN)
+               code_identity.COLUMN, "noise_true_rate", "checkpoint_sha256", "evaluation_id",
+               precision.COLUMN)
 
 
 @dataclass
@@ -223,7 +225,7 @@ class RunEvaluator:
         source = loaded.state.get("feature_source") or {}
         dataset = source.get("dataset") or Path(str(train_config.get("features", ""))).stem
         return {
-            **describe_config(train_config),
+            **describe_config(train_config, code_identity.of_state(loaded.state)),
             "backbone": source.get("backbone"), "crops": source.get("crops"),
             "train_set": f"{dataset}:{train_config.get('train_split', 'train')}",
             "features": str(features), "split": self.split, "protocol": self.protocol,
@@ -240,9 +242,11 @@ class RunEvaluator:
         }
 
 
-def describe_config(config: dict) -> dict:
+def describe_config(config: dict, code: dict | None = None) -> dict:
     """The run-describing columns that come from a training config: the loss, its effective
-    margin (the loss's default when the config leaves it unset), negative set size, seed."""
+    margin (the loss's default when the config leaves it unset), negative set size, seed; with the
+    run's ``code`` identity (its checkpoint's or code.json's; None before vse recorded it) its
+    config_id counts its plug-ins' sha256, and ``code_id`` is its code's (empty when unrecorded)."""
     from pipeline.losses.base import build_loss
 
     options = dict(config.get("loss_options") or {})
@@ -256,7 +260,8 @@ def describe_config(config: dict) -> dict:
             "negative_set_size": options.get("negative_set_size"),
             "loss_options": json.dumps(options, sort_keys=True) if options else "",
             "batch_size": config.get("batch_size"), "seed": config.get("seed"),
-            "epochs": config.get("epochs"), "config_id": config_id(config) if config else None}
+            "epochs": config.get("epochs"), "config_id": config_id(config, code) if config else None,
+            code_identity.COLUMN: code_identity.id_of(code)}
 
 
 def evaluate_runs(run_dirs, *, device: torch.device, split: str = "test", protocol: str = "single",
@@ -289,7 +294,7 @@ def evaluate_runs(run_dirs, *, device: torch.device, split: str = "test", protoc
         def evaluated(run_dir, i):
             earlier = kept.get(names[run_dir])
             if earlier is not None and _unchanged(earlier, evaluator, run_dir, checkpoint):
-                row = {**earlier, **describe_config(read_config(run_dir)),
+                row = {**earlier, **describe_config(read_config(run_dir), read_code_identity(run_dir)),
                        "epochs_to_best": epochs_to_best(read_validation_log(run_dir))}
                 result.rows.append(row)
                 result.kept += 1
@@ -401,10 +406,14 @@ def averaged_row(evaluator: RunEvaluator, group) -> dict:
     metrics = evaluator.metrics(emb, first_embedded[3])
     described = {key: first_row.get(key) for key in RUN_COLUMNS
                  if key not in ("run", "checkpoint", "checkpoint_iteration", "epochs_to_best",
-                                "best_val_mrecall", "config_id", "noise_true_rate", "checkpoint_sha256")}
+                                "best_val_mrecall", "config_id", code_identity.COLUMN, "noise_true_rate",
+                                "checkpoint_sha256")}
     return {"run": " + ".join(row["run"] for _, row in group), **described,
             "checkpoint": " + ".join(map(str, checkpoints)), "images": len(emb.images),
             "config_id": averaged_config_id([row.get("config_id") for _, row in group]),
+            # the members' code: one code_id, or each one's ("a+b": other code than either alone)
+            code_identity.COLUMN: "+".join(dict.fromkeys(str(row.get(code_identity.COLUMN) or "")
+                                                         for _, row in group)),
             **{k: float(v) for k, v in metrics.items()}}
 
 
@@ -420,7 +429,8 @@ def validation_rows(run_dirs) -> list[dict]:
         if not config and not records:
             continue
         best = best_record(records) or {}
-        rows.append({"run": name, **describe_config(config), "epochs_to_best": epochs_to_best(records),
+        rows.append({"run": name, **describe_config(config, read_code_identity(run_dir)),
+                     "epochs_to_best": epochs_to_best(records),
                      **{k: best.get(k) for k in metric_keys("recall", "sum")}})
     return rows
 

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.core import precision
+from pipeline.core import code_identity, precision
 from pipeline.core.errors import VseError
 from pipeline.core.fsutil import atomic_path
 from pipeline.evaluation.metrics import METRIC_KEYS, is_metric, metric_keys, metric_of, metric_order
@@ -30,7 +30,7 @@ from pipeline.reports.batch_eval import RUN_COLUMNS
 
 TEXT_COLUMNS = {"run", "loss", "loss_options", "backbone", "train_set", "features", "split",
                 "protocol", "checkpoint", "config_id", "checkpoint_sha256", "evaluation_id", "tune_budget",
-                precision.COLUMN}
+                precision.COLUMN, code_identity.COLUMN}
 FORMATS = ("md", "latex", "csv")
 BOLD_MODES = ("significant", "best", "none")
 # Columns that describe one run rather than its configuration: left out of a seed group's key.
@@ -192,9 +192,12 @@ def config_key(row: dict) -> tuple:
     """Rows with equal keys differ only by seed: the ``config_id`` column when present (runs
     evaluated by this vse), else the run name without its ``seed=N`` part together with every
     configuration-describing column of results.csv. Runs of one config in different precisions
-    (the same options on a CPU and under a GPU's autocast) are different groups."""
+    (the same options on a CPU and under a GPU's autocast) are different groups, and so are runs
+    of different code (``code_id``: another vse version, an edited built-in loss or network file;
+    a plug-in's sha256 is in the config_id already), a run saved before it was recorded included:
+    their labels say so (``code_identity.labelled``)."""
     if row.get("config_id"):
-        return ("config_id", row["config_id"], row_precision(row))
+        return ("config_id", row["config_id"], row_precision(row), str(row.get(code_identity.COLUMN) or ""))
     # an older results.csv: the same name apart from "seed=N" and the same described options
     return (without_seed(str(row.get("run") or "")),
             *((k, row.get(k)) for k in RUN_COLUMNS if k not in PER_RUN_COLUMNS))
@@ -350,6 +353,7 @@ def format_results(rows, fmt: str = "md", layout: str = "paper", label: str = "r
               else [(str(row.get(label) or ""), row) for row in rows])
     missed = [(name, _unreached(row)) for name, row in firsts]  # the method never began: never a silent row
     labels = [text + (NEVER_BEGAN if note else "") for text, (_, note) in zip(labels, missed)]
+    labels = code_identity.labelled(labels, [row for _, row in firsts])  # alike names, other code
     against = _baseline_column(by_seed, baseline) if baseline is not None else None
     if against is not None:
         groups = [*groups, ("", [(against[0], HEADLINE)])]

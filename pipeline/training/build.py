@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.core import code_identity, precision
 from pipeline.core import distributed as dist
-from pipeline.core import precision
 from pipeline.core.checkpoint import load_checkpoint
 from pipeline.core.config import TrainConfig
 from pipeline.core.errors import VseError
@@ -59,14 +59,17 @@ def build_run(config: TrainConfig, resume: bool = False, echo=print, given=None,
     # before the process group exists, the rank comes from torchrun's environment
     quiet_echo = echo if dist.env_is_main() else (lambda *a, **k: None)
     resume_state = None
+    code_identity.absolute_plugins(config)  # the run records where its plug-ins are, wherever it began
     if run.resuming:  # rank 0 holds the folder from here on: nobody writes it while it is read
         run.begin()
         resume_state, config, notes = run.resume(config, given)
         if notes:
             quiet_echo(f"resuming with {', '.join(notes)}")
+        code_identity.absolute_plugins(config)  # a run saved before they were recorded so
     for note in config.old_spellings():
         quiet_echo(f"note: {note}")
     config.check()
+    code = _code_identity(config, resume_state, run)  # a resumed run's code must be its own: refused first
     settings = run_settings(config)  # the one reading of the config: each part's settings
     runtime = _runtime(settings.runtime, resume_state, run)
     echo = echo if dist.is_main() else (lambda *a, **k: None)  # the rank is known now
@@ -100,7 +103,7 @@ def build_run(config: TrainConfig, resume: bool = False, echo=print, given=None,
         objective=Objective(loss=loss, loss_traits=traits, relevance=relevance), network=network,
         optimization=optimization, file_identity=_file_identity(settings.files, resume_state),
         curves=Curves(run.curves_dir, purge_step=purge, enabled=dist.is_main()),
-        resume_state=resume_state)
+        resume_state=resume_state, code_identity=code)
 
 
 def build_trainer(config: TrainConfig, resume: bool = False, echo=print, given=None,
@@ -201,6 +204,23 @@ def _check_files_unchanged(files: dict, resume_state) -> None:
             raise VseError(f"changed since the run began (its --{name.replace('_', '-')}, sha256 "
                            f"{str(recorded.get('sha256'))[:12]}… then): --resume would go on with other data "
                            "than the run's first steps; start a new --run-dir", path)
+
+
+def _code_identity(config: TrainConfig, resume_state: dict | None, run: RunFolder) -> dict:
+    """The code identity of the run (``core.code_identity``: imports its plug-ins). A resumed run
+    whose code differs from what its checkpoint recorded (a plug-in file or a sibling edited, a
+    built-in loss or network file changed, another vse version) is refused, naming the file and
+    both sha256: its steps would come from two programs. It keeps the record of its start (none, for
+    a run begun before vse recorded it: its first steps' code is unknown)."""
+    code = code_identity.of_config(config)
+    if resume_state is None:
+        return code
+    recorded = code_identity.of_state(resume_state)
+    line = code_identity.differences(recorded, code)
+    if line:
+        raise VseError(f"--resume: {line}: the run would go on with other code than its first steps; "
+                       "train it anew (--overwrite, or another --run-dir)", run.path)
+    return recorded
 
 
 def _file_identity(files: dict, resume_state) -> dict:

@@ -96,6 +96,7 @@ class RunParts:
     file_identity: dict[str, dict]  # each file the run names → its sha256 (run_folder.file_identity)
     curves: Curves
     resume_state: dict | None = None
+    code_identity: dict | None = None  # the code that trains it (core.code_identity): code.json, checkpoints
 
     # the data part's names of before the parts were grouped
     @property

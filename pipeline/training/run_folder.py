@@ -2,6 +2,9 @@
 it), and the readers find runs and read their config and validation log.
 
     RUN/config.json      the effective config (TrainConfig.to_dict)
+    RUN/code.json        the code that trains it (core.code_identity: vse version, git commit,
+                         sha256 of its plug-in files and siblings, and of its built-in loss and
+                         network files); the checkpoints hold the same record
     RUN/metrics.jsonl    one validation record a line, appended whole and atomically
     RUN/best.pt          the checkpoint of the best validation rsum
     RUN/last.pt          the latest checkpoint (what --resume continues)
@@ -36,24 +39,39 @@ from pipeline.core.runlock import RunLock
 RUN_FILES = ("config.json", "metrics.jsonl", "best.pt", "last.pt")
 CONFIG, METRICS, BEST, LAST = RUN_FILES
 DONE_MARKER = "sweep-done.json"
+CODE = "code.json"
 CURVES = "tb"
 REPLACING = ".replacing"
 STAGED = (".last.pt.new", ".best.pt.new")  # an --overwrite run's first checkpoint, before the swap
 
 
-def config_id(config: dict) -> str:
+def config_id(config: dict, code: dict | None = None) -> str:
     """A short digest of a training config without the seed and the execution-only options:
     equal for the seeds of one configuration, different when any other option differs. The
     config is read as TrainConfig reads it first (an option left unset, e.g. None for "the
     network decides", counts as the value it resolves to), so a run saved by an older version
-    groups with today's runs of the same behaviour."""
+    groups with today's runs of the same behaviour.
+
+    A plug-in file (``--loss FILE.py:Class``) counts by its file name, not its folder, and, given
+    the run's ``code`` identity (``core.code_identity``), by its sha256 and its siblings': the same
+    file elsewhere is the same configuration, an edited one another. A run without plug-ins keeps
+    the id it always had."""
     import hashlib
+
+    from pipeline.core.code_identity import plugin_digests, plugin_specs
+    from pipeline.core.plugin_import import is_file
 
     try:
         config = TrainConfig.from_dict(config).to_dict()
     except (VseError, TypeError):  # an option this version no longer has: the saved values as they are
         pass
     kept = dict(sorted(identity_values(config).items()))
+    for name, spec in plugin_specs(kept).items():
+        module, _, class_name = spec.rpartition(":")
+        if is_file(module):
+            kept[name] = f"{os.path.basename(module)}:{class_name}"
+    if plugin_digests(code):
+        kept["plugin_sha256"] = plugin_digests(code)
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -102,6 +120,19 @@ def read_config(run_dir) -> dict:
     if not isinstance(values, dict):
         raise VseError("run config is not a JSON object", path)
     return with_old_defaults(values)
+
+
+def read_code_identity(run_dir) -> dict | None:
+    """``code.json`` of a run (its code identity), None for a run saved before it was recorded."""
+    from pipeline.core.code_identity import of_state
+
+    path = Path(run_dir) / CODE
+    if not path.is_file():
+        return None
+    try:
+        return of_state(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError) as exc:
+        raise VseError(f"unreadable code identity ({str(exc).splitlines()[0][:120]})", path) from exc
 
 
 def validation_log_lines(path) -> list[tuple[str, dict | None]]:
@@ -264,11 +295,12 @@ class RunFolder:
                            "or give another --run-dir", self.path)
         self._replacing = self.holds_run() or (self.path / REPLACING).exists()
 
-    def prepare(self, config: dict, write_files=None) -> None:
+    def prepare(self, config: dict, write_files=None, code: dict | None = None) -> None:
         """Create the folder, clear temporaries of killed processes (and, for a fresh start,
         the log and curves of an attempt that never reached a checkpoint), and, unless an older
-        run is still to be replaced, write the config and ``write_files(folder)`` (the run's other
-        files: the GRU's vocab.json, a noisy-pair run's noise_index.npy and noise.json)."""
+        run is still to be replaced, write the config, its ``code`` identity (code.json) and
+        ``write_files(folder)`` (the run's other files: the GRU's vocab.json, a noisy-pair run's
+        noise_index.npy and noise.json)."""
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -276,18 +308,25 @@ class RunFolder:
         remove_stale_temporaries(self.path)
         for name in STAGED:  # a first checkpoint of an --overwrite run killed before its swap
             self.file(name).unlink(missing_ok=True)
-        self._config, self._write_files = config, write_files or (lambda folder: None)
+        self._config, self._write_files, self._code = config, write_files or (lambda folder: None), code
         if self._fresh and not self._replacing:  # an attempt that never reached a checkpoint
             self.clear_records()                  # leaves nothing worth keeping
             _remove_tree(self.curves_dir)
         if not self._replacing:
-            self.write_config(config)
+            self.write_config(config, code)
             self._write_files(self.path)
 
     # ---------------------------------------------------------------- config
-    def write_config(self, config: dict) -> None:
+    def write_config(self, config: dict, code: dict | None = None) -> None:
+        """config.json, and code.json when the ``code`` identity is given (a run from before it
+        was recorded, replaced, loses its stale one)."""
         with atomic_path(self.file(CONFIG)) as tmp:
             Path(tmp).write_text(json.dumps(config, indent=2, sort_keys=True))
+        if code is None:
+            self.file(CODE).unlink(missing_ok=True)
+            return
+        with atomic_path(self.file(CODE)) as tmp:
+            Path(tmp).write_text(json.dumps(code, indent=2, sort_keys=True))
 
     def config(self) -> dict:
         return read_config(self.path)
@@ -343,7 +382,7 @@ class RunFolder:
         write_atomic(marker, b"replacing an older run's files\n")
         self.file(DONE_MARKER).unlink(missing_ok=True)
         _remove_tree(self.curves_dir)
-        self.write_config(self._config)
+        self.write_config(self._config, self._code)
         self._write_files(self.path)
         write_atomic(self.file(METRICS), b"".join((json.dumps(r) + "\n").encode("utf-8")
                                                  for r in [*self._pending, record]))

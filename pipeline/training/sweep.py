@@ -1,9 +1,9 @@
 """Grids of training runs from one YAML file (`vse sweep`), restartable after a kill.
 
     name: negatives               # optional; default: the file's stem
-    runs_dir: runs                # optional; runs go to <runs_dir>/<name>/<param-string>
+    runs_dir: ../runs             # optional; runs go to <runs_dir>/<name>/<param-string>
     base:                         # TrainConfig fields shared by every run
-      features: cache/f8k.h5
+      features: ../cache/f8k.h5
       epochs: 15
       loss_options: {warmup_epochs: 1}
     grid:                         # option → list of values; the runs are the product
@@ -20,10 +20,20 @@ with its own options):
         - {name: vse0, loss: sh}
         - {name: vsepp, loss: mh, loss_options.warmup_epochs: 1}
 
+Relative paths in the file (``runs_dir:``, every option that names a file or folder, and a
+plug-in's ``FILE.py`` in ``loss:``, ``network:``, ``image_pool:``, ``text_pool:``) are read from
+the file's folder, as an include is (``resolve_paths``), so the file works from any working folder;
+paths given on the command line (``--runs-dir``, overrides) are the working folder's. A plug-in
+is recorded by its absolute path.
+
 Each run is named by its grid values ("loss=mh,negative_set_size=8,seed=0", "method=vsepp").
 A run is done once the sweep has written ``RUN/sweep-done.json`` after ``fit()`` (or its last.pt
 is at the final epoch); done runs are skipped, unfinished ones (a last.pt short of the final
-epoch) continue with ``resume=True``, so a killed sweep goes on where it stopped.
+epoch) continue with ``resume=True``, so a killed sweep goes on where it stopped. A run trained by
+other code than the sweep's (its ``code.json``: a plug-in file or a sibling edited, a built-in loss
+or network file changed, another vse version; ``core.code_identity``) is never counted as done nor
+continued: the sweep refuses, naming the file, until it is given another ``--name`` or told to
+train those runs again (``overwrite``). A run from before vse recorded its code counts as before.
 """
 
 from __future__ import annotations
@@ -31,12 +41,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
 import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.core.config import TrainConfig, option_names
+from pipeline.core import code_identity
+from pipeline.core.config import TrainConfig, file_options, option_names
 from pipeline.core.errors import VseError
 from pipeline.core.plugin_import import user_code_error
 from pipeline.training.run_folder import RunFolder
@@ -50,7 +62,8 @@ class SweepRun:
     name: str                 # the param string
     run_dir: Path
     config: dict              # TrainConfig fields
-    status: str = ""          # new | unfinished | done (before running); then trained | failed
+    status: str = ""          # new | unfinished | done | changed | other-code (before running);
+    #                           then trained | failed
     detail: str = ""
 
 
@@ -101,11 +114,15 @@ def load_sweep(path, runs_dir=None, seeds=None, overrides=None, name=None) -> Sw
                        "grid point the same value", path)
     if "loss_options" in overrides:
         overrides["loss_options"] = {**(base.get("loss_options") or {}), **overrides["loss_options"]}
-    base = {**base, **overrides}
+    base = {**resolve_paths(base, path.parent), **overrides}  # the file's paths are its folder's
     name = check_folder_name(str(name or spec.get("name") or path.stem), "sweep name", path)
-    sweep = Sweep(name, Path(runs_dir or spec.get("runs_dir") or "runs"))
+    file_runs_dir = spec.get("runs_dir")
+    if file_runs_dir is not None and not isinstance(file_runs_dir, str):
+        raise VseError(f"runs_dir must be a folder name, got {file_runs_dir!r}", path)
+    file_runs_dir = file_runs_dir and resolved_path(file_runs_dir, path.parent)
+    sweep = Sweep(name, Path(runs_dir or file_runs_dir or "runs"))
     for values in expand_grid(grid, path):
-        config = run_config(base, values, path)
+        config = run_config(base, values, path, folder=path.parent)
         if not config.get("features"):
             raise VseError("no features: for the runs (set it under base: or grid:)", path)
         run_name = param_string(values)
@@ -147,8 +164,42 @@ def expand_grid(grid: dict, path=None) -> list[dict]:
     return [dict(combination) for combination in itertools.product(*axes)]
 
 
-def run_config(base: dict, values: dict, path=None) -> dict:
-    """``base`` with one grid point applied: TrainConfig fields replace, loss options merge."""
+def resolved_path(value: str, folder) -> str:
+    """A path of a YAML file read from its ``folder`` (an absolute one as it is): relative to the
+    working folder when it lies below it (as the repository's experiments have always recorded
+    their caches: config_id and results columns unchanged), else absolute."""
+    value = os.path.expanduser(value)
+    if os.path.isabs(value):
+        return value
+    full = os.path.normpath(os.path.join(os.path.abspath(folder), value))
+    relative = os.path.relpath(full, os.getcwd())
+    return full if relative == ".." or relative.startswith(".." + os.sep) else relative
+
+
+def resolve_paths(values: dict, folder) -> dict:
+    """``values`` (options from a YAML file in ``folder``) with their relative paths read from
+    ``folder``: the options that name a file or folder (``config.file_options``), and the file of a
+    plug-in (``code_identity.PLUGIN_OPTIONS``: ``topk.py:TopK``), which becomes absolute."""
+    from pipeline.core.plugin_import import is_file, is_import_path
+
+    paths, out = set(file_options()), dict(values)
+    for name, value in values.items():
+        if not isinstance(value, str) or not value:
+            continue
+        if name in paths:
+            out[name] = resolved_path(value, folder)
+        elif name in code_identity.PLUGIN_OPTIONS and is_import_path(value):
+            module, _, class_name = value.rpartition(":")
+            if is_file(module):
+                full = os.path.abspath(os.path.join(folder, os.path.expanduser(module)))
+                out[name] = f"{full}:{class_name}"
+    return out
+
+
+def run_config(base: dict, values: dict, path=None, folder=None) -> dict:
+    """``base`` with one grid point applied: TrainConfig fields replace, loss options merge.
+    ``folder``: the grid's paths are that YAML folder's (``resolve_paths``; base's are resolved by
+    the caller, before the command line's overrides)."""
     config = dict(base)
     loss_options = dict(config.get("loss_options") or {})
     for key, value in values.items():
@@ -160,7 +211,7 @@ def run_config(base: dict, values: dict, path=None) -> dict:
             elif option == "loss_options":
                 loss_options = dict(setting or {})
             else:
-                config[option] = setting
+                config[option] = resolve_paths({option: setting}, folder)[option] if folder else setting
     config["loss_options"] = loss_options
     try:
         TrainConfig.from_dict(config)
@@ -224,13 +275,17 @@ def _text(value) -> str:
 
 
 def run_status(run: SweepRun) -> tuple[str, str]:
-    """(new | unfinished | done | changed, detail) from what the run folder holds; ``changed``: the
-    folder holds a run made with other options than the sweep's (what --resume may not change)."""
+    """(new | unfinished | done | changed | other-code, detail) from what the run folder holds;
+    ``changed``: the folder holds a run made with other options than the sweep's (what --resume may
+    not change); ``other-code``: one trained by other code (``_changed_code``), done or not."""
     from pipeline.core.checkpoint import load_checkpoint
 
     changed = _changed_options(run)
     if changed:
         return "changed", changed
+    other = _changed_code(run)
+    if other:
+        return "other-code", other
     epochs = int(run.config.get("epochs", TrainConfig.default("epochs")))
     done = RunFolder(run.run_dir).done()
     if done is not None:
@@ -265,13 +320,67 @@ def _changed_options(run: SweepRun) -> str:
     except VseError as exc:
         return f"its config.json: {exc}"
     new, files, allowed = TrainConfig.from_dict(run.config), file_options(), resume_may_change()
+    recorded: list[dict] = []  # the files' identities last.pt recorded, read when first needed
+
+    def same(name, a, b):
+        if same_file(a, b, None):
+            return True
+        if not recorded:
+            recorded.append(_recorded_files(folder))
+        return same_file(a, b, recorded[0].get(name))
 
     def differs(name):
         a, b = getattr(new, name), getattr(old, name)
-        return a != b and not (name in files and a and b and same_file(a, b, None))
+        if name in code_identity.PLUGIN_OPTIONS and a != b and _plugin_name(a) == _plugin_name(b):
+            return False  # the same plug-in file elsewhere: its code is compared by _changed_code
+        return a != b and not (name in files and a and b and same(name, a, b))
 
     names = [name for name in option_names() if name != "run_dir" and name not in allowed and differs(name)]
     return ", ".join(f"{name} {getattr(new, name)!r} (the run's: {getattr(old, name)!r})" for name in names)
+
+
+def _recorded_files(folder: RunFolder) -> dict:
+    """The ``file_identity`` last.pt recorded (a file named by a path that no longer leads to it,
+    e.g. relative to another working folder, is the same when its sha256 is)."""
+    from pipeline.core.checkpoint import load_checkpoint
+
+    if not folder.last.is_file():
+        return {}
+    try:
+        return load_checkpoint(folder.last).get("file_identity") or {}
+    except VseError:
+        return {}
+
+
+def _plugin_name(spec) -> str | None:
+    """``topk.py:TopK`` for ``/any/folder/topk.py:TopK``; None for a built-in name or a module's."""
+    from pipeline.core.plugin_import import is_file, is_import_path
+
+    if not isinstance(spec, str) or not is_import_path(spec):
+        return None
+    module, _, class_name = spec.rpartition(":")
+    return f"{os.path.basename(module)}:{class_name}" if is_file(module) else None
+
+
+def _changed_code(run: SweepRun) -> str:
+    """How the code that trained the run in ``run.run_dir`` (its code.json) differs from the code
+    this sweep would train it with, as one line naming the file and both sha256; "" when it does
+    not, when the folder holds no run, or when the run is from before vse recorded its code. The
+    sweep's code is found by importing its plug-ins: a plug-in that cannot be is left to fail when
+    its run trains, with its own line."""
+    from pipeline.training.run_folder import read_code_identity
+
+    folder = RunFolder(run.run_dir)
+    if not (folder.holds_run() or folder.done() is not None):
+        return ""
+    recorded = read_code_identity(run.run_dir)
+    if recorded is None:
+        return ""
+    try:
+        wanted = code_identity.of_config(TrainConfig.from_dict(run.config))
+    except VseError:
+        return ""
+    return code_identity.differences(recorded, wanted) or ""
 
 
 def unreached(runs: list[SweepRun]) -> list[tuple[SweepRun, str]]:
@@ -298,8 +407,10 @@ def plan(sweep: Sweep) -> Sweep:
     return sweep
 
 
-def train_run(config: dict, resume: bool, threads: int | None = None, echo=print) -> dict:
-    """Train one run to the end and write its done marker; returns the Trainer's summary."""
+def train_run(config: dict, resume: bool, threads: int | None = None, echo=print,
+              overwrite: bool = False) -> dict:
+    """Train one run to the end and write its done marker; returns the Trainer's summary.
+    ``overwrite``: replace the run its folder holds (one trained by other code)."""
     import torch
 
     from pipeline.training.build import build_trainer
@@ -309,7 +420,7 @@ def train_run(config: dict, resume: bool, threads: int | None = None, echo=print
     folder = RunFolder(config["run_dir"])
     with folder.lock:  # another sweep training this run keeps it (and its log)
         cfg = TrainConfig.from_dict(config)
-        summary = build_trainer(cfg, resume=resume, echo=echo).fit()
+        summary = build_trainer(cfg, resume=resume, echo=echo, overwrite=overwrite).fit()
         summary = {**summary, "epoch": cfg.epochs, "finished": time.time()}
         folder.mark_done(summary)
     return summary
@@ -317,7 +428,8 @@ def train_run(config: dict, resume: bool, threads: int | None = None, echo=print
 
 def _train_safely(run: SweepRun, resume: bool, threads: int | None, quiet: bool) -> tuple[str, str]:
     """For joblib workers: ('trained' | 'failed', detail) instead of an exception. The run's memory is
-    released before the next run of this process (a sweep's, or a joblib worker's next task) begins."""
+    released before the next run of this process (a sweep's, or a joblib worker's next task) begins.
+    A run whose folder holds one trained by other code replaces it (``run_sweep``'s ``overwrite``)."""
     try:
         return _train_outcome(run, resume, threads, quiet)
     finally:  # after the run's frames are gone: a failed run's exception cycles through them
@@ -334,7 +446,7 @@ def _train_outcome(run: SweepRun, resume: bool, threads: int | None, quiet: bool
             print(prefix + str(message), flush=True)
 
     try:
-        summary = train_run(run.config, resume, threads, echo)
+        summary = train_run(run.config, resume, threads, echo, overwrite=run.status == "other-code")
     except Exception as exc:  # a VseError, or the user's plug-in raised it: one line; a bug of vse: raised
         error = user_code_error(exc)
         if error is None:
@@ -344,15 +456,21 @@ def _train_outcome(run: SweepRun, resume: bool, threads: int | None, quiet: bool
 
 
 def run_sweep(sweep: Sweep, *, jobs: int = 1, resume: bool = False, echo=print,
-              quiet_runs: bool = False) -> Sweep:
+              quiet_runs: bool = False, overwrite: bool = False) -> Sweep:
     """Train every run that is not done, one after another or ``jobs`` at a time (joblib
     processes). Unfinished runs continue only with ``resume``; otherwise they are left as
-    they are and reported. A failing run does not stop the others."""
+    they are and reported. A failing run does not stop the others. Runs trained by other code
+    than the sweep's are refused, or, with ``overwrite``, trained again in their folders."""
     plan(sweep)
     changed = [run for run in sweep.runs if run.status == "changed"]
     if changed:
         raise VseError(f"{len(changed)} of its runs were made with other options than this sweep's (first: "
                        f"{changed[0].name}: {changed[0].detail}); give the sweep another --name", sweep.root)
+    other = [run for run in sweep.runs if run.status == "other-code"]
+    if other and not overwrite:
+        raise VseError(f"{len(other)} of its runs were trained by other code than this sweep's, so they are "
+                       f"not done (first: {other[0].name}: {other[0].detail}); give the sweep another --name "
+                       "for a new folder, or --overwrite to train them again", sweep.root)
     todo = []
     for run in sweep.runs:
         if run.status == "done":

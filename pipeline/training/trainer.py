@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from pipeline.core import code_identity, precision
 from pipeline.core import distributed as dist
-from pipeline.core import precision
 from pipeline.core.checkpoint import save_checkpoint
 from pipeline.core.config import recorded_config
 from pipeline.core.errors import VseError
@@ -169,7 +169,7 @@ class Trainer:
             # a finished run's data and model alive until the next full garbage collection (issue 49)
             files = functools.partial(write_run_files, self.captions, self.noise)
             config = recorded_config(self.cfg, self.parts.runtime.precision, self.device.type)  # as applied
-            self.run.prepare(config, files)
+            self.run.prepare(config, files, code=self.parts.code_identity)
         self.model.train()
         while p.epoch < self.loop.epochs:
             self.train_epoch()
@@ -475,6 +475,7 @@ class Trainer:
             "iteration": self.progress.iteration,
             "rng": rng if rng is not None else rng_state([device_rng_state(self.device)]),
             "file_identity": self.file_identity,
+            **({code_identity.RECORD_KEY: self.parts.code_identity} if self.parts.code_identity else {}),
             **({"pool_weights": weights} if (weights := self.model.pool_weights()) else {}),
         }
 
