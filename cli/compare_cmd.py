@@ -1,4 +1,5 @@
-"""`vse compare RUN_A RUN_B`: per-metric differences with a paired permutation test."""
+"""`vse compare A B`: two runs with a paired permutation test over the test queries, or two groups of
+seeds (globs; or `--runs GLOB... --baseline NAME`) with Welch's and the paired t-test over seeds."""
 
 from __future__ import annotations
 
@@ -6,29 +7,72 @@ import json
 
 import click
 
+from cli.judgment_options import judgment_options
+
 
 @click.command("compare")
-@click.argument("run_a", type=click.Path(file_okay=False))
-@click.argument("run_b", type=click.Path(file_okay=False))
+@click.argument("groups", nargs=-1, metavar="A B")
+@click.option("--runs", "patterns", multiple=True, metavar="GLOB",
+              help="Run folders (glob, quoted), repeatable: their configurations (seed groups) are each "
+              "compared with --baseline's.")
+@click.option("--baseline", metavar="NAME", default=None,
+              help="With --runs: the configuration the others are compared with (a run name without the "
+              "seed, or a loss).")
+@click.option("--results", type=click.Path(dir_okay=False), default=None,
+              help="Groups: a results.csv (vse evaluate --runs --out) whose rows of unchanged checkpoints "
+              "(same bytes, same evaluation) are used instead of evaluating them again.")
 @click.option("--split", default="test", show_default=True)
 @click.option("--features", type=click.Path(dir_okay=False), default=None,
               help="Feature cache for both runs (default: the cache each run trained on).")
 @click.option("--checkpoint-name", default="best.pt", show_default=True, help="Which checkpoint of each run.")
 @click.option("--permutations", type=click.IntRange(min=100), default=10_000, show_default=True,
-              help="Random sign flips of the permutation test.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sign flips.")
+              help="Two runs: random sign flips of the permutation test.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Two runs: seed of the sign flips.")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@judgment_options
 @click.option("--across-precision", is_flag=True,
-              help="Compare runs trained in different precisions (refused by default: not one method).")
-def compare_command(run_a, run_b, split, features, checkpoint_name, permutations, seed, device, as_json,
-                    across_precision):
-    """Is RUN_A better than RUN_B on the same test split? R@1/5/10 both ways and rsum, A − B,
-    each with the p-value of a paired permutation test over the test queries."""
+              help="Compare (or pool in a group) runs trained in different precisions (refused by default: "
+              "not one method).")
+@click.option("--across-code", is_flag=True,
+              help="Compare (or pool in a group) runs trained by different code (another plug-in file or vse "
+              "version; refused by default: not one method).")
+def compare_command(groups, patterns, baseline, results, split, features, checkpoint_name, permutations, seed,
+                    device, as_json, judgments, across_precision, across_code):
+    """Is A better than B? A and B are run folders or globs (quoted). One run each: R@1/5/10 both ways
+    and rsum, A − B, each with the p-value of a paired permutation test over the test queries. Groups of
+    seeds (one configuration each): each metric's mean ± std (n) per group, the difference, Welch's
+    two-sided t-test over seeds and, where both groups hold the same seeds, the paired t-test over them.
+    `--runs GLOB... --baseline NAME` compares every configuration of the runs with NAME's."""
     from pipeline.core.runtime import resolve_device
-    from pipeline.reports.compare import compare_runs, format_comparison
+    from pipeline.reports.compare import (
+        compare_groups,
+        compare_runs,
+        expand_runs,
+        format_comparison,
+        format_group_comparison,
+    )
 
-    result = compare_runs(run_a, run_b, device=resolve_device(device), split=split, features=features,
-                          checkpoint=checkpoint_name, permutations=permutations, seed=seed,
-                          across_precision=across_precision)
-    click.echo(json.dumps(result, indent=2) if as_json else format_comparison(result))
+    if patterns or baseline:
+        if not (patterns and baseline) or groups:
+            raise click.UsageError("--runs GLOB... goes with --baseline NAME, and without A B")
+        named = {"runs": list(patterns)}
+    elif len(groups) != 2:
+        raise click.UsageError("give two runs or groups of runs, A B (or --runs GLOB... --baseline NAME)")
+    else:
+        named = {group: [group] for group in groups}
+        runs = [expand_runs(group) for group in groups]
+        if all(len(found) == 1 for found in runs) and not results and judgments is None:  # one run each
+            result = compare_runs(runs[0][0], runs[1][0], device=resolve_device(device), split=split,
+                                  features=features, checkpoint=checkpoint_name, permutations=permutations,
+                                  seed=seed, across_precision=across_precision, across_code=across_code)
+            click.echo(json.dumps(result, indent=2) if as_json else format_comparison(result))
+            return
+        if len(named) == 1:
+            raise click.UsageError("A and B are the same group")
+    result = compare_groups(named, device=resolve_device(device), baseline=baseline, split=split,
+                            features=features, checkpoint=checkpoint_name, results=results,
+                            judgments=judgments.load() if judgments else None,
+                            across_precision=across_precision, across_code=across_code,
+                            echo=lambda line: click.echo(line, err=True))
+    click.echo(json.dumps(result, indent=2) if as_json else format_group_comparison(result))

@@ -1,9 +1,17 @@
-"""`vse compare RUN_A RUN_B`: is A better than B on this test split, beyond chance?
+"""`vse compare`: is A better than B, beyond chance?
 
-Both runs are embedded on the same split (the same images and captions in the same order,
-checked), their per-query ranks computed with the protocol of docs/PROTOCOL.md, and each of
-R@1/5/10 (both directions) and rsum gets its difference A − B with the p-value of a paired
+Two runs (``compare_runs``): both are embedded on the same split (the same images and captions in
+the same order, checked), their per-query ranks computed with the protocol of docs/PROTOCOL.md, and
+each of R@1/5/10 (both directions) and rsum gets its difference A − B with the p-value of a paired
 permutation test over the test queries (pipeline.evaluation.stats.paired_permutation_test).
+
+Two groups of seeds (``compare_groups``: `vse compare 'runs/s/loss=topk*' 'runs/s/loss=mh*'`, or
+`--runs GLOB... --baseline NAME`): every run is evaluated as `vse evaluate --runs` evaluates it
+(reports.batch_eval; rows of unchanged checkpoints are taken from ``--results``), and each metric
+gets each group's mean ± std (n), the difference of the means, Welch's two-sided t-test over seeds,
+and, where the two groups hold the same seeds, the paired t-test over those seeds (docs/PROTOCOL.md
+"Seeds and significance"). A group is one configuration: runs of several configurations, precisions
+or code identities are refused unless pooled on purpose (``across_precision``, ``across_code``).
 """
 
 from __future__ import annotations
@@ -13,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.core import precision
+from pipeline.core import code_identity, precision
 from pipeline.core.checkpoint import load_checkpoint
 from pipeline.core.errors import VseError
 from pipeline.evaluation.metrics import metric_keys, similarity_ranks
-from pipeline.evaluation.stats import DEFAULT_PERMUTATIONS, paired_permutation_test
+from pipeline.evaluation.stats import ALPHA, DEFAULT_PERMUTATIONS, paired_permutation_test
 from pipeline.reports.batch_eval import RunEvaluator
 from pipeline.training.factories import run_schedule_note
 from pipeline.training.run_folder import run_names
@@ -27,18 +35,21 @@ COMPARED = (*metric_keys("recall"), "rsum")  # what the paired test over queries
 
 def compare_runs(run_a, run_b, *, device: torch.device, split: str = "test", features=None,
                  checkpoint: str = "best.pt", permutations: int = DEFAULT_PERMUTATIONS,
-                 seed: int = 0, across_precision: bool = False) -> dict:
+                 seed: int = 0, across_precision: bool = False, across_code: bool = False) -> dict:
     """{"runs": [name_a, name_b], "split", "queries": {...}, "metrics": {key: {a, b, diff, p}},
     "precision": [label_a, label_b], "schedule": [note_a, note_b]} (a note: the run ended before its
     loss's method began, ``training.factories.run_schedule_note``; else None). Runs trained in
     different precisions are refused unless ``across_precision`` (a precision ablation compares them
-    on purpose)."""
+    on purpose); runs of different code identity unless ``across_code``."""
     # both checkpoints are read once, before anything is embedded: a refusal costs no embedding
     states = [load_checkpoint(Path(run) / checkpoint) for run in (run_a, run_b)]
     labels = {str(run): precision.label_of(state) for run, state in zip((run_a, run_b), states)}
     if not across_precision and (line := precision.mixed(labels)):
         raise VseError(f"{line}: they are not one method (--across-precision compares them anyway)",
                        Path(run_b))
+    codes = {str(run): code_identity.of_state(state) for run, state in zip((run_a, run_b), states)}
+    if not across_code and (line := code_identity.clash(codes)):  # two versions of one file, or of vse
+        raise VseError(f"{line}: not one program (--across-code compares them anyway)", Path(run_b))
     ranks, ids = [], []
     with RunEvaluator(device, split, features=features) as evaluator:
         for run, state in zip((run_a, run_b), states):
@@ -69,3 +80,183 @@ def format_comparison(result: dict) -> str:
     lines.append("* p < 0.05")
     lines += [f"{name}: {note}" for name, note in zip("AB", result.get("schedule") or ()) if note]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- groups of seeds
+
+GROUP_TEST = ("Welch's t-test over seeds (two-sided); paired t-test over the seeds both groups hold "
+              "(two-sided)")
+
+
+def expand_runs(pattern) -> list[Path]:
+    """The run folders of one argument: a run folder, a sweep folder (its runs) or a glob."""
+    from pipeline.training.run_folder import find_runs
+
+    found = find_runs([pattern])
+    if not found and Path(pattern).is_dir():  # a run folder without its files yet: as compare_runs reads it
+        found = [Path(pattern)]
+    return found
+
+
+def compare_groups(patterns: dict, *, device: torch.device, baseline: str | None = None, split: str = "test",
+                   features=None, checkpoint: str = "best.pt", results=None, judgments=None,
+                   across_precision: bool = False, across_code: bool = False, echo=lambda _: None) -> dict:
+    """Compare seed groups. ``patterns``: {group name: [pattern, ...]}, each group's runs one
+    configuration (the two-group form, refused when its runs are several); or, with ``baseline``, one
+    entry whose runs form any number of configurations (seed groups, ``report.seed_groups``), each
+    compared with the one named ``baseline``. ``results``: a results.csv whose rows of unchanged
+    checkpoints (the same bytes, the same evaluation) are used instead of evaluating them again."""
+    from pipeline.reports.batch_eval import evaluate_runs
+    from pipeline.reports.report import find_group, read_results, seed_groups
+
+    runs = {name: list(dict.fromkeys(r for p in pats for r in expand_runs(p)))
+            for name, pats in patterns.items()}
+    for name, found in runs.items():
+        if not found:
+            raise VseError(f"no run folders match {' '.join(map(str, patterns[name]))}")
+    if baseline is None:  # before any evaluation: each side one configuration, by its runs' configs
+        for name, found in runs.items():
+            _one_config_id(name, patterns[name], found)
+    everything = list(dict.fromkeys(r for found in runs.values() for r in found))
+    kept = read_results(results) if results and Path(results).is_file() else ()
+    evaluated = evaluate_runs(everything, device=device, split=split, features=features,
+                              checkpoint=checkpoint, echo=echo, judgments=judgments, kept=kept)
+    if evaluated.skipped:
+        first = evaluated.skipped[0]
+        raise VseError(f"could not be evaluated ({first.reason}): a group's seeds would be missing; "
+                       "leave the run out of the pattern", first.run_dir)
+    by_checkpoint = {str(row["checkpoint"]): row for row in evaluated.rows}
+    rows = {name: [by_checkpoint[str(Path(r) / checkpoint)] for r in found] for name, found in runs.items()}
+    if baseline is None:
+        groups = {name: _one_configuration(name, patterns[name], rows[name], across_precision, across_code)
+                  for name in patterns}
+        pairs = [tuple(groups)]
+    else:
+        [name] = rows
+        found = seed_groups(rows[name])
+        base = find_group(found, baseline)
+        groups = {g.label + _distinct(g, found): g for g in found}
+        base_name = next(n for n, g in groups.items() if g is base)
+        pairs = [(n, base_name) for n in groups if n != base_name]
+    return {"split": split, "test": GROUP_TEST, "alpha": ALPHA,
+            "groups": {n: _described(g) for n, g in groups.items()},
+            "comparisons": [_compared(a, groups[a], b, groups[b]) for a, b in pairs]}
+
+
+def _distinct(group, groups) -> str:
+    """' (PRECISION)' when another group has the same label (``report.seed_groups`` splits precisions)."""
+    from pipeline.reports.report import row_precision
+
+    twins = [g for g in groups if g.label == group.label]
+    return f" ({row_precision(group.rows[0])})" if len(twins) > 1 else ""
+
+
+def _one_config_id(name: str, patterns, run_dirs) -> None:
+    """VseError naming the configurations when a group's runs were trained with several (their
+    config.json's config_id), before anything is evaluated."""
+    from pipeline.reports.batch_eval import describe_config
+    from pipeline.reports.report import without_seed
+    from pipeline.training.run_folder import read_config
+
+    labels = {}  # config_id as results.csv gives it → the first run's name without its seed
+    for run_name, run_dir in zip(run_names(run_dirs), run_dirs):
+        labels.setdefault(describe_config(read_config(run_dir))["config_id"], without_seed(run_name))
+    if len(labels) > 1:
+        raise VseError(f"group {name} ({' '.join(map(str, patterns))}) holds {len(labels)} configurations "
+                       f"({', '.join(labels.values())}): give one per group, or use --runs ... --baseline "
+                       "NAME")
+
+
+def _one_configuration(name: str, patterns, rows: list[dict], across_precision: bool, across_code: bool):
+    """The one seed group of a side's rows; VseError naming what differs when they are several."""
+    from pipeline.reports.report import row_precision, seed_group, seed_groups
+
+    found = seed_groups(rows)
+    where = f"group {name} ({' '.join(map(str, patterns))})"
+    precisions = {str(row["run"]): row_precision(row) for row in rows}
+    codes = {row.get("code_id") or "" for row in rows}
+    several_precisions, several_codes = len(set(precisions.values())) > 1, len(codes) > 1
+    if len({row.get("config_id") for row in rows}) > 1 or (len(found) > 1 and not several_precisions
+                                                           and not several_codes):
+        labels = ", ".join(g.label for g in found)
+        code = " (their code differs too: a changed plug-in is another configuration)" * several_codes
+        raise VseError(f"{where} holds {len(found)} configurations ({labels}){code}: give one per group, or "
+                       "use --runs ... --baseline NAME")
+    if several_precisions and not across_precision:
+        raise VseError(f"{where}: {precision.mixed(precisions)}: not one method (--across-precision "
+                       "pools them)")
+    if several_codes and not across_code:
+        by_code = "; ".join(f"{code or 'unrecorded'}: " + ", ".join(str(r["run"]) for r in rows
+                                                                   if (r.get("code_id") or "") == code)
+                            for code in sorted(codes))
+        raise VseError(f"{where}: runs of different code identity ({by_code}): not one method "
+                       "(--across-code pools them)")
+    pooled = found[0] if len(found) == 1 else seed_group(found[0].label, rows)
+    return pooled
+
+
+def _described(group) -> dict:
+    from pipeline.reports.report import row_precision
+
+    return {"runs": [str(row["run"]) for row in group.rows], "seeds": [row.get("seed") for row in group.rows],
+            "precision": sorted({row_precision(row) for row in group.rows})}
+
+
+def _seed_values(group, key: str) -> dict:
+    """seed → value of ``key``, for the runs whose seed is recorded once."""
+    seeds = [row.get("seed") for row in group.rows]
+    return {row["seed"]: float(row[key]) for row in group.rows
+            if row.get("seed") is not None and seeds.count(row["seed"]) == 1 and row.get(key) is not None}
+
+
+def _compared(name_a: str, a, name_b: str, b) -> dict:
+    """Each metric both groups have: mean ± std (n) of each, A − B, Welch's p and the paired p."""
+    from pipeline.evaluation.stats import mean_std
+    from pipeline.reports.report import paired_two_sided, table_columns, welch_two_sided
+
+    rows = [*a.rows, *b.rows]
+    keys = list(dict.fromkeys(k for layout in ("recall", "human") for _, cols in table_columns(rows, layout)
+                              for _, k in cols))
+    keys = [k for k in keys if a.samples.get(k) and b.samples.get(k)]
+    seeds_a = [row.get("seed") for row in a.rows]
+    paired = (None not in seeds_a and len(set(seeds_a)) == len(seeds_a)
+              and sorted(seeds_a) == sorted(row.get("seed") for row in b.rows))
+    metrics = {}
+    for key in keys:
+        (ma, sa, na), (mb, sb, nb) = mean_std(a.samples[key]), mean_std(b.samples[key])
+        entry = {"a": {"mean": ma, "std": None if na < 2 else sa, "n": na},
+                 "b": {"mean": mb, "std": None if nb < 2 else sb, "n": nb},
+                 "diff": ma - mb, "p_welch": welch_two_sided(a.samples[key], b.samples[key]),
+                 "p_paired": None}
+        if paired:
+            va, vb = _seed_values(a, key), _seed_values(b, key)
+            common = sorted(set(va) & set(vb))
+            entry["p_paired"] = paired_two_sided([va[s] for s in common], [vb[s] for s in common])
+        metrics[key] = entry
+    return {"a": name_a, "b": name_b, "paired_seeds": sorted(seeds_a) if paired else None, "metrics": metrics}
+
+
+def format_group_comparison(result: dict) -> str:
+    """Each comparison as a table: metric, A and B as mean ± std (n), A − B, Welch's p, the paired p."""
+    from pipeline.reports.report import format_p, format_value
+
+    out = [f"split {result['split']}; {result['test']}"]
+    for c in result["comparisons"]:
+        ga, gb = result["groups"][c["a"]], result["groups"][c["b"]]
+        paired = (f"paired over seeds {', '.join(map(str, c['paired_seeds']))}" if c["paired_seeds"]
+                  else "not paired: the groups hold different seeds")
+        out += ["", f"A = {c['a']} ({len(ga['runs'])} runs), B = {c['b']} ({len(gb['runs'])} runs); {paired}",
+                f"{'metric':18s}{'A':>22s}{'B':>22s}{'A - B':>9s}{'p Welch':>9s}{'p paired':>9s}"]
+        for key, m in c["metrics"].items():
+            cells = [_mean_std(key, m[side], format_value) for side in ("a", "b")]
+            mark = "  *" if any(p is not None and p < ALPHA for p in (m["p_welch"], m["p_paired"])) else ""
+            out.append(f"{key:18s}{cells[0]:>22s}{cells[1]:>22s}{format_value(key, m['diff']):>9s}"
+                       f"{format_p(m['p_welch']) or '-':>9s}{format_p(m['p_paired']) or '-':>9s}{mark}")
+    out += ["", f"* p < {ALPHA}; -: fewer than two seeds on a side (one seed is an anecdote)"]
+    return "\n".join(out)
+
+
+def _mean_std(key: str, side: dict, format_value) -> str:
+    text = format_value(key, side["mean"])
+    return f"{text} ± {format_value(key, side['std'])} ({side['n']})" if side["std"] is not None \
+        else f"{text} ({side['n']})"
