@@ -1,0 +1,417 @@
+"""Test-time re-scoring against hubness (issue 61): ``isf``, ``csls``, ``qbnorm``, ``dsl``, ``nnn``,
+each one small class over ``Rescorer`` (the checks, the options, the blocks), and the hubness of a
+ranking (``k_occurrence``, ``hubness``: the skewness of N_k).
+
+Every method corrects a score matrix ``S`` of Q queries × G gallery items (rows are queries: for
+image→text pass the images × captions matrix, for text→image its transpose) and is used as
+``RESCORERS[name](**options)(scores, bank)``. ``bank`` (Nb × G) holds the scores of Nb *reference
+queries* against the same gallery: the queries of the same modality from another split.
+
+What a correction may see (the rule; the CLI enforces it):
+
+- inductive (isf, csls, qbnorm, nnn): the bank comes from the training split's embeddings by
+  default, never from the test split; its size and split are options recorded with the result.
+- transductive (dsl, ``Rescorer.transductive``): it normalises over the test queries themselves
+  (CAMoE's setting). It takes no bank, runs only when asked by name (``--transductive``), is recorded
+  with the result like the precision, and its rows are never compared silently with inductive ones.
+  A bank-based method given the test queries as its bank is transductive too.
+
+The formulas. ``topk_b`` is over bank rows (reference queries), ``topk_g`` over gallery columns,
+``lse`` = log-sum-exp; every correction of an inductive method is ``S'_ij = a * S_ij - c_j``
+(plus, for csls, a per-query term that leaves each query's ranking unchanged): ``fit(bank)`` returns
+that per-gallery-item part (``ItemCorrection``: ``scale`` a, ``bias`` c, and for qbnorm ``active``)
+so that a search index can store it and stay exact.
+
+- ``isf``, inverted softmax (Smith et al., ICLR 2017), beta = 30:
+  ``S'_ij = beta * S_ij - log sum_b exp(beta * B_bj)``.
+  Source: facebookresearch/MUSE@3159355b93f5c3c4883808ba785ba9d18d7f5e81,
+  src/evaluation/word_translation.py:111-121 (method ``invsm_beta_30``, the beta its
+  supervised.py:44 names). Differences: the log of MUSE's ``exp(beta S) / sum`` (the same ranking,
+  no overflow of exp for large beta or scores); MUSE sums over every source word (test queries
+  included), here over the bank.
+- ``csls``, CSLS (Conneau et al., ICLR 2018), k = 10:
+  ``S'_ij = 2 S_ij - r_q(i) - r_g(j)``, ``r_q(i) = mean topk_g(S_i.)`` (query i's k nearest gallery
+  items), ``r_g(j) = mean topk_b(B_.j)`` (item j's k nearest reference queries).
+  Source: MUSE@3159355b, src/utils.py:134-164 (``get_nn_avg_dist``, its torch path) and
+  src/evaluation/word_translation.py:123-138 (``csls_knn_10``). Differences: MUSE computes the
+  neighbours from embeddings (faiss float32 when installed); here from the given scores (any network,
+  pairwise ones included), in the scores' precision. MUSE's r_g runs over every source word, here
+  over the bank.
+- ``qbnorm``, Querybank Normalisation with the dynamic inverted softmax (Bogolin et al., CVPR 2022),
+  beta = 20, k = 1: the activation set ``A = union over bank rows b of topk_g(B_b.)``; a query i
+  whose top-1 item ``argmax_j S_ij`` is in A gets ``S'_ij = beta * S_ij - log sum_b exp(beta B_bj)``,
+  every other query keeps its raw row ``S_i.``.
+  Source: ioanacroi/qb-norm@76d4d90783c1085fe88c52d34acaa3d4d89eea8a, dynamic_inverted_softmax.py:7-32
+  (``qb_norm``, defaults k = 1, beta = 20 at lines 21-22). Differences: log space as for isf (the
+  same ranking of each query); theirs writes into its input array, this one does not; ties at the
+  top-1 or the k-th place go to the lowest index (theirs: numpy's argsort order).
+- ``dsl``, dual softmax (Cheng et al., CAMoE, 2021), transductive, temperature = 1000,
+  logit_scale = 100: with ``L = logit_scale * S``,
+  ``S'_ij = L_ij * softmax_i(L_.j / temperature) * Q`` (the softmax over the *test queries*).
+  Source: starmemda/CAMoE@390e5ab47db13cba9e9b37934d42665f47e155cf, DSL.py:8-9 (the authors
+  released the loss only; at test time the same revision is applied to the test matrix, the
+  paper's inference setting). Differences: CAMoE's matrix holds CLIP logits (100 × cosine); the
+  option ``logit_scale`` (CLIP's 100) puts a cosine score matrix on that scale, so temperature
+  1000 means what it meant there. The prior multiplies the score, as theirs does: with negative
+  scores a popular item is pushed down, not up.
+- ``nnn``, Nearest Neighbor Normalization (Chowdhury et al., EMNLP 2024), k = 256, alpha = 0.5:
+  ``S'_ij = S_ij - alpha * mean topk_b(B_.j)``.
+  Source: PyPI nnn-retrieval 1.0.1, nnn/nnn_retriever.py:28-42 (``compute_alignment_means``) and
+  52-76 (``retrieve``); defaults nnn/nnn_ranker.py:13-15 (``alternate_ks=256``,
+  ``alternate_weight=0.5``). Differences: from the scores, not embeddings (as csls); the whole
+  corrected matrix, not only each query's top k.
+
+The k nearest neighbours over a bank are ``torch.topk`` over row blocks, merged as the blocks
+stream (one pass over the bank; a bank may be an iterable of row blocks, never held whole), not
+FAISS: the input is a score matrix, which a pairwise network has without embeddings; the scores
+are already computed, so a FAISS index would only re-compute them, in float32. The corrected
+matrix is one output array (``out=scores`` corrects in place), written a block of rows at a time;
+each block is computed in float64.
+
+Hubness (Radovanović et al., JMLR 2010): ``N_k(j)`` is how many queries have item j among their k
+nearest (ties to the lowest index); ``hubness`` is the skewness of N_k over the gallery,
+``E[(N_k - mean)^3] / std^3`` (population moments), k = 10; 0 when every item occurs equally often.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from pipeline.core import values
+from pipeline.core.errors import VseError
+from pipeline.core.values import declare
+
+BLOCK = 1024        # rows of a score matrix or a bank handled at once
+HUBNESS_K = 10      # N_10: the k of the k-occurrence whose skewness is the hubness
+
+
+@dataclass(frozen=True)
+class ItemCorrection:
+    """The per-gallery-item part of an inductive correction: ``S'_ij = scale * S_ij - bias[j]`` for
+    every query (qbnorm: for a query whose top-1 item ``j*`` has ``active[j*]``; any other keeps
+    ``S_i.``). What a search index stores to apply the correction exactly."""
+
+    scale: float
+    bias: torch.Tensor                  # (G,) float64
+    active: torch.Tensor | None = None  # (G,) bool, qbnorm's activation set
+    bank_size: int = 0                  # the reference queries it was fitted on
+
+
+class Rescorer:
+    """One re-scoring method: its ``name``, whether it reads the test queries themselves
+    (``transductive``; then it takes no bank), its ``Options`` (a frozen dataclass of
+    ``values.declare`` fields, as a loss's, checked by ``values.declared_options``: one-line
+    ``VseError`` naming ``--rescore NAME`` and the option), and the checks every method shares:
+    2-D finite scores and bank with the same gallery, each ``k`` no larger than what it picks from.
+
+    ``method(scores, bank)`` is the corrected matrix (numpy in, numpy out; a tensor in, a tensor out;
+    float64 stays float64, anything else float32). An inductive method is ``fit(bank)`` (its
+    ``ItemCorrection``) then ``apply(scores, correction)``."""
+
+    name: ClassVar[str] = ""
+    transductive: ClassVar[bool] = False
+
+    @dataclass(frozen=True)
+    class Options:
+        pass
+
+    def __init__(self, **options):
+        self.options = values.declared_options(self.Options, options, self.owner, error=VseError)
+        for field in dataclasses.fields(self.Options):
+            setattr(self, field.name, getattr(self.options, field.name))
+
+    @property
+    def owner(self) -> str:
+        return f"--rescore {self.name}"
+
+    def __repr__(self) -> str:
+        given = ", ".join(f"{k}={v!r}" for k, v in dataclasses.asdict(self.options).items())
+        return f"{type(self).__name__}({given})"
+
+    def __call__(self, scores, bank=None, *, out=None, block: int = BLOCK):
+        scores = self._scores(scores)
+        if self.transductive:
+            if bank is not None:
+                raise VseError(f"{self.owner} is transductive: it normalises over the test queries "
+                               "themselves and takes no bank")
+            return self._transductive(scores, out, block)
+        if bank is None:
+            raise VseError(f"{self.owner} needs a reference bank (the scores of reference queries "
+                           "against the same gallery)")
+        return self.apply(scores, self.fit(bank, scores.shape[1], block=block), out=out, block=block)
+
+    # ------------------------------------------------------------------ what a method defines
+    def fit(self, bank, gallery: int | None = None, *, block: int = BLOCK) -> ItemCorrection:
+        """The per-gallery-item correction from ``bank`` (Nb × G, or an iterable of row blocks)."""
+        raise NotImplementedError(f"{self.owner} is transductive: it has no per-item correction")
+
+    def apply(self, scores, correction: ItemCorrection, *, out=None, block: int = BLOCK):
+        """``scores`` corrected by a ``fit`` of this method."""
+        scores = self._scores(scores)
+        if len(correction.bias) != scores.shape[1]:
+            raise VseError(f"{self.owner}: the correction has {len(correction.bias)} gallery items, "
+                           f"the scores {scores.shape[1]}")
+        self._check_gallery_k(scores.shape[1])
+        return _by_rows(scores, out, block, lambda rows: self._corrected(rows, correction))
+
+    def _corrected(self, rows: torch.Tensor, c: ItemCorrection) -> torch.Tensor:
+        return c.scale * rows - c.bias
+
+    def _transductive(self, scores, out, block):
+        raise NotImplementedError
+
+    def _check_gallery_k(self, gallery: int) -> None:
+        """A k picked from each query's gallery row is no larger than the gallery."""
+
+    # ------------------------------------------------------------------ shared checks
+    def _scores(self, scores):
+        if isinstance(scores, np.ndarray):
+            shape = scores.shape
+        elif isinstance(scores, torch.Tensor):
+            shape = tuple(scores.shape)
+        else:
+            scores = np.asarray(scores)
+            shape = scores.shape
+        if len(shape) != 2 or 0 in shape:
+            raise VseError(f"{self.owner}: scores must be a non-empty queries × gallery matrix, "
+                           f"got shape {tuple(shape)}")
+        for start in range(0, shape[0], BLOCK):
+            if not bool(torch.isfinite(torch.as_tensor(scores[start:start + BLOCK])).all()):
+                raise VseError(f"{self.owner}: scores contain NaN or infinite values")
+        return scores
+
+    def _bank_blocks(self, bank, gallery: int | None, block: int,
+                     k: int | None = None) -> Iterator[torch.Tensor]:
+        """The bank's row blocks in float64, checked: 2-D, ``gallery`` columns, finite, non-empty,
+        at least ``k`` rows (checked before the first block when the bank is a matrix, else once it
+        has streamed)."""
+        blocks = _row_blocks(bank, block) if hasattr(bank, "shape") else iter(bank)
+        if hasattr(bank, "shape") and len(bank.shape) == 2 and k is not None and bank.shape[0] < k:
+            raise self._small_bank(k, bank.shape[0])
+        rows = 0
+        for part in blocks:
+            part = torch.as_tensor(part).to(torch.float64)
+            if part.ndim != 2 or (gallery is not None and part.shape[1] != gallery):
+                raise VseError(f"{self.owner}: the bank must be reference queries × {gallery or 'G'} "
+                               f"gallery items, got a block of shape {tuple(part.shape)}")
+            if not bool(torch.isfinite(part).all()):
+                raise VseError(f"{self.owner}: the bank contains NaN or infinite values")
+            gallery = part.shape[1]
+            rows += len(part)
+            yield part
+        if rows == 0:
+            raise VseError(f"{self.owner}: the bank is empty")
+        if k is not None and rows < k:
+            raise self._small_bank(k, rows)
+
+    def _small_bank(self, k: int, rows: int) -> VseError:
+        return VseError(f"{self.owner}: k={k} is larger than the bank ({rows} reference queries)")
+
+    def _gallery_k(self, k: int, gallery: int) -> None:
+        if k > gallery:
+            raise VseError(f"{self.owner}: k={k} is larger than the gallery ({gallery} items)")
+
+
+# ---------------------------------------------------------------------------- the methods
+
+class InvertedSoftmax(Rescorer):
+    name = "isf"
+
+    @dataclass(frozen=True)
+    class Options:
+        beta: float = declare(30.0, "Inverse temperature of the softmax over the bank's queries "
+                                    "(MUSE's invsm_beta_30).", above=0)
+
+    def fit(self, bank, gallery=None, *, block=BLOCK) -> ItemCorrection:
+        lse, rows = _column_logsumexp(self._bank_blocks(bank, gallery, block), self.beta)
+        return ItemCorrection(self.beta, lse, bank_size=rows)
+
+
+class CSLS(Rescorer):
+    name = "csls"
+
+    @dataclass(frozen=True)
+    class Options:
+        k: int = declare(10, "Neighbours averaged on each side: each query's k nearest gallery "
+                             "items, each item's k nearest reference queries.", low=1)
+
+    def fit(self, bank, gallery=None, *, block=BLOCK) -> ItemCorrection:
+        mean, rows = _column_topk_mean(self._bank_blocks(bank, gallery, block, self.k), self.k)
+        if gallery is not None:
+            self._check_gallery_k(gallery)
+        return ItemCorrection(2.0, mean, bank_size=rows)
+
+    def _check_gallery_k(self, gallery):
+        self._gallery_k(self.k, gallery)
+
+    def _corrected(self, rows, c):
+        return 2.0 * rows - c.bias - rows.topk(self.k, dim=1).values.mean(dim=1, keepdim=True)
+
+
+class QBNorm(Rescorer):
+    name = "qbnorm"
+
+    @dataclass(frozen=True)
+    class Options:
+        beta: float = declare(20.0, "Inverse temperature of the inverted softmax over the bank.", above=0)
+        k: int = declare(1, "The activation set: the gallery items among some reference query's "
+                            "top k.", low=1)
+
+    def fit(self, bank, gallery=None, *, block=BLOCK) -> ItemCorrection:
+        if gallery is not None:
+            self._check_gallery_k(gallery)
+        lse, active, rows = None, None, 0
+        for part in self._bank_blocks(bank, gallery, block):
+            self._check_gallery_k(part.shape[1])
+            lse = _merged_logsumexp(lse, self.beta * part)
+            if active is None:
+                active = torch.zeros(part.shape[1], dtype=torch.bool)
+            active[_top_indices(part, self.k).reshape(-1)] = True
+            rows += len(part)
+        return ItemCorrection(self.beta, lse, active, bank_size=rows)
+
+    def _check_gallery_k(self, gallery):
+        self._gallery_k(self.k, gallery)
+
+    def apply(self, scores, correction, *, out=None, block=BLOCK):
+        if correction.active is None:
+            raise VseError(f"{self.owner}: the correction has no activation set (not a qbnorm fit)")
+        return super().apply(scores, correction, out=out, block=block)
+
+    def _corrected(self, rows, c):
+        hit = c.active[rows.argmax(dim=1)]
+        return torch.where(hit[:, None], c.scale * rows - c.bias, rows)
+
+
+class DualSoftmax(Rescorer):
+    name = "dsl"
+    transductive = True
+
+    @dataclass(frozen=True)
+    class Options:
+        temperature: float = declare(1000.0, "Divides the logits in the softmax over the test queries "
+                                             "(CAMoE's DSL.py).", above=0)
+        logit_scale: float = declare(100.0, "The scores times this are the logits (CLIP's 100, the "
+                                            "scale of CAMoE's matrix).", above=0)
+
+    def _transductive(self, scores, out, block):
+        factor = self.logit_scale / self.temperature
+        lse, queries = _column_logsumexp(_row_blocks(scores, block), factor)
+        return _by_rows(scores, out, block, lambda rows: (self.logit_scale * rows)
+                        * torch.exp(factor * rows - lse) * queries)
+
+
+class NNN(Rescorer):
+    name = "nnn"
+
+    @dataclass(frozen=True)
+    class Options:
+        k: int = declare(256, "Reference queries averaged per gallery item (nnn-retrieval's "
+                              "alternate_ks).", low=1)
+        alpha: float = declare(0.5, "Weight of the subtracted bias (nnn-retrieval's alternate_weight).",
+                               low=0)
+
+    def fit(self, bank, gallery=None, *, block=BLOCK) -> ItemCorrection:
+        mean, rows = _column_topk_mean(self._bank_blocks(bank, gallery, block, self.k), self.k)
+        return ItemCorrection(1.0, self.alpha * mean, bank_size=rows)
+
+
+RESCORERS: dict[str, type[Rescorer]] = {cls.name: cls
+                                        for cls in (InvertedSoftmax, CSLS, QBNorm, DualSoftmax, NNN)}
+RESCORE_NAMES = tuple(RESCORERS)
+
+
+def build_rescorer(name: str, **options) -> Rescorer:
+    """The method ``name`` (one of ``RESCORE_NAMES``) with its options; one-line VseError for an
+    unknown name or option, or a wrong value."""
+    if name not in RESCORERS:
+        raise VseError(f"--rescore: unknown method {name!r} (known: {', '.join(RESCORE_NAMES)})")
+    return RESCORERS[name](**options)
+
+
+# ---------------------------------------------------------------------------- hubness
+
+def k_occurrence(scores, k: int = HUBNESS_K, *, block: int = BLOCK) -> np.ndarray:
+    """``N_k``: for each gallery item (column), how many queries (rows) rank it among their top k."""
+    shape = tuple(scores.shape)
+    if len(shape) != 2 or 0 in shape:
+        raise VseError(f"hubness: scores must be a non-empty queries × gallery matrix, got shape {shape}")
+    if not values.is_int(k) or not 1 <= k <= shape[1]:
+        raise VseError(f"hubness: k must be an integer in [1, {shape[1]}] (the gallery), got {k!r}")
+    counts = torch.zeros(shape[1], dtype=torch.long)
+    for rows in _row_blocks(scores, block):
+        if not bool(torch.isfinite(rows).all()):
+            raise VseError("hubness: scores contain NaN or infinite values")
+        counts += torch.bincount(_top_indices(rows, k).reshape(-1), minlength=shape[1])
+    return counts.numpy()
+
+
+def hubness(scores, k: int = HUBNESS_K, *, block: int = BLOCK) -> float:
+    """The skewness of the k-occurrence distribution ``N_k`` over the gallery (0: no hub)."""
+    counts = k_occurrence(scores, k, block=block).astype(np.float64)
+    centred = counts - counts.mean()
+    spread = float(np.mean(centred ** 2))
+    return 0.0 if spread == 0.0 else float(np.mean(centred ** 3) / spread ** 1.5)
+
+
+# ---------------------------------------------------------------------------- blocks
+
+def _row_blocks(matrix, block: int) -> Iterator[torch.Tensor]:
+    if not values.is_int(block) or block < 1:
+        raise VseError(f"block must be a positive integer, got {block!r}")
+    for start in range(0, matrix.shape[0], block):
+        yield torch.as_tensor(np.asarray(matrix[start:start + block]) if not isinstance(matrix, torch.Tensor)
+                              else matrix[start:start + block]).to(torch.float64)
+
+
+def _by_rows(scores, out, block: int, correct) -> np.ndarray | torch.Tensor:
+    """``correct`` (float64 rows → float64 rows) applied a block of rows at a time into ``out`` (a
+    new array like ``scores``: numpy or tensor, float64 or float32; or one given, e.g. ``scores``)."""
+    numpy = not isinstance(scores, torch.Tensor)
+    if numpy:
+        dtype = np.float64 if scores.dtype == np.float64 else np.float32
+    else:
+        dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
+    if out is None:
+        out = np.empty(scores.shape, dtype=dtype) if numpy else torch.empty(tuple(scores.shape), dtype=dtype)
+    elif tuple(out.shape) != tuple(scores.shape):
+        raise VseError(f"out has shape {tuple(out.shape)}, the scores {tuple(scores.shape)}")
+    for start, rows in zip(range(0, scores.shape[0], block), _row_blocks(scores, block)):
+        fixed = correct(rows)
+        out[start:start + len(rows)] = fixed.numpy() if isinstance(out, np.ndarray) else fixed.to(out.dtype)
+    return out
+
+
+def _merged_logsumexp(lse: torch.Tensor | None, part: torch.Tensor) -> torch.Tensor:
+    column = torch.logsumexp(part, dim=0)
+    return column if lse is None else torch.logaddexp(lse, column)
+
+
+def _column_logsumexp(blocks: Iterable[torch.Tensor], factor: float) -> tuple[torch.Tensor, int]:
+    """``log sum_b exp(factor * B_bj)`` per column over the streamed row blocks, and their row count."""
+    lse, rows = None, 0
+    for part in blocks:
+        lse, rows = _merged_logsumexp(lse, factor * part), rows + len(part)
+    return lse, rows
+
+
+def _column_topk_mean(blocks: Iterable[torch.Tensor], k: int) -> tuple[torch.Tensor, int]:
+    """The mean of each column's k largest values over the streamed row blocks (the blocks' k largest
+    merged as they come), and the row count."""
+    top, rows = None, 0
+    for part in blocks:
+        rows += len(part)
+        merged = part if top is None else torch.cat([top, part])
+        top = merged.topk(min(k, len(merged)), dim=0).values
+    return top.mean(dim=0), rows
+
+
+def _top_indices(rows: torch.Tensor, k: int) -> torch.Tensor:
+    """Each row's k largest columns, ties to the lowest index (a stable sort, not topk's order)."""
+    return torch.sort(rows, dim=1, descending=True, stable=True).indices[:, :k]
