@@ -196,6 +196,16 @@ def resolve_paths(values: dict, folder) -> dict:
     return out
 
 
+def paths_for_file(values: dict, folder) -> dict:
+    """``values`` as a YAML file in ``folder`` names them (``resolve_paths`` reads them back): a
+    relative path is written relative to ``folder``; absolute ones, and plug-ins, as they are."""
+    paths, out = {*file_options(), "runs_dir"}, dict(values)
+    for name, value in values.items():
+        if name in paths and isinstance(value, str) and value and not os.path.isabs(value):
+            out[name] = os.path.relpath(os.path.abspath(value), os.path.abspath(folder))
+    return out
+
+
 def run_config(base: dict, values: dict, path=None, folder=None) -> dict:
     """``base`` with one grid point applied: TrainConfig fields replace, loss options merge.
     ``folder``: the grid's paths are that YAML folder's (``resolve_paths``; base's are resolved by
@@ -250,16 +260,18 @@ def check_folder_name(name: str, what: str, where=None) -> str:
 
 def param_string(values: dict) -> str:
     """'loss=mh,negative_set_size=8,seed=0': the grid values, safe as one folder name.
-    A bundle is named by its ``name`` entry, else by its settings joined with '+'."""
+    A bundle is named by its ``name`` entry, else by its settings joined with '+'. A path is named
+    as written, without its leading '../' and './' (the file's folder's way up: the same name
+    whichever folder the file sits in)."""
     if not values:
         return "base"
     parts = []
     for key, value in values.items():
         if _is_bundle(key, value):
             text = str(value["name"]) if "name" in value else "+".join(
-                f"{_short(k)}-{_text(v)}" for k, v in value.items())
+                f"{_short(k)}-{_text(v, k)}" for k, v in value.items())
         else:
-            text = _text(value)
+            text = _text(value, key)
         parts.append(f"{_short(key)}={re.sub(r'[^A-Za-z0-9._+-]+', '_', text).strip('_') or '_'}")
     return ",".join(parts)
 
@@ -268,9 +280,11 @@ def _short(key: str) -> str:
     return key[len(LOSS_OPTION_PREFIX):] if key.startswith(LOSS_OPTION_PREFIX) else key
 
 
-def _text(value) -> str:
+def _text(value, key: str = "") -> str:
     if isinstance(value, (dict, list, bool)) or value is None:
         return json.dumps(value, sort_keys=True)
+    if isinstance(value, str) and (key in file_options() or key in code_identity.PLUGIN_OPTIONS):
+        return re.sub(r"^(\.\.?/)+", "", value)
     return str(value)
 
 

@@ -35,6 +35,7 @@ from pipeline.core.config import TrainConfig
 from pipeline.core.errors import VseError
 from pipeline.core.fsutil import atomic_path
 from pipeline.training.run_folder import best_record, read_validation_log
+from pipeline.training.sweep import paths_for_file
 from pipeline.training.tune_spec import (  # noqa: F401  (the file's names, re-exported)
     DEFAULT_METRIC,
     DISTRIBUTIONS,
@@ -83,7 +84,7 @@ class Settings:
         return {"budget": str(self.budget), "trials": self.budget.trials, "epochs": self.budget.epochs,
                 "metric": self.metric, "pruner": self.pruner, "sampler": SAMPLER,
                 "sampler_seed": self.sampler_seed, "fingerprint": tune.fingerprint(),
-                "space": tune.space(), "tune_file": str(tune.path)}
+                "space": tune.space(), "tune_file": str(tune.path), "code": tune.code()}
 
 
 def queue_again(study, frozen) -> bool:
@@ -170,9 +171,11 @@ def _settings(tune: TuneSpec, recorded: dict, budget, trials, metric, pruner, sa
     tune.base["epochs"] = settings.budget.epochs  # the budget's, over base's (the study's when reopened)
     check_schedules(tune)  # no trial trains another method under its loss's name
     attrs = settings.attrs(tune)
-    for key in ("epochs", "metric", "pruner", "sampler_seed", "fingerprint"):
+    # "code": a study made before vse recorded it keeps its trials (unknown code), as a sweep's runs do
+    for key in ("epochs", "metric", "pruner", "sampler_seed", "fingerprint", "code"):
         if key in recorded and recorded[key] != attrs[key]:
-            what = "the base: or search:" if key == "fingerprint" else key
+            what = {"fingerprint": "the base: or search:", "code": "code (plug-in or built-in files, vse "
+                    "version; code_id)"}.get(key, key)
             raise VseError(f"the study {tune.name!r} was made with another {what} ({recorded[key]!r}, now "
                            f"{attrs[key]!r}): its trials would not be comparable; give a new --name",
                            tune.path)
@@ -454,7 +457,9 @@ def export_best(tune: TuneSpec, study, settings: Settings, out, overwrite: bool 
     if not config.get("loss_options"):
         config.pop("loss_options")
     name = f"{tune.name}-best"
-    spec = {"name": name, "runs_dir": str(tune.runs_dir), "base": config}
+    # its paths as read from OUT's folder: swept from here, the seeds name the trial's files alike
+    spec = paths_for_file({"name": name, "runs_dir": str(tune.runs_dir)}, out.parent)
+    spec["base"] = paths_for_file(config, out.parent)
     header = (f"{EXPORT_TAG} of {tune.path}: study {tune.name}, trial {best.number} "
               f"(dev {settings.metric} {best.value:.2f}), budget {settings.budget}, {SAMPLER} seed "
               f"{settings.sampler_seed}, {settings.pruner} pruner\n"

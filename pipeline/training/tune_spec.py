@@ -1,6 +1,8 @@
 """A `vse tune` file read and checked: its search space (``Param``), its budget (``Budget``) and
 the whole file (``TuneSpec``, ``load_tune``). Every problem is one VseError naming the file and the
-key, raised before any trial runs (pipeline.training.tune runs the study)."""
+key, raised before any trial runs (pipeline.training.tune runs the study). Its relative paths
+(``runs_dir:``, base's files, a plug-in's ``FILE.py``, also among a search's choices) are the
+file's folder's, as a sweep file's (``sweep.resolve_paths``)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,14 @@ from pathlib import Path
 from pipeline.core.config import LOSS_FLAGS, TrainConfig, execution_only, option_names
 from pipeline.core.errors import VseError
 from pipeline.core.values import allowed_types, option_types
-from pipeline.training.sweep import LOSS_OPTION_PREFIX, check_folder_name, read_yaml_mapping, run_config
+from pipeline.training.sweep import (
+    LOSS_OPTION_PREFIX,
+    check_folder_name,
+    read_yaml_mapping,
+    resolve_paths,
+    resolved_path,
+    run_config,
+)
 
 TUNE_KEYS = ("name", "runs_dir", "base", "search")
 DISTRIBUTIONS = ("uniform", "log_uniform", "int", "choice")
@@ -66,7 +75,8 @@ class TuneSpec:
     path: Path
     name: str
     runs_dir: Path
-    base: dict                      # the file's base: with the tune's own settings (epochs, val_every)
+    base: dict                      # the file's base: with the tune's own settings (epochs, val_every);
+    #                                 its paths as the file names them (``config`` reads them)
     params: list[Param] = field(default_factory=list)
 
     @property
@@ -76,11 +86,26 @@ class TuneSpec:
     def space(self) -> dict:
         return {p.key: p.to_dict() for p in self.params}
 
+    def config(self, values: dict) -> dict:
+        """base with the searched ``values`` applied (a sweep's rule), paths read from the file's folder."""
+        folder = self.path.parent
+        return run_config(resolve_paths(self.base, folder), values, self.path, folder=folder)
+
     def trial_config(self, values: dict, run_dir) -> dict:
-        """The training config of one trial: base with the values applied (a sweep's rule)."""
-        config = run_config(self.base, values, self.path)
+        """The training config of one trial."""
+        config = self.config(values)
         config["run_dir"] = str(run_dir)
         return config
+
+    def code(self) -> str:
+        """The code_id of every configuration a trial may train (``core.code_identity``; a search over
+        plug-ins has one per choice), joined: a study's trials are comparable while it stays the same."""
+        from pipeline.core.code_identity import PLUGIN_OPTIONS, of_config
+
+        low = {p.key: p.corners()[0] for p in self.params}
+        configs = [self.config(low)] + [self.config({**low, p.key: value}) for p in self.params
+                                        if p.key in PLUGIN_OPTIONS for value in p.values]
+        return ",".join(sorted({of_config(config)["code_id"] for config in configs}))
 
     def fingerprint(self) -> str:
         """What the study's trials share: the base and the search space (a digest)."""
@@ -121,7 +146,11 @@ def load_tune(path, runs_dir=None, name=None) -> TuneSpec:
                            "on dev; test is for the seeds of the chosen options)", path)
     losses = _tune_losses(base, search)
     params = [_param(key, value, base, path, losses) for key, value in search.items()]
-    tune = TuneSpec(path, name, Path(runs_dir or spec.get("runs_dir") or "runs"), base, params)
+    file_runs_dir = spec.get("runs_dir")
+    if file_runs_dir is not None and not isinstance(file_runs_dir, str):
+        raise VseError(f"runs_dir must be a folder name, got {file_runs_dir!r}", path)
+    file_runs_dir = file_runs_dir and resolved_path(file_runs_dir, path.parent)
+    tune = TuneSpec(path, name, Path(runs_dir or file_runs_dir or "runs"), base, params)
     _check_corners(tune)
     return tune
 
@@ -234,7 +263,7 @@ def _check_values(tune: TuneSpec, key: str, value, searched: dict) -> None:
     from pipeline.losses.plugins import make_loss
 
     try:
-        config = TrainConfig.from_dict(run_config(tune.base, searched))
+        config = TrainConfig.from_dict(tune.config(searched))
         config.check()
         make_loss(config.loss, config.loss_kwargs())
     except VseError as exc:
@@ -251,7 +280,7 @@ def check_schedules(tune: TuneSpec) -> None:
     epochs = tune.base.get("epochs")
 
     def note(searched: dict) -> str | None:
-        return schedule_note(TrainConfig.from_dict(run_config(tune.base, searched)))
+        return schedule_note(TrainConfig.from_dict(tune.config(searched)))
 
     low = {p.key: p.corners()[0] for p in tune.params}
     found = note(low)
