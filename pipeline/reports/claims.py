@@ -308,7 +308,8 @@ def format_verdicts(result: dict) -> str:
     """One line per claim: its verdict and its claimed p."""
     lines = [f"{result['test']}:"]
     for c in result["claims"]:
-        p = f" (p {c['p_claimed']:.3g})" if isinstance(c.get("p_claimed"), float) else ""
+        tested = isinstance(c.get("p_claimed"), float) and not c["verdict"].startswith("not ")
+        p = f" (p {c['p_claimed']:.3g})" if tested else ""
         lines.append(f"- {c['claim']}: {c['verdict']}{p}")
     if result.get("ranking"):
         lines.append(f"- {result['ranking']['claim']}: {result['ranking']['verdict']}")

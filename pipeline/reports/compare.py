@@ -118,7 +118,10 @@ def compare_groups(patterns: dict, *, device: torch.device, baseline: str | None
         for name, found in runs.items():
             _one_config_id(name, patterns[name], found)
     everything = list(dict.fromkeys(r for found in runs.values() for r in found))
-    kept = read_results(results) if results and Path(results).is_file() else ()
+    if results and not Path(results).is_file():
+        raise VseError("no such results table (--results: a results.csv of `vse evaluate --runs --out`)",
+                       results)
+    kept = read_results(results) if results else ()
     evaluated = evaluate_runs(everything, device=device, split=split, features=features,
                               checkpoint=checkpoint, echo=echo, judgments=judgments, kept=kept)
     if evaluated.skipped:
