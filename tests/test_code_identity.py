@@ -199,3 +199,25 @@ def test_a_sweep_files_relative_paths_are_its_folders_and_it_resumes_from_elsewh
     run = project / "runs" / "topk" / "seed=0"
     assert load_checkpoint(run / "last.pt")["epoch"] == 2
     assert (run / CODE).is_file() and not (elsewhere / "runs").exists()
+
+
+def test_a_tune_goes_on_only_under_its_own_code_and_reads_paths_from_its_folder(tmp_path, tiny_cache,
+                                                                              monkeypatch):
+    from conftest import vse
+
+    _plugin(tmp_path / "tunes")
+    path = tmp_path / "tunes" / "topk_tune.yaml"
+    base = "".join(f"  {k}: {v}\n" for k, v in {**TINY_TRAIN, "device": "cpu"}.items() if k != "lr")
+    path.write_text(f"runs_dir: ../runs\nbase:\n  features: {tiny_cache}\n  loss: topk.py:TopK\n{base}"
+                    "search:\n  lr: {log_uniform: [1.0e-3, 2.0e-2]}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    first = vse("tune", path, "--budget", "1x1", "--no-plots")
+    assert first.exit_code == 0, first.output
+    trial = tmp_path / "runs" / "topk_tune" / "trial_0000"
+    assert read_code_identity(trial)["plugins"]["loss"]["file"] == str(tmp_path / "tunes" / "topk.py")
+    (tmp_path / "tunes" / "helper.py").write_text("MARGIN = 0.5\n")
+    again = vse("tune", path, "--budget", "2x1", "--no-plots")
+    assert again.exit_code == 1 and "was made with another code (plug-in or built-in files" in again.output
+    assert "give a new --name" in again.output and not (trial.parent / "trial_0001").exists()
