@@ -147,11 +147,18 @@ def compare_groups(patterns: dict, *, device: torch.device, baseline: str | None
 
 
 def _distinct(group, groups) -> str:
-    """' (PRECISION)' when another group has the same label (``report.seed_groups`` splits precisions)."""
+    """' (PRECISION)' or ' (code=…)' when another group has the same label (``report.seed_groups``
+    splits precisions and code identities)."""
+    from pipeline.core import code_identity
     from pipeline.reports.report import row_precision
 
     twins = [g for g in groups if g.label == group.label]
-    return f" ({row_precision(group.rows[0])})" if len(twins) > 1 else ""
+    if len(twins) < 2:
+        return ""
+    if len({row_precision(g.rows[0]) for g in twins}) > 1:
+        return f" ({row_precision(group.rows[0])})"
+    return code_identity.labelled([g.label for g in twins], [g.rows[0] for g in twins])[
+        twins.index(group)][len(group.label):]
 
 
 def _one_config_id(name: str, patterns, run_dirs) -> None:
@@ -159,11 +166,12 @@ def _one_config_id(name: str, patterns, run_dirs) -> None:
     config.json's config_id), before anything is evaluated."""
     from pipeline.reports.batch_eval import describe_config
     from pipeline.reports.report import without_seed
-    from pipeline.training.run_folder import read_config
+    from pipeline.training.run_folder import read_code_identity, read_config
 
     labels = {}  # config_id as results.csv gives it → the first run's name without its seed
     for run_name, run_dir in zip(run_names(run_dirs), run_dirs):
-        labels.setdefault(describe_config(read_config(run_dir))["config_id"], without_seed(run_name))
+        described = describe_config(read_config(run_dir), read_code_identity(run_dir))
+        labels.setdefault(described["config_id"], without_seed(run_name))
     if len(labels) > 1:
         raise VseError(f"group {name} ({' '.join(map(str, patterns))}) holds {len(labels)} configurations "
                        f"({', '.join(labels.values())}): give one per group, or use --runs ... --baseline "
@@ -172,12 +180,13 @@ def _one_config_id(name: str, patterns, run_dirs) -> None:
 
 def _one_configuration(name: str, patterns, rows: list[dict], across_precision: bool, across_code: bool):
     """The one seed group of a side's rows; VseError naming what differs when they are several."""
+    from pipeline.core import code_identity
     from pipeline.reports.report import row_precision, seed_group, seed_groups
 
     found = seed_groups(rows)
     where = f"group {name} ({' '.join(map(str, patterns))})"
     precisions = {str(row["run"]): row_precision(row) for row in rows}
-    codes = {row.get("code_id") or "" for row in rows}
+    codes = {row.get(code_identity.COLUMN) or "" for row in rows}
     several_precisions, several_codes = len(set(precisions.values())) > 1, len(codes) > 1
     if len({row.get("config_id") for row in rows}) > 1 or (len(found) > 1 and not several_precisions
                                                            and not several_codes):
@@ -189,8 +198,9 @@ def _one_configuration(name: str, patterns, rows: list[dict], across_precision: 
         raise VseError(f"{where}: {precision.mixed(precisions)}: not one method (--across-precision "
                        "pools them)")
     if several_codes and not across_code:
+        column = code_identity.COLUMN
         by_code = "; ".join(f"{code or 'unrecorded'}: " + ", ".join(str(r["run"]) for r in rows
-                                                                   if (r.get("code_id") or "") == code)
+                                                                   if (r.get(column) or "") == code)
                             for code in sorted(codes))
         raise VseError(f"{where}: runs of different code identity ({by_code}): not one method "
                        "(--across-code pools them)")
