@@ -169,3 +169,23 @@ def test_report_baseline_refuses_an_unknown_row_and_per_run(seed_table):
     per_run = vse("report", path, "--baseline", "mh", "--per-run")
     assert per_run.exit_code == 1 and "not with --per-run" in per_run.output
     assert "p vs" not in vse("report", path).output  # without --baseline the table is as it was
+
+
+# ---------------------------------------------------------------------------- vse claims on the same runs
+
+
+def test_vse_claims_on_the_groups_results_gives_welchs_one_sided_verdict(results, tmp_path):
+    claims = tmp_path / "claims.yaml"
+    claims.write_text(f"results: {results}\nclaims:\n"
+                      "  - {claim: mh beats sh, paper: VSE++, better: mh, worse: sh, metric: rsum}\n"
+                      "  - {claim: sh beats mh, paper: VSE++, better: sh, worse: mh, metric: rsum}\n")
+    done = vse("claims", claims)
+    assert done.exit_code == 0, done.output
+    written = json.loads((tmp_path / "claims.json").read_text())
+    mh, sh = list(per_seed(results, "mh").values()), list(per_seed(results, "sh").values())
+    p = ttest_ind(mh, sh, equal_var=False, alternative="greater").pvalue
+    first, second = written["claims"]
+    assert math.isclose(first["p_claimed"], p, rel_tol=TOLERANCE)
+    assert math.isclose(second["p_reverse"], p, rel_tol=TOLERANCE)
+    expected = "holds" if p < 0.05 else "reversed" if 1 - p < 0.05 else "inside the seed noise"
+    assert first["verdict"] == expected
