@@ -149,7 +149,7 @@ class Rescorer:
     # ------------------------------------------------------------------ what a method defines
     def fit(self, bank, gallery: int | None = None, *, block: int = BLOCK) -> ItemCorrection:
         """The per-gallery-item correction from ``bank`` (Nb × G, or an iterable of row blocks)."""
-        raise NotImplementedError(f"{self.owner} is transductive: it has no per-item correction")
+        raise VseError(f"{self.owner} is transductive: it has no per-item correction")
 
     def apply(self, scores, correction: ItemCorrection, *, out=None, block: int = BLOCK):
         """``scores`` corrected by a ``fit`` of this method."""
@@ -192,7 +192,7 @@ class Rescorer:
         at least ``k`` rows (checked before the first block when the bank is a matrix, else once it
         has streamed)."""
         blocks = _row_blocks(bank, block) if hasattr(bank, "shape") else iter(bank)
-        if hasattr(bank, "shape") and len(bank.shape) == 2 and k is not None and bank.shape[0] < k:
+        if hasattr(bank, "shape") and len(bank.shape) == 2 and k is not None and 0 < bank.shape[0] < k:
             raise self._small_bank(k, bank.shape[0])
         rows = 0
         for part in blocks:
