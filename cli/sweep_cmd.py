@@ -18,11 +18,15 @@ from cli.train_options import given_values, train_options
 @click.option("--name", default=None,
               help="The sweep's folder under the runs dir (default: the file's name:, else its stem).")
 @click.option("--dry-run", is_flag=True, help="List the runs and their status; train nothing.")
+@click.option("--overwrite", is_flag=True,
+              help="Train again, in their folders, the runs trained by other code than the sweep's (an "
+              "edited plug-in file, another vse); refused without it.")
 @click.option("--seeds", default=None, callback=lambda ctx, param, value: _int_list(value),
               help="Repeat every grid point with these seeds, e.g. 0,1,2,3,4 (or 0-4).")
 @train_options(exclude=("run_dir",))
 @click.pass_context
-def sweep_command(ctx, config, jobs, resume, runs_dir, name, dry_run, seeds, loss_option, **options):
+def sweep_command(ctx, config, jobs, resume, runs_dir, name, dry_run, overwrite, seeds, loss_option,
+                  **options):
     """Train the grid of CONFIG (YAML: base: + grid:), skipping finished runs.
 
     Training options given here override the file's base: for every run (not a grid axis)."""
@@ -38,7 +42,7 @@ def sweep_command(ctx, config, jobs, resume, runs_dir, name, dry_run, seeds, los
         for run, note in unreached(sweep.runs):
             click.echo(f"warning: {run.name}: {note}")
         return
-    run_sweep(sweep, jobs=jobs, resume=resume, echo=click.echo)
+    run_sweep(sweep, jobs=jobs, resume=resume, echo=click.echo, overwrite=overwrite)
     failed = [run for run in sweep.runs if run.status == "failed"]
     if failed:
         raise click.ClickException(f"{len(failed)} of {len(sweep.runs)} runs failed: "

@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from conftest import TINY_TRAIN
+from conftest import TINY_TRAIN, vse
 
 from pipeline.core import code_identity
 from pipeline.core.checkpoint import load_checkpoint
@@ -111,9 +111,12 @@ def test_a_sweep_never_counts_or_pools_a_run_of_other_plugin_code(tmp_path, tiny
     sweep = plan(load_sweep(path, seeds=[0, 1]))
     assert [r.status for r in sweep.runs] == ["other-code", "new"]
     assert "helper.py is other code than the run's" in sweep.runs[0].detail
-    with pytest.raises(VseError, match="1 of its runs were trained by other code than this sweep's, so they "
-                                       "are not done .*another --name for a new folder, or --overwrite"):
-        run_sweep(load_sweep(path, seeds=[0, 1]), **QUIET)
+    refused = vse("sweep", path, "--seeds", "0,1")
+    assert refused.exit_code == 1 and len(refused.output.strip().splitlines()) == 1, refused.output
+    line = refused.output
+    assert ("1 of its runs were trained by other code than this sweep's, so they are not done (first: "
+            "seed=0: helper.py is other code than the run's") in line
+    assert "give the sweep another --name for a new folder, or --overwrite to train them again" in line
     assert not (tmp_path / "runs" / "topk" / "seed=1").exists()  # refused before anything trained
     second = run_sweep(load_sweep(path, seeds=[0, 1], name="topk_v2"), **QUIET)
     assert [r.status for r in second.runs] == ["trained", "trained"]
@@ -135,9 +138,9 @@ def test_a_sweep_never_counts_or_pools_a_run_of_other_plugin_code(tmp_path, tiny
     assert f"loss=topk ({code_identity.short(new['code_id'])})" in table
 
     # --overwrite: the old code's run is trained again, in its folder, by the sweep's code
-    third = run_sweep(load_sweep(path, seeds=[0, 1]), overwrite=True, **QUIET)
-    assert [r.status for r in third.runs] == ["trained", "trained"]
-    assert read_code_identity(third.runs[0].run_dir)["code_id"] == new["code_id"]
+    third = vse("sweep", path, "--seeds", "0,1", "--overwrite")
+    assert third.exit_code == 0 and "sweep topk: training 2 of 2 runs" in third.output, third.output
+    assert read_code_identity(first.runs[0].run_dir)["code_id"] == new["code_id"]
     assert [r.status for r in plan(load_sweep(path, seeds=[0, 1])).runs] == ["done", "done"]
 
 
@@ -203,8 +206,6 @@ def test_a_sweep_files_relative_paths_are_its_folders_and_it_resumes_from_elsewh
 
 def test_a_tune_goes_on_only_under_its_own_code_and_reads_paths_from_its_folder(tmp_path, tiny_cache,
                                                                               monkeypatch):
-    from conftest import vse
-
     _plugin(tmp_path / "tunes")
     path = tmp_path / "tunes" / "topk_tune.yaml"
     base = "".join(f"  {k}: {v}\n" for k, v in {**TINY_TRAIN, "device": "cpu"}.items() if k != "lr")
