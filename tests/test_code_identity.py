@@ -222,3 +222,23 @@ def test_a_tune_goes_on_only_under_its_own_code_and_reads_paths_from_its_folder(
     again = vse("tune", path, "--budget", "2x1", "--no-plots")
     assert again.exit_code == 1 and "was made with another code (plug-in or built-in files" in again.output
     assert "give a new --name" in again.output and not (trial.parent / "trial_0001").exists()
+
+
+def test_the_git_commit_is_recorded_when_there_is_one_and_nothing_fails_without_git(monkeypatch):
+    import subprocess
+
+    code_identity.git_state.cache_clear()
+    state = code_identity.git_state()
+    if (code_identity._PACKAGE_PARENT / ".git").exists():
+        assert len(state["commit"]) == 40 and state["dirty"] in (True, False)
+
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(subprocess, "run", no_git)
+    code_identity.git_state.cache_clear()
+    try:
+        assert code_identity.git_state() is None
+        assert code_identity.of_config({"loss": "sh"})["git"] is None
+    finally:
+        code_identity.git_state.cache_clear()
