@@ -117,7 +117,9 @@ def evaluate_command(embeddings, checkpoint, average_with, shortlist, shortlist_
         except NoRunFolders as exc:
             raise click.UsageError(str(exc)) from None
         click.echo(result.table)
-        for line in result.closing:
+        from pipeline.evaluation.chance import runs_notes
+
+        for line in [*result.closing, *runs_notes(result.rows)]:
             _note(line)
         return
     if out:
@@ -148,6 +150,8 @@ def evaluate_command(embeddings, checkpoint, average_with, shortlist, shortlist_
                                          average_with=average_with, relevance=relevance, cs_ks=cs_ks,
                                          judgments=judgments, echo=_note)
     click.echo(evaluation.render(as_json))
+    for line in evaluation.notes if not as_json else ():  # at the end: a small split, a result at chance
+        _note(line)                                        # (--json: the object alone, for a program)
 
 
 def _note(message: str) -> None:

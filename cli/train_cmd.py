@@ -63,6 +63,7 @@ def train_command(ctx, config_file, resume, overwrite, loss_option, **options):
 
     Every option and its default: docs/OPTIONS.md."""
     from pipeline.core import distributed
+    from pipeline.evaluation.chance import chance_note, small_split_note
     from pipeline.training.build import build_trainer
     from pipeline.training.run_folder import RunFolder
 
@@ -75,7 +76,16 @@ def train_command(ctx, config_file, resume, overwrite, loss_option, **options):
         config.check()
     run = RunFolder(config.run_dir, resume=resume, overwrite=overwrite)  # the folder's one owner
     with run.claim():  # refused here, before anything is built; the trainer asks the same folder
-        summary = build_trainer(config, echo=click.echo, given=given, run=run).fit()
+        trainer = build_trainer(config, echo=click.echo, given=given, run=run)
+        split = trainer.loop.val_split  # the run's own (a resumed run's options are its own)
+        images, captions, _ = trainer.index.split_rows(split, trainer.loop.val_images)
+        small = small_split_note(len(images), f"validation ({split})")
+        if small and distributed.is_main():
+            click.echo(small)
+        summary = trainer.fit()
     if distributed.is_main():  # under torchrun the other ranks say nothing
         click.echo(f"done: best validation rsum {summary['best_rsum']:.2f} at epoch {summary['best_epoch']} "
                    f"→ {Path(config.run_dir) / 'best.pt'}")
+        at_chance = chance_note(summary["best_rsum"], f"{split} rsum", len(images), len(captions))
+        if at_chance:  # the last line: a run that learnt nothing measurable never passes in silence
+            click.echo(at_chance)

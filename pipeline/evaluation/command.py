@@ -4,7 +4,8 @@ checked which options go together:
 - ``evaluate_embeddings_file``: saved embeddings (``--embeddings FILE.npz``);
 - ``evaluate_checkpoint``: a checkpoint on a feature cache, or an RC run's checkpoint on a
   dataset's images (``--root``), optionally averaged with other checkpoints' scores, with CS@K
-  (``--relevance``) and human judgments (``--judgments``);
+  (``--relevance``) and human judgments (``--judgments``); its notes say when the split is small
+  or the result within the noise of chance (``chance``);
 - ``evaluate_shortlist``: a pairwise checkpoint re-ranking a dual checkpoint's top k.
 
 Each returns an ``Evaluation`` (its metrics and the title of its table; ``render`` gives the text
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pipeline.data.cache import FeatureCache
+from pipeline.evaluation.chance import evaluation_notes
 from pipeline.evaluation.evaluate import (
     cs_note,
     embed_checkpoint,
@@ -46,6 +48,7 @@ class Evaluation:
     title: str
     json_extra: dict = field(default_factory=dict)  # items after the metrics in --json
     footer: str | None = None                        # a line after the table
+    notes: list[str] = field(default_factory=list)   # said after the table (standard error): ``chance``
 
     def render(self, as_json: bool = False) -> str:
         """The table (with the human-judgment lines, when there are some), or one JSON object."""
@@ -99,7 +102,8 @@ def evaluate_checkpoint(checkpoint, device, *, features=None, root=None, dataset
     if judgments:
         metrics.update(_judge_split(emb, judgments, features, root, dataset_kind, device, dataset_options,
                                     echo))
-    return Evaluation(metrics, title)
+    notes = evaluation_notes(metrics["rsum"], len(emb.images), len(emb.captions), split, protocol)
+    return Evaluation(metrics, title, notes=notes)
 
 
 def evaluate_shortlist(checkpoint, features, shortlist, device, *, shortlist_features=None, k: int = 100,

@@ -24,6 +24,7 @@ from pathlib import Path
 from pipeline.core import code_identity, precision
 from pipeline.core.errors import VseError
 from pipeline.core.fsutil import atomic_path
+from pipeline.evaluation.chance import row_at_chance
 from pipeline.evaluation.metrics import METRIC_KEYS, is_metric, metric_keys, metric_of, metric_order
 from pipeline.evaluation.stats import ALPHA, mean_std, welch_greater
 from pipeline.reports.batch_eval import RUN_COLUMNS
@@ -49,6 +50,7 @@ LAYOUTS = {
 EPOCHS = "epochs_to_best"  # the --epochs-to-best column
 HEADLINE = "rsum"  # the metric of --baseline's p column, whatever the layout shows
 NEVER_BEGAN = " (its method never began: see below)"  # a row's mark: the run ended before its method began
+AT_CHANCE = " (at chance: see below)"  # a row's mark: its rsum is within the noise of chance (chance.py)
 # The title of a metric's column group, by group and direction (Caption Retrieval = i2t).
 TITLES = {("recall", "i2t"): "Caption Retrieval", ("recall", "t2i"): "Image Retrieval",
           ("rank", "i2t"): "Caption Retrieval", ("rank", "t2i"): "Image Retrieval",
@@ -352,8 +354,11 @@ def format_results(rows, fmt: str = "md", layout: str = "paper", label: str = "r
     firsts = ([(g.label, g.rows[0]) for g in by_seed] if seeds
               else [(str(row.get(label) or ""), row) for row in rows])
     missed = [(name, _unreached(row)) for name, row in firsts]  # the method never began: never a silent row
-    labels = [text + (NEVER_BEGAN if note else "") for text, (_, note) in zip(labels, missed)]
     labels = code_identity.labelled(labels, [row for _, row in firsts])  # alike names, other code
+    labels = [text + (NEVER_BEGAN if note else "") for text, (_, note) in zip(labels, missed)]
+    rsums = [g.mean("rsum") for g in by_seed] if seeds else [row.get("rsum") for row in rows]
+    at_chance = [row_at_chance(row, rsum) for (_, row), rsum in zip(firsts, rsums)]  # learnt nothing
+    labels = [text + (AT_CHANCE if chance else "") for text, chance in zip(labels, at_chance)]
     against = _baseline_column(by_seed, baseline) if baseline is not None else None
     if against is not None:
         groups = [*groups, ("", [(against[0], HEADLINE)])]
@@ -369,6 +374,8 @@ def format_results(rows, fmt: str = "md", layout: str = "paper", label: str = "r
     note = "; ".join(part for part in (_table_note(seeds, bold), mixed, p_note) if part)
     lines = [note] if note else []
     lines += [f"{name}: {missing}" for name, missing in missed if missing]
+    lines += [f"{name}: {chance.says(rsum)}"
+              for (name, _), rsum, chance in zip(firsts, rsums, at_chance) if chance]
     return table + "".join(("\n\n" if fmt == "md" else "\n% ") + line for line in lines)
 
 
