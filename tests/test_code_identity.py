@@ -242,3 +242,19 @@ def test_the_git_commit_is_recorded_when_there_is_one_and_nothing_fails_without_
         assert code_identity.of_config({"loss": "sh"})["git"] is None
     finally:
         code_identity.git_state.cache_clear()
+
+
+def test_a_saved_run_without_plugins_keeps_the_config_id_its_results_row_holds():
+    """A results folder's run (its config.json kept in git) has the config_id results.csv recorded
+    for it before code identity existed, with its code identity or without (none recorded)."""
+    import csv
+    from pathlib import Path
+
+    from pipeline.training.run_folder import read_config
+
+    folder = Path(__file__).resolve().parents[1] / "bench" / "results" / "precision_sgraf_cpu"
+    rows = {row["run"]: row for row in csv.DictReader(open(folder / "results_fp32.csv", encoding="utf-8"))}
+    for name in ("saf_fp32/method=mh,seed=0", "saf_fp32/method=lseh-svd,seed=1"):
+        config = read_config(folder / "runs" / name)
+        record = code_identity.of_config(config)
+        assert config_id(config) == config_id(config, record) == rows[name]["config_id"]
