@@ -107,7 +107,7 @@ def _wrong_axis_dsl(self, scores, out, block):
     return (logits * torch.softmax(logits / self.temperature, dim=1) * len(scores)).numpy()
 
 
-TOPK_MEAN, TOP_INDICES = rescore._column_topk_mean, rescore._top_indices
+TOPK_MEAN, TOP_MASK = rescore._column_topk_mean, rescore._top_mask
 
 
 def _isf_without_beta(self, bank, gallery=None, **_):
@@ -125,8 +125,8 @@ SLIPS = {  # name: (method, owner, attribute, the slipped replacement)
                                          lambda blocks, k: TOPK_MEAN(blocks, k + 1)),
     "csls: no query-side term": ("csls", rescore.CSLS, "_corrected", lambda self, rows, c: 2 * rows - c.bias),
     "qbnorm: every query normalised": ("qbnorm", rescore.QBNorm, "_corrected", rescore.Rescorer._corrected),
-    "qbnorm: activation set of k + 1": ("qbnorm", rescore, "_top_indices",
-                                        lambda rows, k: TOP_INDICES(rows, k + 1)),
+    "qbnorm: activation set of k + 1": ("qbnorm", rescore, "_top_mask",
+                                        lambda rows, k: TOP_MASK(rows, k + 1)),
     "dsl: softmax over the gallery": ("dsl", rescore.DualSoftmax, "_transductive", _wrong_axis_dsl),
     "nnn: k + 1 reference neighbours": ("nnn", rescore, "_column_topk_mean",
                                         lambda blocks, k: TOPK_MEAN(blocks, k + 1)),
@@ -151,6 +151,8 @@ def test_options_are_declared_with_the_authors_defaults():
                         "dsl": {"temperature": 1000.0, "logit_scale": 100.0}, "nnn": {"k": 256, "alpha": 0.5}}
     assert [name for name, cls in RESCORERS.items() if cls.transductive] == ["dsl"]
     assert build_rescorer("csls", k=3).k == 3
+    assert build_rescorer("dsl", temperature=5).record() == {
+        "method": "dsl", "options": {"temperature": 5.0, "logit_scale": 100.0}, "transductive": True}
 
 
 def _data(queries=12, gallery=9, bank=20, seed=0):
