@@ -26,9 +26,9 @@ so that a search index can store it and stay exact.
   ``S'_ij = beta * S_ij - log sum_b exp(beta * B_bj)``.
   Source: facebookresearch/MUSE@3159355b93f5c3c4883808ba785ba9d18d7f5e81,
   src/evaluation/word_translation.py:111-121 (method ``invsm_beta_30``, the beta its
-  supervised.py:44 names). Differences: the log of MUSE's ``exp(beta S) / sum`` (the same ranking,
-  no overflow of exp for large beta or scores); MUSE sums over every source word (test queries
-  included), here over the bank.
+  supervised.py:44 names; Smith et al. tune beta). Differences: the log of MUSE's
+  ``exp(beta S) / sum`` (the same ranking, no overflow of exp for large beta or scores); MUSE sums
+  over every source word (test queries included), here over the bank.
 - ``csls``, CSLS (Conneau et al., ICLR 2018), k = 10:
   ``S'_ij = 2 S_ij - r_q(i) - r_g(j)``, ``r_q(i) = mean topk_g(S_i.)`` (query i's k nearest gallery
   items), ``r_g(j) = mean topk_b(B_.j)`` (item j's k nearest reference queries).
@@ -44,7 +44,9 @@ so that a search index can store it and stay exact.
   Source: ioanacroi/qb-norm@76d4d90783c1085fe88c52d34acaa3d4d89eea8a, dynamic_inverted_softmax.py:7-32
   (``qb_norm``, defaults k = 1, beta = 20 at lines 21-22). Differences: log space as for isf (the
   same ranking of each query); theirs writes into its input array, this one does not; ties at the
-  top-1 or the k-th place go to the lowest index (theirs: numpy's argsort order).
+  top-1 or the k-th place go to the lowest index (theirs: numpy's argsort order). With a fixed
+  bank the correction is per item (``bias`` = the log-normaliser, ``active`` = A): a search index
+  answers a query with one raw search (its top-1) and, when that item is in A, one corrected one.
 - ``dsl``, dual softmax (Cheng et al., CAMoE, 2021), transductive, temperature = 1000,
   logit_scale = 100: with ``L = logit_scale * S``,
   ``S'_ij = L_ij * softmax_i(L_.j / temperature) * Q`` (the softmax over the *test queries*).
@@ -64,11 +66,14 @@ so that a search index can store it and stay exact.
 The k nearest neighbours over a bank are ``torch.topk`` over row blocks, merged as the blocks
 stream (one pass over the bank; a bank may be an iterable of row blocks, never held whole), not
 FAISS: the input is a score matrix, which a pairwise network has without embeddings; the scores
-are already computed, so a FAISS index would only re-compute them, in float32. The corrected
+are already computed, so a FAISS index would only re-compute them, in float32 (the golden tests
+compare in float64). A dual network's bank can stream from its embeddings, a block of reference
+queries at a time, so a training split of any size is never one matrix. The corrected
 matrix is one output array (``out=scores`` corrects in place), written a block of rows at a time;
 each block is computed in float64.
 
-Hubness (Radovanović et al., JMLR 2010): ``N_k(j)`` is how many queries have item j among their k
+Hubness (Radovanović et al., JMLR 2010), of one direction's matrix as above (queries × gallery):
+``N_k(j)`` is how many queries have item j among their k
 nearest (ties to the lowest index); ``hubness`` is the skewness of N_k over the gallery,
 ``E[(N_k - mean)^3] / std^3`` (population moments), k = 10; 0 when every item occurs equally often.
 """
