@@ -54,7 +54,7 @@ def test_the_fast_loop_without_precision_options_records_fp32_on_this_cpu(tiny_c
     config, state = recorded(tmp_path / "run")
     assert config["amp"] is False and config["cpu_amp"] is False  # as applied: no "amp": true on a CPU
     assert config["precision"] == {**FP32, "device": "cpu", "identity": {"amp": True, "cpu_amp": False}}
-    assert state["precision"] == FP32
+    assert state["precision"] == FP32 and state["train_config"] == config  # the checkpoint says the same
     # the same behaviour before the record: config_id as an older run's config.json ("amp": true) gives
     given = TrainConfig.from_dict(run_options(config)).to_dict()
     assert given["amp"] is True and "precision" not in given

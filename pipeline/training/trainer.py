@@ -461,7 +461,7 @@ class Trainer:
             "model_config": self.model.config.to_dict(),
             **({"loss": self.loss.state_dict()} if self.loss.state_dict() else {}),
             **self.captions.checkpoint_entry(),  # the vocabulary, or the caption features
-            "train_config": self.cfg.to_dict(),
+            "train_config": recorded_config(self.cfg, self.parts.runtime.precision, self.device.type),
             "world_size": self.world,
             precision.RECORD_KEY: self.parts.runtime.precision.as_dict(),
             "feature_source": self.source.feature_source,
