@@ -5,6 +5,7 @@ its siblings as a script does; a sweep file's relative paths are its folder's.""
 
 import json
 import shutil
+import sys
 
 import pytest
 from conftest import TINY_TRAIN, vse
@@ -258,3 +259,25 @@ def test_a_saved_run_without_plugins_keeps_the_config_id_its_results_row_holds()
         config = read_config(folder / "runs" / name)
         record = code_identity.of_config(config)
         assert config_id(config) == config_id(config, record) == rows[name]["config_id"]
+
+
+def test_two_plugin_folders_each_import_their_own_helper_and_a_stdlib_name_beside_one_is_refused(tmp_path):
+    from pipeline.core.plugin_import import plugin_class, plugin_sources
+
+    for folder, margin in (("a", 0.2), ("b", 0.7)):
+        _plugin(tmp_path / folder, margin)
+    first = plugin_class(f"{tmp_path / 'a' / 'topk.py'}:TopK", "loss")
+    second = plugin_class(f"{tmp_path / 'b' / 'topk.py'}:TopK", "loss")
+    margins = [vars(sys.modules[cls.__module__])["MARGIN"] for cls in (first, second)]
+    assert margins == [0.2, 0.7]  # as two scripts would: each its own helper.py
+    beside = [plugin_sources(f"{tmp_path / f / 'topk.py'}:TopK", "loss")["beside"]["helper.py"] for f in "ab"]
+    assert beside == [code_identity._sha256(tmp_path / f / "helper.py") for f in "ab"]
+    assert beside[0] != beside[1]
+
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "json.py").write_text("X = 1\n")
+    (tmp_path / "c" / "loss.py").write_text("import json\nimport torch\n\n\nclass L(torch.nn.Module):\n"
+                                            "    pass\n")
+    with pytest.raises(VseError, match=r"imports 'json', which is beside it .* was imported from .* already: "
+                                       "rename one of them"):
+        plugin_class(f"{tmp_path / 'c' / 'loss.py'}:L", "loss")

@@ -23,6 +23,7 @@ import importlib.util
 import os
 import re
 import sys
+import sysconfig
 import traceback
 import types
 from pathlib import Path
@@ -106,8 +107,7 @@ def import_file(path_text: str, what: str):
     # names the folder holds, imported before (by another plug-in, from here or elsewhere), are run
     # afresh from here, as for a script: the ones it does not import again are put back after
     shadowed = {other: sys.modules.pop(other) for other in list(sys.modules)
-                if _in_folder(other, Path(folder)) and not _is_vse_file(os.path.realpath(
-                    getattr(sys.modules[other], "__file__", None) or ""))}
+                if _in_folder(other, Path(folder)) and _is_users(sys.modules[other])}
     before = set(sys.modules)
     sys.modules[name] = module
     sys.path.insert(0, folder)
@@ -138,6 +138,20 @@ def _unchanged(known: dict, digest: str) -> bool:
         return False
     return all(Path(file).is_file() and _sha256(file) == known["beside"].get(rel)
                for rel, file in (known.get("files") or {}).items())
+
+
+def _is_users(module) -> bool:
+    """A module of the user's own files: not vse's, Python's or an installed package's (a plug-in's
+    ``random.py`` does not replace Python's ``random`` for the whole process: ``_siblings`` refuses)."""
+    file = getattr(module, "__file__", None)
+    if not file:
+        return False
+    path = os.path.realpath(file)
+    return not _is_vse_file(path) and not path.startswith(_INSTALLED)
+
+
+_INSTALLED = tuple(os.path.realpath(folder) + os.sep for folder in {
+    sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")})
 
 
 def _in_folder(name: str, folder: Path) -> bool:
