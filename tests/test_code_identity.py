@@ -98,6 +98,14 @@ def test_resume_refuses_changed_plugin_code_naming_the_file_and_both_hashes(tmp_
     assert "\n" not in line and "--resume: helper.py is other code" in line
     assert f"{before[:12]}… then, {after[:12]}… now" in line
     assert load_checkpoint(run / "last.pt")["epoch"] == 1  # nothing trained, nothing written
+    # the same files in another folder (a moved project): the same code, so the run goes on
+    (tmp_path / "mine" / "helper.py").write_text("MARGIN = 0.2\n")
+    shutil.move(tmp_path / "mine", tmp_path / "moved")
+    moved = f"{tmp_path / 'moved' / 'topk.py'}:TopK"
+    build_trainer(TrainConfig(features=str(tiny_cache), run_dir=str(run), loss=moved,
+                              **{**TINY_TRAIN, "epochs": 2}), resume=True, **QUIET).fit()
+    assert load_checkpoint(run / "last.pt")["epoch"] == 2
+    assert json.loads((run / "config.json").read_text())["loss"] == moved
 
 
 def test_a_sweep_never_counts_or_pools_a_run_of_other_plugin_code(tmp_path, tiny_cache):

@@ -81,6 +81,17 @@ def plugin_specs(config) -> dict[str, str]:
             if isinstance(get(name), str) and is_import_path(get(name))}
 
 
+def plugin_name(spec) -> str | None:
+    """``topk.py:TopK`` for ``/any/folder/topk.py:TopK``: a plug-in file by its name, as config_id
+    counts it (its content is the code identity's); None for a built-in name or a module's path."""
+    from pipeline.core.plugin_import import is_file, is_import_path
+
+    if not isinstance(spec, str) or not is_import_path(spec):
+        return None
+    module, _, class_name = spec.rpartition(":")
+    return f"{os.path.basename(module)}:{class_name}" if is_file(module) else None
+
+
 def absolute_plugins(config) -> None:
     """Name each plug-in file of ``config`` (a TrainConfig) by its absolute path, as the run records
     it: a run resumed, evaluated or swept again from another folder finds it."""

@@ -397,6 +397,7 @@ class RunFolder:
         once ``begin`` holds the folder (it holds it anyway): no other process may write the run
         while it is read and continued. Returns (state, config, notes)."""
         from pipeline.core.checkpoint import load_checkpoint
+        from pipeline.core.code_identity import PLUGIN_OPTIONS, plugin_name
         from pipeline.core.config import resume_config
 
         self.lock.acquire()
@@ -406,7 +407,13 @@ class RunFolder:
         def same(name, new, old):
             return same_file(new, old, identities.get(name))
 
-        config, _, notes = resume_config(state["train_config"], config, given, self.last, same_file=same)
+        saved = dict(state["train_config"])
+        for name in PLUGIN_OPTIONS:  # the run's plug-in file named by another path (another folder, or
+            new = getattr(config, name, None)  # absolute now): its content is compared by code identity
+            if new != saved.get(name) and plugin_name(new) is not None and plugin_name(new) == plugin_name(
+                    saved.get(name)):
+                saved[name] = new
+        config, _, notes = resume_config(saved, config, given, self.last, same_file=same)
         return state, config, notes
 
     @property

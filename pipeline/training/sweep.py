@@ -345,7 +345,8 @@ def _changed_options(run: SweepRun) -> str:
 
     def differs(name):
         a, b = getattr(new, name), getattr(old, name)
-        if name in code_identity.PLUGIN_OPTIONS and a != b and _plugin_name(a) == _plugin_name(b):
+        if name in code_identity.PLUGIN_OPTIONS and a != b and code_identity.plugin_name(a) == \
+                code_identity.plugin_name(b) is not None:
             return False  # the same plug-in file elsewhere: its code is compared by _changed_code
         return a != b and not (name in files and a and b and same(name, a, b))
 
@@ -364,16 +365,6 @@ def _recorded_files(folder: RunFolder) -> dict:
         return load_checkpoint(folder.last).get("file_identity") or {}
     except VseError:
         return {}
-
-
-def _plugin_name(spec) -> str | None:
-    """``topk.py:TopK`` for ``/any/folder/topk.py:TopK``; None for a built-in name or a module's."""
-    from pipeline.core.plugin_import import is_file, is_import_path
-
-    if not isinstance(spec, str) or not is_import_path(spec):
-        return None
-    module, _, class_name = spec.rpartition(":")
-    return f"{os.path.basename(module)}:{class_name}" if is_file(module) else None
 
 
 def _changed_code(run: SweepRun) -> str:
