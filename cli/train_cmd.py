@@ -79,7 +79,7 @@ def train_command(ctx, config_file, resume, overwrite, loss_option, **options):
         trainer = build_trainer(config, echo=click.echo, given=given, run=run)
         split = trainer.loop.val_split  # the run's own (a resumed run's options are its own)
         images, captions, _ = trainer.index.split_rows(split, trainer.loop.val_images)
-        small = small_split_note(len(images), f"validation ({split})")
+        small = small_split_note(len(images), f"{split} (validation)")
         if small and distributed.is_main():
             click.echo(small)
         summary = trainer.fit()

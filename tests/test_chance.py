@@ -80,8 +80,8 @@ def test_the_notes_say_what_they_measure():
     assert chance_note(31.6 + 3 * 6.83, "test rsum", 100) is None  # above mean + 3 sd: something learnt
     assert chance_note(float("-inf"), "dev rsum", 100) is None      # no validation happened
     assert small_split_note(10, "test") == (
-        "note: the test split has 10 images: one R@1 step is then 10.0 points (over 1 point under 100 "
-        "images), so its recalls and rsum move in coarse steps")
+        "note: the test split has 10 images, under 100: one R@1 step is then 10.0 points, so its recalls "
+        "and rsum move in coarse steps")
     assert small_split_note(100, "test") is None
     row = {"run": "a", "rsum": 4.0, "images": 1000, "protocol": "single"}
     assert row_at_chance(row) is not None and row_at_chance({**row, "rsum": 40.0}) is None
@@ -137,7 +137,7 @@ def test_train_notes_a_dev_rsum_at_chance_and_a_small_validation_split(split_cac
                  "--min-word-count", 1, "--val-every", 0, "--workers", 0, "--device", "cpu")
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
-    small = [n for n, line in enumerate(lines) if line.startswith("note: the validation (dev) split has 10")]
+    small = [n for n, line in enumerate(lines) if line.startswith("note: the dev (validation) split has 10")]
     assert small and small[0] < next(n for n, line in enumerate(lines) if line.startswith("[epoch"))
     assert "one R@1 step is then 10.0 points" in lines[small[0]]
     assert lines[-1].startswith("note: dev rsum ") and "for 10 images, 5 captions each" in lines[-1]
@@ -147,7 +147,7 @@ def test_evaluate_says_a_10_image_split_is_small(untrained_and_learnt, split_cac
     result = vse("evaluate", "--checkpoint", untrained_and_learnt / "learnt" / "best.pt", "--features",
                  split_cache, "--split", "test", "--device", "cpu")
     assert result.exit_code == 0, result.output
-    assert "note: the test split has 10 images: one R@1 step is then 10.0 points" in result.output
+    assert "note: the test split has 10 images, under 100: one R@1 step is then 10.0 points" in result.output
 
 
 def test_report_marks_a_row_at_chance(untrained_and_learnt, tmp_path):

@@ -103,8 +103,8 @@ def small_split_note(images: int, split: str) -> str | None:
     (None from ``SMALL_SPLIT_IMAGES`` images on)."""
     if images >= SMALL_SPLIT_IMAGES:
         return None
-    return (f"note: the {split} split has {images} images: one R@1 step is then {100 / images:.1f} points "
-            f"(over 1 point under {SMALL_SPLIT_IMAGES} images), so its recalls and rsum move in coarse steps")
+    return (f"note: the {split} split has {images} images, under {SMALL_SPLIT_IMAGES}: one R@1 step is then "
+            f"{100 / images:.1f} points, so its recalls and rsum move in coarse steps")
 
 
 def evaluation_notes(rsum: float, images: int, captions: int, split: str, protocol: str = "single",
