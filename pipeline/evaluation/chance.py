@@ -31,7 +31,7 @@ same mean, the spread / √5. A split whose images have unequal numbers of capti
 at the mean number (rounded): its mean and spread are then approximate.
 
 **Within the noise.** A result is within the noise of chance when its rsum is below the mean of
-chance plus ``NOISE_SDS`` standard deviations: random scores reach it in more than about 1 in 1,000
+chance plus ``NOISE_SDS`` standard deviations: random scores reach it in more than about 1 in 700
 draws (normal approximation), so it shows nothing learnt, whatever its digits.
 """
 
