@@ -311,6 +311,45 @@ def test_only_plain_vse_lines_run_in_process(code, plain):
     assert plain_vse_lines(code) == plain
 
 
+def test_an_extraction_is_known_by_its_options_without_its_out():
+    assert _extract_key(["extract", "--root", "data", "--out", "cache/a.h5", "--quiet"]) == (
+        ("extract", "--root", "data", "--quiet"), "cache/a.h5")
+    assert _extract_key(["extract", "--out=cache/b.h5", "--root", "data"]) == (("extract", "--root", "data"),
+                                                                              "cache/b.h5")
+
+
+def _page(tmp_path, monkeypatch, text: str) -> tuple[Path, Path]:
+    page, folder = tmp_path / "p.md", tmp_path / "run"
+    page.write_text(text, encoding="utf-8")
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    return page, folder
+
+
+def test_a_page_runs_in_order_in_one_folder_and_one_namespace(tmp_path, monkeypatch):
+    page, folder = _page(tmp_path, monkeypatch, (
+        '<!-- vse:run file="conf/n.txt" -->\n```text\n3\n```\n'
+        "<!-- vse:run -->\n```bash\ntest -d data/images && test -d examples\n"
+        "echo $(( $(cat conf/n.txt) * 2 )) > doubled.txt\n```\n"
+        "<!-- vse:run -->\n```python\nn = int(open('doubled.txt').read())\n```\n"
+        "<!-- vse:run -->\n```python\nassert n == 6, n\nopen('seen.txt', 'w').write(str(n))\n```\n"))
+    run_page(page, folder)
+    assert (folder / "seen.txt").read_text() == "6"
+
+
+@pytest.mark.parametrize("body, where", [
+    ("```bash\necho start\nfalse | cat\ntouch never\n```\n", "p.md:2: the block starting `echo start` failed"),
+    ("```bash\nvse info missing.h5\n```\n", "p.md:2: the block starting `vse info missing.h5` failed"),
+    ("```python\nx = 1\nraise RuntimeError('boom')\n```\n", "p.md:2: the block starting `x = 1` failed"),
+], ids=["bash-pipefail", "vse-in-process", "python"])
+def test_a_failing_block_fails_its_page_naming_the_block(tmp_path, monkeypatch, body, where):
+    page, folder = _page(tmp_path, monkeypatch, "<!-- vse:run -->\n" + body + "<!-- vse:run -->\n"
+                         "```bash\ntouch after.txt\n```\n")
+    with pytest.raises(pytest.fail.Exception, match=re.escape(where)):
+        run_page(page, folder)
+    assert not (folder / "after.txt").exists() and not (folder / "never").exists()
+
+
 def test_every_marked_block_of_the_docs_is_readable():
     for path in pages():
         assert marked_blocks(path.read_text(encoding="utf-8"), path.name), path
