@@ -338,7 +338,8 @@ def test_a_page_runs_in_order_in_one_folder_and_one_namespace(tmp_path, monkeypa
 
 
 @pytest.mark.parametrize("body, where", [
-    ("```bash\necho start\nfalse | cat\ntouch never\n```\n", "p.md:2: the block starting `echo start` failed"),
+    ("```bash\necho start\nfalse | cat\ntouch never\n```\n",
+     "p.md:2: the block starting `echo start` failed"),
     ("```bash\nvse info missing.h5\n```\n", "p.md:2: the block starting `vse info missing.h5` failed"),
     ("```python\nx = 1\nraise RuntimeError('boom')\n```\n", "p.md:2: the block starting `x = 1` failed"),
 ], ids=["bash-pipefail", "vse-in-process", "python"])
