@@ -50,7 +50,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.core.errors import VseError  # noqa: E402
 from pipeline.evaluation.stats import ALPHA, mean_std, welch_greater  # noqa: E402
 from pipeline.reports.claims import Claim, claim_groups, claim_set_path, load_claims, verdicts  # noqa: E402
-from pipeline.training.sweep import check_folder_name, read_yaml_mapping  # noqa: E402
+from pipeline.training.sweep import (  # noqa: E402
+    check_folder_name,
+    paths_for_file,
+    read_yaml_mapping,
+    resolve_paths,
+    resolved_path,
+)
 from pipeline.training.tune import EXPORT_TAG, TRIAL_FILE, load_tune, parse_budget  # noqa: E402
 
 SPEC_KEYS = ("name", "runs_dir", "budget", "seeds", "epochs", "out", "default_results", "judgments",
@@ -151,11 +157,18 @@ def load_spec(path, budget: str | None = None, runs_dir=None, judgments=None) ->
     given = budget or spec.get("budget")
     if not given:
         raise VseError("no budget: give --budget TRIALSxEPOCHS or budget: in the file", path)
-    root = Path(runs_dir or spec.get("runs_dir") or "runs") / name
-    out = Spec(path, name, root, parse_budget(str(given)), seeds, epochs, Path(spec["out"]),
-               Path(spec["default_results"]), judgments or spec.get("judgments") or None, claims)
-    noises = _entries(spec["noise"], "noise", path)
-    methods = _entries(spec["methods"], "methods", path)
+    # the file's paths are its folder's, as a sweep or tune file's (sweep.resolve_paths); the command
+    # line's (--runs-dir, --judgments) are the working folder's
+    folder = path.parent
+    file_runs_dir = resolved_path(spec["runs_dir"], folder) if spec.get("runs_dir") else "runs"
+    root = Path(runs_dir or file_runs_dir) / name
+    file_judgments = resolved_path(spec["judgments"], folder) if spec.get("judgments") else None
+    out = Spec(path, name, root, parse_budget(str(given)), seeds, epochs,
+               Path(resolved_path(spec["out"], folder)), Path(resolved_path(spec["default_results"], folder)),
+               judgments or file_judgments, claims)
+    spec = {**spec, "base": resolve_paths(spec["base"], folder)}
+    noises = [resolve_paths(entry, folder) for entry in _entries(spec["noise"], "noise", path)]
+    methods = [resolve_paths(entry, folder) for entry in _entries(spec["methods"], "methods", path)]
     for method in methods:
         if not isinstance(method.get("search", {}), dict):
             raise VseError(f"methods: {method['name']}: search: must be a mapping", path)
@@ -190,7 +203,9 @@ def _tune_config(spec: dict, noise: dict, method: dict, root: Path, name: str) -
                 base["loss_options"] = {**(base.get("loss_options") or {}), **(value or {})}
             else:
                 base[key] = value
-    return {"name": name, "runs_dir": str(root), "base": base,
+    folder = root / "tune_files"  # where the study's file lies: its paths are written as from there
+    return {"name": name, "runs_dir": paths_for_file({"runs_dir": str(root)}, folder)["runs_dir"],
+            "base": paths_for_file(base, folder),
             "search": {**spec["search"], **(method.get("search") or {})}}
 
 

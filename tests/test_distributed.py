@@ -24,10 +24,10 @@ pytestmark = pytest.mark.slow  # processes, real images or servers: `pytest -m "
 ROOT = Path(__file__).resolve().parents[1]
 WORLD = 2
 PER_RANK = 8
-# fp32 everywhere (cpu_amp off: the fast loop's default is bf16 on a native-bf16 CPU), so DDP's
-# gradients are compared with one process's to fp32 rounding
+# fp32 everywhere (every CPU's default), so DDP's gradients are compared with one process's to fp32
+# rounding
 SMALL = dict(embed_dim=16, word_dim=8, lr=5e-3, min_word_count=1, val_every=0, workers=0, log_every=1,
-             device="cpu", cpu_amp=False)
+             device="cpu")
 CACHED_LOSSES = {
     "sh": {"loss": "sh"},
     "mh": {"loss": "mh"},
@@ -249,8 +249,8 @@ def test_killed_distributed_run_resumes_exactly_and_only_rank_0_writes(launched)
     # validations at iterations 3, 6, 7 (epoch end), 9, 12, 14 (epoch end) — once each, not once per rank
     assert [r["iteration"] for r in lines] == [3, 6, 7, 9, 12, 14]
     assert full["train_config"]["batch_size"] == PER_RANK
-    assert sorted(p.name for p in (out / "full").iterdir()) == ["best.pt", "config.json", "last.pt",
-                                                               "metrics.jsonl", "tb", "vocab.json"]
+    assert sorted(p.name for p in (out / "full").iterdir()) == [
+        "best.pt", "code.json", "config.json", "last.pt", "metrics.jsonl", "tb", "vocab.json"]
     # one event file per start of the run, rank 0's only: the killed run was started twice
     assert [len(list((out / run / "tb").iterdir())) for run in ("full", "cut")] == [1, 2]
 

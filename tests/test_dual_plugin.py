@@ -56,7 +56,10 @@ def test_it_trains_and_evaluates(dual_run, tiny_cache):
     records = [json.loads(line) for line in (dual_run / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records] == [1, 2] and all(np.isfinite(r["rsum"]) for r in records)
     state = torch.load(dual_run / "best.pt", weights_only=True)
-    assert state["model_config"]["network"] == EXAMPLE and state["model_config"]["set_size"] == 0
+    # a plug-in is recorded by its absolute file (resume works from any folder: core.code_identity)
+    file, _, name = EXAMPLE.rpartition(":")
+    assert state["model_config"]["network"] == f"{Path(file).resolve()}:{name}"
+    assert state["model_config"]["set_size"] == 0
     evaluated = vse("evaluate", "--checkpoint", dual_run / "best.pt", "--features", tiny_cache, "--split",
                     "test", "--json")
     assert evaluated.exit_code == 0, evaluated.output
