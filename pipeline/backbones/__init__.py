@@ -30,13 +30,4 @@ PUBLIC = Registry("name", {
 })
 __all__ = list(PUBLIC)
 
-
-def __getattr__(name: str):
-    if name not in PUBLIC:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = globals()[name] = PUBLIC.get_part(name)
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *PUBLIC})
+__getattr__, __dir__ = PUBLIC.face(globals())

@@ -55,6 +55,23 @@ class Registry(Mapping):
         """Every name with its part (imports the modules)."""
         return {name: self.get_part(name) for name in self._entries}
 
+    def face(self, namespace: dict):
+        """A package face's module ``__getattr__`` and ``__dir__`` over these names (``namespace``:
+        the package's ``globals()``): each name is imported when first read and then kept there, so
+        the face hands on every public name and stays torch-free at import (``pipeline.losses``)."""
+        package = namespace["__name__"]
+
+        def __getattr__(name: str):
+            if name not in self._entries:
+                raise AttributeError(f"module {package!r} has no attribute {name!r}")
+            value = namespace[name] = self.get_part(name)
+            return value
+
+        def __dir__() -> list[str]:
+            return sorted({*namespace, *self._entries})
+
+        return __getattr__, __dir__
+
     def check(self, spec) -> None:
         """VseError unless ``spec`` is a name here or an import path (a user's own part)."""
         check_spec(spec, self.names, self.kind)
@@ -168,6 +185,8 @@ LOSSES = Registry("loss", {
     "rcl": "pipeline.losses.noisy.rcl:ComplementaryContrastiveLoss",  # RCL: complementary contrastive
     "decl": "pipeline.losses.noisy.decl:EvidentialLoss",  # DECL: evidential learning, dynamic hinge
     "ncr": "pipeline.losses.noisy.ncr:NoisyCorrespondenceRectifier",  # NCR: two networks co-teaching
+    "pcme": "pipeline.losses.pcme:PCMELoss",  # PCME: probabilistic embeddings, sampled soft contrastive
+    "pcmepp": "pipeline.losses.pcme:PCMEppLoss",  # PCME++: closed-form sampled distance
 })
 
 # ---------------------------------------------------------------------------- networks
@@ -335,13 +354,25 @@ SIZE_AUGMENT_RULES = ("precomp", "grid")
 
 # ---------------------------------------------------------------------------- scores and files
 # Similarities of an image and a caption embedding (core.similarity): the inner product, and the
-# order-embedding score squared (the paper) or not (VSE++'s code).
-SIMILARITIES = ("cosine", "order", "order-norm")
+# order-embedding score squared (the paper) or not (VSE++'s code), and PCME++'s closed-form sampled
+# distance of Gaussian embeddings (its negative: higher is closer).
+SIMILARITIES = ("cosine", "order", "order-norm", "csd")
+# Of them, the scores of probabilistic embeddings: each embedding is [mean, log-variance] (halves),
+# a dual network then carries a variance head (PCME, PCME++; networks.vse_model).
+PROBABILISTIC_SIMILARITIES = ("csd",)
 # Caption relevance (`vse relevance --method`): LSEH's TF-IDF + SVD, MiniLM, mean GloVe, and the
 # ladder paper's gate of the two.
 RELEVANCE_METHODS = ("svd", "bert", "cbow", "cbow+bert")
 # FAISS index kinds (`vse index --kind`).
 INDEX_KINDS = ("flat", "hnsw", "ivfpq")
+# Test-time re-scoring against hubness (`vse evaluate --rescore`, `vse index --rescore`; issue 61).
+RESCORERS = Registry("re-scoring method", {
+    "isf": "pipeline.evaluation.rescore:InvertedSoftmax",  # inverted softmax (Smith et al., 2017)
+    "csls": "pipeline.evaluation.rescore:CSLS",  # CSLS (Conneau et al., 2018)
+    "qbnorm": "pipeline.evaluation.rescore:QBNorm",  # Querybank Normalisation (Bogolin et al., 2022)
+    "dsl": "pipeline.evaluation.rescore:DualSoftmax",  # CAMoE's dual softmax: transductive
+    "nnn": "pipeline.evaluation.rescore:NNN",  # Nearest Neighbor Normalization (Chowdhury et al., 2024)
+})
 
 # ---------------------------------------------------------------------------- training
 # Noisy correspondence (data.noise): NCR's caption-level noise, DECL's / RCL's image-level noise.

@@ -36,16 +36,7 @@ PUBLIC = Registry("name", {spec.rpartition(":")[2]: spec for entry in READERS.en
 __all__ = ["ConcatenatedRows", "Dataset", "LoadReport", "image_folders", "image_shape_problem",
            "load_dataset", "open_image", *PUBLIC]
 
-
-def __getattr__(name: str):
-    if name not in PUBLIC:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = globals()[name] = PUBLIC.get_part(name)
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *PUBLIC})
+__getattr__, __dir__ = PUBLIC.face(globals())
 
 
 def load_dataset(kind: str, root, **options) -> Dataset:
