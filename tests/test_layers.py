@@ -157,6 +157,8 @@ def config_object_walk(start: str) -> dict:
             if isinstance(node, ast.Attribute):
                 return isinstance(node.value, ast.Name) and (node.value.id, node.attr) in holders
             if isinstance(node, ast.Call):
+                if isinstance(node.func, ast.Name) and node.func.id == "getattr":
+                    return False  # getattr(config, name): an attribute read, a value like config.loss
                 return any(ObjectWalker.is_config(a, names, attrs)
                            for a in [*node.args, *(k.value for k in node.keywords)])
             return False

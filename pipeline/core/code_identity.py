@@ -42,6 +42,7 @@ COLUMN = "code_id"             # the results row's column
 UNRECORDED = ""                # a run saved before its code identity was recorded
 PLUGIN_OPTIONS = {"loss": "loss", "network": "network", "image_pool": "pool", "text_pool": "pool"}
 # ^ the training options that may name a plug-in → the kind of plug-in (plugin_import's ``what``)
+OPTIONS = tuple(PLUGIN_OPTIONS)  # the training options a run's code identity is read from
 _PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the folder holding pipeline/
 
 
@@ -92,15 +93,18 @@ def plugin_name(spec) -> str | None:
     return f"{os.path.basename(module)}:{class_name}" if is_file(module) else None
 
 
-def absolute_plugins(config) -> None:
-    """Name each plug-in file of ``config`` (a TrainConfig) by its absolute path, as the run records
-    it: a run resumed, evaluated or swept again from another folder finds it."""
+def absolute_plugins(options: dict) -> dict[str, str]:
+    """The options (a run's ``OPTIONS``) whose plug-in file is named by a relative path → the spec
+    naming it by its absolute path, as the run records it: a run resumed, evaluated or swept again
+    from another folder finds it."""
     from pipeline.core.plugin_import import is_file
 
-    for name, spec in plugin_specs(config).items():
+    found = {}
+    for name, spec in plugin_specs(options).items():
         module, _, class_name = spec.rpartition(":")
         if is_file(module) and not os.path.isabs(module) and os.path.isfile(module):
-            setattr(config, name, f"{os.path.abspath(module)}:{class_name}")
+            found[name] = f"{os.path.abspath(module)}:{class_name}"
+    return found
 
 
 def plugins(config) -> dict[str, dict]:

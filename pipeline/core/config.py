@@ -330,6 +330,14 @@ class TrainConfig:
             raise VseError("--glove initialises the GRU's word embeddings; with --text-features "
                            "there is no GRU")
 
+    def absolute_plugins(self) -> None:
+        """Name each plug-in file by its absolute path, as the run records it (``code_identity``)."""
+        from pipeline.core import code_identity
+
+        options = {name: getattr(self, name) for name in code_identity.OPTIONS}
+        for name, spec in code_identity.absolute_plugins(options).items():
+            setattr(self, name, spec)
+
     def old_spellings(self) -> list[str]:
         """Apply the spellings kept for one version; returns a note for each one used."""
         notes = []

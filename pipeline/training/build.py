@@ -59,18 +59,18 @@ def build_run(config: TrainConfig, resume: bool = False, echo=print, given=None,
     # before the process group exists, the rank comes from torchrun's environment
     quiet_echo = echo if dist.env_is_main() else (lambda *a, **k: None)
     resume_state = None
-    code_identity.absolute_plugins(config)  # the run records where its plug-ins are, wherever it began
+    config.absolute_plugins()  # the run records where its plug-ins are, wherever it began
     if run.resuming:  # rank 0 holds the folder from here on: nobody writes it while it is read
         run.begin()
         resume_state, config, notes = run.resume(config, given)
         if notes:
             quiet_echo(f"resuming with {', '.join(notes)}")
-        code_identity.absolute_plugins(config)  # a run saved before they were recorded so
+        config.absolute_plugins()  # a run saved before they were recorded so
     for note in config.old_spellings():
         quiet_echo(f"note: {note}")
     config.check()
-    code = _code_identity(config, resume_state, run)  # a resumed run's code must be its own: refused first
     settings = run_settings(config)  # the one reading of the config: each part's settings
+    code = _code_identity(settings.code, resume_state, run)  # a resumed run on other code: refused first
     runtime = _runtime(settings.runtime, resume_state, run)
     echo = echo if dist.is_main() else (lambda *a, **k: None)  # the rank is known now
 
@@ -206,13 +206,13 @@ def _check_files_unchanged(files: dict, resume_state) -> None:
                            "than the run's first steps; start a new --run-dir", path)
 
 
-def _code_identity(config: TrainConfig, resume_state: dict | None, run: RunFolder) -> dict:
+def _code_identity(options: dict, resume_state: dict | None, run: RunFolder) -> dict:
     """The code identity of the run (``core.code_identity``: imports its plug-ins). A resumed run
     whose code differs from what its checkpoint recorded (a plug-in file or a sibling edited, a
     built-in loss or network file changed, another vse version) is refused, naming the file and
     both sha256: its steps would come from two programs. It keeps the record of its start (none, for
     a run begun before vse recorded it: its first steps' code is unknown)."""
-    code = code_identity.of_config(config)
+    code = code_identity.of_config(options)
     if resume_state is None:
         return code
     recorded = code_identity.of_state(resume_state)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.core import code_identity
 from pipeline.core.config import TrainConfig, file_options
 
 
@@ -130,8 +131,8 @@ class LoggingSettings:
 
 @dataclass(frozen=True)
 class RunSettings:
-    """Every part's settings of one run, and the files it names (option → path, for --resume's
-    identity checks)."""
+    """Every part's settings of one run, the files it names (option → path, for --resume's
+    identity checks) and the options its code identity is read from (``core.code_identity.OPTIONS``)."""
 
     runtime: RuntimeSettings
     data: DataSettings
@@ -142,6 +143,7 @@ class RunSettings:
     loop: LoopSettings
     logging: LoggingSettings
     files: dict
+    code: dict
 
 
 def runtime_settings(config: TrainConfig) -> RuntimeSettings:
@@ -208,7 +210,8 @@ def run_settings(config: TrainConfig) -> RunSettings:
     return RunSettings(runtime=runtime_settings(config), data=data_settings(config),
                        noise=noise_settings(config), loss=loss_settings(config), model=model_settings(config),
                        optimizer=optimizer_settings(config), loop=loop_settings(config),
-                       logging=logging_settings(config), files=named_files(config))
+                       logging=logging_settings(config), files=named_files(config),
+                       code={name: getattr(config, name) for name in code_identity.OPTIONS})
 
 
 def unreached_phases(loss: str, starts, epochs: int) -> str | None:
