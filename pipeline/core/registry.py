@@ -185,8 +185,11 @@ LOSSES = Registry("loss", {
     "rcl": "pipeline.losses.noisy.rcl:ComplementaryContrastiveLoss",  # RCL: complementary contrastive
     "decl": "pipeline.losses.noisy.decl:EvidentialLoss",  # DECL: evidential learning, dynamic hinge
     "ncr": "pipeline.losses.noisy.ncr:NoisyCorrespondenceRectifier",  # NCR: two networks co-teaching
+    "crcl": "pipeline.losses.noisy.crcl:ActiveComplementaryLoss",  # CRCL: complementary, refined labels
     "pcme": "pipeline.losses.pcme:PCMELoss",  # PCME: probabilistic embeddings, sampled soft contrastive
     "pcmepp": "pipeline.losses.pcme:PCMEppLoss",  # PCME++: closed-form sampled distance
+    "poly": "pipeline.losses.poly:PolyLoss",  # PolyLoss: polynomial weights, hardest negative
+    "selhn": "pipeline.losses.selhn:SelectiveHardNegativeLoss",  # SelHN: hardest negative, or mean when close
 })
 
 # ---------------------------------------------------------------------------- networks

@@ -20,6 +20,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from pipeline.data.cache import FeatureCache
 from pipeline.evaluation.chance import evaluation_notes
@@ -32,6 +33,9 @@ from pipeline.evaluation.evaluate import (
     json_metrics,
     relevance_for_cache,
 )
+from pipeline.evaluation.inference import embed_member
+from pipeline.evaluation.metrics import hubness_metrics
+from pipeline.evaluation.rescore import rescored_metrics, split_scores
 
 Echo = Callable[[str], None]
 
@@ -75,10 +79,15 @@ def evaluate_embeddings_file(path, protocol: str, device, similarity: str = "cos
 def evaluate_checkpoint(checkpoint, device, *, features=None, root=None, dataset_kind: str = "flickr8k",
                         dataset_options=None, split: str = "test", protocol: str = "single",
                         amp: bool = False, text_features=None, average_with=(), relevance=None, cs_ks=(),
-                        judgments=None, echo: Echo = _quiet) -> Evaluation:
+                        judgments=None, rescore=None, member: int | None = None,
+                        echo: Echo = _quiet) -> Evaluation:
     """A checkpoint's split embeddings on the feature cache ``features`` (or, for an RC run, on
     the images of the dataset at ``root``), its scores averaged with ``average_with``'s; CS@K
-    when a ``relevance`` file is given, human-judgment metrics with ``judgments``."""
+    when a ``relevance`` file is given, human-judgment metrics with ``judgments``; the hubness of
+    each direction (single and 5k protocols). ``rescore`` (``rescore.RescorePlan``): each correction's
+    metrics too, with its paired test against the raw scores (``rescored_evaluation``). ``member``: a
+    co-trained checkpoint's network of that index alone (``inference.embed_member``). The result
+    records how many networks' scores it averages (``ensemble``: docs/PROTOCOL.md, "Ensemble size")."""
     if root:
         from pipeline.evaluation.inference import embed_rc_checkpoint
 
@@ -87,23 +96,150 @@ def evaluate_checkpoint(checkpoint, device, *, features=None, root=None, dataset
     else:
         with FeatureCache(features) as cache:  # a relevance file of other captions: refused first
             relevance = relevance_for_cache(relevance, cache) if relevance else None
-            emb = embed_checkpoint(checkpoint, cache, split, device, amp=amp, text_features=text_features)
+            bank_images = rescore.check_bank(len(cache.split_rows(rescore.bank_split)[0])) if rescore else 0
+            own = (embed_checkpoint if member is None else partial(embed_member, member=member))
+            members = [own(checkpoint, cache, split, device, amp=amp, text_features=text_features)]
+            emb = members[0]
             if average_with:
                 from pipeline.evaluation.evaluate import average_scores
 
-                emb = average_scores([emb] + [embed_checkpoint(other, cache, split, device, amp=amp)
-                                              for other in average_with], [checkpoint, *average_with])
+                members += [embed_checkpoint(other, cache, split, device, amp=amp) for other in average_with]
+                emb = average_scores(members, [checkpoint, *average_with])
+            banks = None
+            if rescore and rescore.uses_bank:  # each model's own bank scores, averaged as its test scores
+                paths = [checkpoint, *average_with]
+                banks = _mean_banks([checkpoint_banks(path, cache, member, rescore, device, amp=amp,
+                                                      text_features=text_features if i == 0 else None)
+                                     for i, (path, member) in enumerate(zip(paths, members))])
     metrics = evaluate_split_embeddings(emb, protocol, device, relevance, cs_ks if relevance else ())
+    if protocol != "5fold":
+        metrics.update(hubness_metrics(split_scores(emb)))
     note = cs_note(cs_ks, len(emb.images), split) if relevance else None
     if note:
         echo(note)
+    ensemble = checkpoints_ensemble([checkpoint, *average_with], member)
     named = " + ".join([checkpoint, *average_with]) + (" (scores averaged)" if average_with else "")
-    title = f"{named} on {root or features} [{split}, {len(emb.images)} images, {protocol}]"
+    title = (f"{named}{ensemble_title(ensemble, member)} on {root or features} "
+             f"[{split}, {len(emb.images)} images, {protocol}]")
     if judgments:
         metrics.update(_judge_split(emb, judgments, features, root, dataset_kind, device, dataset_options,
                                     echo))
     notes = evaluation_notes(metrics["rsum"], len(emb.images), len(emb.captions), split, protocol)
-    return Evaluation(metrics, title, notes=notes)
+    footer, extra = None, {}
+    if rescore:
+        footer, extra = rescored_evaluation(emb, rescore, banks, bank_images, metrics)
+    recorded = {"ensemble": ensemble, **({"member": member} if member is not None else {})}
+    return Evaluation(metrics, title, json_extra={**recorded, **extra}, footer=footer, notes=notes)
+
+
+def checkpoints_ensemble(checkpoints, member: int | None = None) -> int:
+    """How many networks' scores the mean of ``checkpoints``' scores averages: each one's own
+    (``inference.ensemble_size``), summed; ``member``: the first is one network of its copies."""
+    from pipeline.core.checkpoint import load_checkpoint
+    from pipeline.evaluation.inference import ensemble_size
+
+    return sum(1 if i == 0 and member is not None else ensemble_size(load_checkpoint(path))
+               for i, path in enumerate(checkpoints))
+
+
+def ensemble_title(ensemble: int, member: int | None = None) -> str:
+    """What a table's title says of its ensemble: '' for one network."""
+    if member is not None:
+        return f" (network {member} alone)"
+    return f" ({ensemble} networks' scores averaged)" if ensemble > 1 else ""
+
+
+def rescored_evaluation(emb, plan, banks, bank_images: int, raw: dict) -> tuple[str, dict]:
+    """Each correction of ``plan`` on the split's scores: its table (the raw row's name ``+ METHOD``),
+    hubness and its paired permutation test against the raw scores over the test queries (rsum's
+    difference and two-sided p); and the same in JSON (``rescore``: one entry per method with what it
+    saw, ``Rescorer.record`` and the bank)."""
+    from pipeline.evaluation.metrics import score_ranks
+    from pipeline.evaluation.stats import DEFAULT_PERMUTATIONS, paired_permutation_test
+
+    scores = split_scores(emb)
+    raw_ranks = score_ranks(scores, scores.T, emb.caption_image)
+    lines, entries = [hubness_line(raw)], []
+    for method in plan.methods:
+        metrics, ranks = rescored_metrics(scores, emb.caption_image, method, banks)
+        test = paired_permutation_test(ranks, raw_ranks)["rsum"]
+        label = plan.label(method, bank_images)
+        lines += ["", format_table(metrics, f"+ {label}"), hubness_line(metrics),
+                  f"against the raw scores: rsum {test['diff']:+.1f}, p = {test['p']:.4f} (paired "
+                  f"permutation test over the test queries, {DEFAULT_PERMUTATIONS} sign flips, two-sided)"]
+        entries.append({"row": f"+ {method.name}", **plan.record(method, bank_images),
+                        "metrics": json_metrics(metrics),
+                        "against_raw": {"rsum_diff": test["diff"], "p": test["p"]}})
+    return "\n".join(lines), {"rescore": entries}
+
+
+def hubness_line(metrics: dict) -> str:
+    """The hubness of both directions, as a line under a table (the skewness of N_10)."""
+    from pipeline.evaluation.metrics import metric_of
+
+    cells = [f"{direction} {metric_of(f'{key}_hubness').format(metrics.get(f'{key}_hubness'), 'n/a')}"
+             for key, direction in (("i2t", "image→text"), ("t2i", "text→image"))]
+    return "hubness (skewness of N_10): " + ", ".join(cells)
+
+
+def checkpoint_banks(checkpoint, cache, member, plan, device, *, amp: bool = False, text_features=None,
+                     loaded=None, captions=None) -> dict:
+    """One model's reference banks (``plan``: the first ``bank_size`` images of ``bank_split`` and their
+    captions): ``i2t``, those images × the evaluated captions; ``t2i``, those captions × the evaluated
+    images. ``member``: the model's own split embeddings (a dual network's test embeddings are reused;
+    a pairwise network scores the pairs); ``loaded``/``captions``: the model and its caption side when
+    the caller has them."""
+    import torch
+
+    from pipeline.core.similarity import caption_image_scores, image_caption_scores
+    from pipeline.evaluation.inference import encode_split, load_model
+    from pipeline.networks.network import network_kind
+
+    loaded = loaded or load_model(checkpoint, device)
+    captions = captions or loaded.captions(cache, text_features, checkpoint)
+    if network_kind(loaded.model) == "pairwise":
+        image_rows, caption_rows, _ = cache.split_rows(plan.bank_split, plan.bank_size)
+        model = loaded.model
+        return {"i2t": pair_scores(model, cache, captions, image_rows, member.caption_rows, device, amp),
+                "t2i": pair_scores(model, cache, captions, member.image_rows, caption_rows, device, amp).T}
+    bank = encode_split(loaded.model, cache, captions, plan.bank_split, device, max_images=plan.bank_size,
+                        amp=amp)
+    images, texts = torch.from_numpy(bank.images), torch.from_numpy(bank.captions)
+    return {"i2t": image_caption_scores(images, torch.from_numpy(member.captions), bank.similarity),
+            "t2i": caption_image_scores(texts, torch.from_numpy(member.images), bank.similarity)}
+
+
+def _mean_banks(banks: list[dict]) -> Callable:
+    """``rescored_metrics``' ``banks``: the mean of several models' banks (one model: its own)."""
+    mean = {key: sum(bank[key].double() for bank in banks) / len(banks) if len(banks) > 1 else banks[0][key]
+            for key in ("i2t", "t2i")}
+    return mean.__getitem__
+
+
+def pair_scores(model, cache, captions, image_rows, caption_rows, device, amp: bool = False):
+    """A pairwise network's scores of the cache's ``image_rows`` × ``caption_rows`` (any rows, of any
+    split), in the blocks ``inference.score_split`` uses; float32 on the CPU."""
+    import torch
+
+    from pipeline.core.runtime import precision
+    from pipeline.evaluation.inference import CAPTION_BLOCK, IMAGE_BLOCK, read_image_features
+    from pipeline.networks.network import at_least_float32
+
+    out = torch.empty(len(image_rows), len(caption_rows), dtype=torch.float32)
+    with torch.no_grad():
+        blocks = []
+        for a in range(0, len(image_rows), IMAGE_BLOCK):
+            feats = read_image_features(cache, image_rows[a:a + IMAGE_BLOCK], "bank")
+            with precision(device, amp):
+                blocks.append(model.encode_images(at_least_float32(torch.from_numpy(feats).to(device))))
+        for b in range(0, len(caption_rows), CAPTION_BLOCK):
+            text = captions.batch(caption_rows[b:b + CAPTION_BLOCK])
+            with precision(device, amp):
+                encoded = model.encode_captions(text[0].to(device), *text[1:])
+                for a, block in zip(range(0, len(image_rows), IMAGE_BLOCK), blocks):
+                    part = model.score(block, encoded).float().cpu()
+                    out[a:a + len(part), b:b + part.shape[1]] = part
+    return out
 
 
 def evaluate_shortlist(checkpoint, features, shortlist, device, *, shortlist_features=None, k: int = 100,

@@ -14,7 +14,7 @@ RECALL_KS = (1, 5, 10)
 
 # The two retrieval directions, as keys name them and as tables print them.
 DIRECTIONS = {"i2t": "image→text", "t2i": "text→image"}
-METRIC_GROUPS = ("recall", "rank", "sum", "cs", "human", "count", "training")
+METRIC_GROUPS = ("recall", "rank", "sum", "cs", "human", "count", "training", "hubness")
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,9 @@ METRICS: tuple[Metric, ...] = (
     *_retrieval_metrics("t2i"),
     Metric("rsum", "rsum", "rsum", "both", "sum"),
     Metric("mrecall", "M-Recall", "M-Recall", "both", "sum", decimals=2, in_json=False),
+    # the skewness of N_10 over each direction's gallery (docs/PROTOCOL.md, "Re-scoring at test time")
+    Metric("i2t_hubness", "Hubness", "hubness", "i2t", "hubness", higher_is_better=False, decimals=2),
+    Metric("t2i_hubness", "Hubness", "hubness", "t2i", "hubness", higher_is_better=False, decimals=2),
     Metric("i2t_cs@{k}", "Caption CS@{k}", "i2t_cs@{k}", "i2t", "cs", decimals=3),
     Metric("t2i_cs@{k}", "Image CS@{k}", "t2i_cs@{k}", "t2i", "cs", decimals=3),
     *_human_metrics("i2t"),

@@ -131,6 +131,40 @@ def _t2i_ranks(images, captions, caption_image, similarity, block):
     return ranks
 
 
+def score_ranks(i2t_scores, t2i_scores, caption_image=None, *, block: int = DEFAULT_BLOCK
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """0-based ranks ``(i2t, t2i)`` of the ground truth, as ``similarity_ranks``, from two given score
+    matrices, one per direction: ``i2t_scores`` (N images × M captions) and ``t2i_scores`` (M × N),
+    e.g. each direction re-scored on its own (``rescore``); ties count against the query."""
+    i2t_scores = _finite_matrix(i2t_scores, "image→text scores")
+    t2i_scores = _finite_matrix(t2i_scores, "text→image scores", like=i2t_scores)
+    num_images, num_captions = i2t_scores.shape
+    if tuple(t2i_scores.shape) != (num_captions, num_images):
+        raise VseError(f"text→image scores must be {num_captions} × {num_images} (the image→text "
+                       f"scores transposed), got {tuple(t2i_scores.shape)}")
+    caption_image = _caption_index(caption_image, num_images, num_captions, i2t_scores.device)
+    block = _positive_block(block)
+    i2t = _i2t_ranks(lambda a, b: i2t_scores[a:b], caption_image, num_images, block)
+    t2i = torch.empty(num_captions, dtype=torch.long, device=i2t_scores.device)
+    for start in range(0, num_captions, block):
+        rows = t2i_scores[start:start + block]
+        truth = rows.gather(1, caption_image[start:start + block, None])
+        t2i[start:start + block] = (rows >= truth).sum(dim=1) - 1  # minus the ground truth itself
+    return i2t.cpu().numpy(), t2i.cpu().numpy()
+
+
+def hubness_metrics(i2t_scores, t2i_scores=None) -> dict[str, float]:
+    """``i2t_hubness`` and ``t2i_hubness``: the skewness of N_10 (``rescore.hubness``, docs/PROTOCOL.md)
+    of each direction's score matrix, ``i2t_scores`` (N images × M captions: which captions are hubs)
+    and ``t2i_scores`` (M × N, default its transpose: which images); NaN for a gallery under 10 items."""
+    from pipeline.evaluation.rescore import HUBNESS_K, hubness
+
+    i2t_scores = torch.as_tensor(i2t_scores)
+    t2i_scores = i2t_scores.T if t2i_scores is None else torch.as_tensor(t2i_scores)
+    return {f"{direction}_hubness": hubness(scores) if scores.shape[1] >= HUBNESS_K else math.nan
+            for direction, scores in (("i2t", i2t_scores), ("t2i", t2i_scores))}
+
+
 # ---------------------------------------------------------------------------- metrics
 
 

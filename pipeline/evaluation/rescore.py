@@ -90,6 +90,7 @@ import torch
 
 from pipeline.core import values
 from pipeline.core.errors import VseError
+from pipeline.core.registry import RESCORERS as _REGISTRY
 from pipeline.core.values import declare
 
 BLOCK = 1024        # rows of a score matrix or a bank handled at once
@@ -333,9 +334,10 @@ class NNN(Rescorer):
         return ItemCorrection(1.0, self.alpha * mean, bank_size=rows)
 
 
-RESCORERS: dict[str, type[Rescorer]] = {cls.name: cls
-                                        for cls in (InvertedSoftmax, CSLS, QBNorm, DualSoftmax, NNN)}
-RESCORE_NAMES = tuple(RESCORERS)
+# the names are the registry's (pipeline.core.registry.RESCORERS); each class says its own name too
+RESCORERS: dict[str, type[Rescorer]] = _REGISTRY.resolved()
+RESCORE_NAMES = _REGISTRY.names
+assert all(cls.name == name for name, cls in RESCORERS.items())
 
 
 def build_rescorer(name: str, **options) -> Rescorer:
@@ -430,3 +432,124 @@ def _top_mask(rows: torch.Tensor, k: int) -> torch.Tensor:
     above = rows > kth
     tied = rows == kth
     return above | (tied & (tied.cumsum(dim=1) <= k - above.sum(dim=1, keepdim=True)))
+
+
+# ---------------------------------------------------------------------------- `vse evaluate --rescore`
+
+BANK_SPLIT = "train"  # the reference bank's default split (docs/PROTOCOL.md, "Re-scoring at test time")
+
+
+@dataclass(frozen=True)
+class RescorePlan:
+    """The corrections one evaluation of ``split`` applies (``plan_rescore``): each method with its
+    options, the reference bank's split and size (``bank_size`` images and their captions, the first
+    of the split in the cache's order; None: the whole split), and whether a transductive correction
+    was asked for by name (``--transductive``)."""
+
+    methods: tuple[Rescorer, ...]
+    split: str = "test"
+    bank_split: str = BANK_SPLIT
+    bank_size: int | None = None
+    transductive: bool = False
+
+    @property
+    def uses_bank(self) -> bool:
+        return any(not method.transductive for method in self.methods)
+
+    def is_transductive(self, method: Rescorer) -> bool:
+        """Whether ``method`` here reads the evaluated queries: by its nature, or through its bank."""
+        return method.transductive or self.bank_split == self.split
+
+    def check_bank(self, available: int) -> int:
+        """The bank's images out of the ``available`` of its split, refused in one line when the split
+        is smaller than ``--rescore-bank-size`` or a method's k is over the bank."""
+        if not self.uses_bank:
+            return 0
+        if available == 0:
+            raise VseError(f"--rescore-bank-split {self.bank_split}: the split has no images")
+        if self.bank_size is not None and self.bank_size > available:
+            raise VseError(f"--rescore-bank-size {self.bank_size} is larger than the {self.bank_split} split "
+                           f"({available} images)")
+        images = min(self.bank_size or available, available)
+        for method in self.methods:  # the bank's image side is its smaller one (captions: about 5 each)
+            k = getattr(method.options, "k", None)
+            if not method.transductive and k is not None and k > images:
+                raise VseError(f"--rescore-option {method.name}.k={k} is larger than the bank ({images} "
+                               f"{self.bank_split} images)")
+        return images
+
+    def label(self, method: Rescorer, bank_images: int) -> str:
+        """The ``rescore`` column of a re-scored results row: the method, its options and what it saw."""
+        options = " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                           for k, v in dataclasses.asdict(method.options).items())
+        seen = ("test queries" if method.transductive else
+                f"bank {self.bank_split}:{bank_images}")
+        return f"{method.name} {options}, {seen}" + (", transductive" if self.is_transductive(method) else "")
+
+    def record(self, method: Rescorer, bank_images: int) -> dict:
+        """What a result records of one correction (``--json``): ``Rescorer.record`` with the bank."""
+        bank = None if method.transductive else {"split": self.bank_split, "images": bank_images}
+        return {**method.record(), "transductive": self.is_transductive(method), "bank": bank}
+
+
+def plan_rescore(names, options: dict | None = None, *, split: str = "test", bank_split: str = BANK_SPLIT,
+                 bank_size: int | None = None, transductive: bool = False) -> RescorePlan:
+    """The plan of ``--rescore NAME ...`` with ``--rescore-option NAME.KEY=VALUE`` (or ``KEY=VALUE``
+    with one method), checked before anything is embedded: an unknown method or option, a repeated
+    method, a transductive method or a bank of the evaluated split without ``transductive``."""
+    names = list(names)
+    if len(set(names)) != len(names):
+        raise VseError(f"--rescore: {next(n for n in names if names.count(n) > 1)} given twice (one row "
+                       "per method)")
+    for name in names:
+        if name not in RESCORERS:
+            raise VseError(f"--rescore: unknown method {name!r} (known: {', '.join(RESCORE_NAMES)})")
+    given: dict[str, dict] = {name: {} for name in names}
+    for key, value in (options or {}).items():
+        name, dot, option = key.rpartition(".")
+        if not dot:
+            if len(names) != 1:
+                raise VseError(f"--rescore-option {key}: name the method, as METHOD.{key}=VALUE "
+                               f"(given: {', '.join(names)})")
+            name = names[0]
+        if name not in given:
+            raise VseError(f"--rescore-option {key}: {name!r} is not a --rescore method here "
+                           f"(given: {', '.join(names) or 'none'})")
+        given[name][option] = value
+    methods = tuple(build_rescorer(name, **given[name]) for name in names)
+    if not transductive:
+        for method in methods:
+            if method.transductive:
+                raise VseError(f"--rescore {method.name} is transductive (it normalises over the test "
+                               "queries themselves): give --transductive to run it")
+        if bank_split == split and any(not m.transductive for m in methods):
+            raise VseError(f"--rescore-bank-split {bank_split} is the evaluated split: a bank of the test "
+                           "queries is transductive (give --transductive, or a bank of another split)")
+    return RescorePlan(methods, split, bank_split, bank_size, transductive)
+
+
+def split_scores(emb) -> torch.Tensor:
+    """The N × M image→caption score matrix of split embeddings (``inference.SplitEmbeddings``): a
+    pairwise network's S as it is, a dual network's similarity of its embeddings (float32)."""
+    from pipeline.core.similarity import image_caption_scores
+
+    if emb.pairwise:
+        return torch.from_numpy(np.ascontiguousarray(emb.captions.T))
+    return image_caption_scores(torch.from_numpy(emb.images), torch.from_numpy(emb.captions), emb.similarity)
+
+
+def rescored_metrics(scores, caption_image, method: Rescorer, banks=None) -> tuple[dict, tuple]:
+    """The retrieval metrics and hubness of ``scores`` (N images × M captions) re-scored by ``method``
+    in each direction on its own (image→text: ``scores``, text→image: its transpose), and the ranks
+    ``(i2t, t2i)`` (for the paired test against the raw scores). ``banks(direction)``: the reference
+    bank of an inductive method, ``"i2t"`` reference images × M, ``"t2i"`` reference captions × N."""
+    from pipeline.evaluation.metrics import hubness_metrics, retrieval_metrics, score_ranks
+
+    scores = torch.as_tensor(scores)
+    if method.transductive:
+        i2t, t2i = method(scores), method(scores.T)
+    else:
+        i2t = method.apply(scores, method.fit(banks("i2t"), scores.shape[1]))
+        t2i = method.apply(scores.T, method.fit(banks("t2i"), scores.shape[0]))
+    ranks = score_ranks(i2t, t2i, caption_image)
+    return {**retrieval_metrics(*ranks), **hubness_metrics(i2t, t2i)}, ranks
