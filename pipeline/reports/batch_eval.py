@@ -25,7 +25,9 @@ from pipeline.evaluation.inference import (
     LoadedModel,
     check_features_match,
     encode_split,
+    ensemble_size,
     load_model,
+    member_network,
     model_from_state,
 )
 from pipeline.evaluation.metrics import metric_keys
@@ -40,12 +42,16 @@ from pipeline.training.run_folder import (
     run_names,
 )
 
+ENSEMBLE = "ensemble"  # how many networks' scores a row averages (docs/PROTOCOL.md, "Ensemble size")
+MEMBER = "member"      # a co-trained run's network evaluated alone (--member): its index; empty otherwise
 # Columns describing a run, in the order results.csv lists them (metrics follow).
 RUN_COLUMNS = ("run", "loss", "margin", "negative_set_size", "loss_options", "batch_size", "seed",
                "epochs", "backbone", "crops", "train_set", "features", "split", "protocol", "images",
                "checkpoint", "checkpoint_iteration", "epochs_to_best", "best_val_mrecall", "config_id",
                code_identity.COLUMN, "noise_true_rate", "checkpoint_sha256", "evaluation_id",
-               precision.COLUMN)
+               precision.COLUMN, "rescore", ENSEMBLE, MEMBER)
+# "rescore": a re-scored row's correction (pipeline.evaluation.rescore.RescorePlan.label; empty: the raw
+# scores), part of report's configuration key: a corrected row is never pooled with the raw one
 
 
 @dataclass
@@ -66,8 +72,9 @@ class RunEvaluator:
     relevance tables between them. Use as a context manager (closes the caches)."""
 
     def __init__(self, device: torch.device, split: str = "test", protocol: str = "single",
-                 features=None, relevance=None, cs_ks=(), judgments=None, text_features=None):
+                 features=None, relevance=None, cs_ks=(), judgments=None, text_features=None, rescore=None):
         self.device, self.split, self.protocol = device, split, protocol
+        self.rescore = rescore  # pipeline.evaluation.rescore.RescorePlan: each run's re-scored rows too
         self.judgments = judgments  # pipeline.evaluation.judgments.Judgments: adds the human_* columns
         self._fingerprints: dict[Path, str | None] = {}  # each input file's, computed once (``fingerprint``)
         self._matched: dict[Path, object] = {}
@@ -131,14 +138,16 @@ class RunEvaluator:
             self._fingerprints[key] = input_fingerprint(key)
         return self._fingerprints[key]
 
-    def evaluation_id(self, checkpoint: str, features=None, text_features=None) -> str:
+    def evaluation_id(self, checkpoint: str, features=None, text_features=None,
+                      member: int | None = None) -> str:
         """A digest of how this evaluator evaluates a run: split, protocol, CS@K, the judgments'
         format and threshold, the checkpoint name, and every input file by path and content
         (``input_fingerprint``): the feature cache and caption-feature file the run is evaluated on
         (``features``, ``text_features``: the evaluator's, else the run's own), the relevance file,
         the judgments and the token file they are matched with; a file by its content alone, so the
-        same file named by another path is the same input. Two rows with equal ids and equal
-        checkpoint bytes hold the same numbers (``evaluate_runs``'s ``kept``)."""
+        same file named by another path is the same input; a network of co-trained ones evaluated
+        alone (``member``) is another evaluation. Two rows with equal ids and equal checkpoint bytes
+        hold the same numbers (``evaluate_runs``'s ``kept``)."""
         import hashlib
 
         features, text_features = self.features or features, self.text_features or text_features
@@ -149,12 +158,14 @@ class RunEvaluator:
             files += [self.judgments.path, self._token_file(features)]
         settings = [self.split, self.protocol, list(self.cs_ks), judged, checkpoint,
                     [self.fingerprint(f) or str(f or "") for f in files]]  # a missing file: its name
+        if member is not None:  # only then: the ids of whole evaluations stay what they were
+            settings.append(["member", member])
         return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:12]
 
-    def run_evaluation_id(self, run_dir, checkpoint: str) -> str:
+    def run_evaluation_id(self, run_dir, checkpoint: str, member: int | None = None) -> str:
         """``evaluation_id`` of a run before it is evaluated: its inputs from its config.json."""
         config = read_config(run_dir)
-        return self.evaluation_id(checkpoint, config.get("features"), config.get("text_features"))
+        return self.evaluation_id(checkpoint, config.get("features"), config.get("text_features"), member)
 
     def _token_file(self, features):
         """The Flickr8k token file the judgments are matched with (``judge``), or None."""
@@ -183,9 +194,11 @@ class RunEvaluator:
                     keys += [m.key.format(k=k) for k in ks]
         return keys
 
-    def embed(self, run_dir, checkpoint: str = "best.pt", state: dict | None = None):
+    def embed(self, run_dir, checkpoint: str = "best.pt", state: dict | None = None,
+              member: int | None = None):
         """(split embeddings, loaded model, checkpoint path, feature cache path) of one run;
-        ``state``: the checkpoint already read by the caller (``load_checkpoint``), not read again."""
+        ``state``: the checkpoint already read by the caller (``load_checkpoint``), not read again;
+        ``member``: a co-trained run's network of that index alone (``inference.member_network``)."""
         run_dir = Path(run_dir)
         checkpoint_path = run_dir / checkpoint
         if state is None and not checkpoint_path.is_file():
@@ -200,7 +213,8 @@ class RunEvaluator:
         check_features_match(cache, loaded.model, loaded.state.get("feature_source", {}),
                              checkpoint_path)
         captions = self.captions(cache, loaded, checkpoint_path)
-        embeddings = encode_split(loaded.model, cache, captions, self.split, self.device)
+        network = loaded.model if member is None else member_network(loaded, member, checkpoint_path)
+        embeddings = encode_split(network, cache, captions, self.split, self.device)
         return embeddings, loaded, checkpoint_path, features
 
     def metrics(self, emb, features) -> dict:
@@ -211,12 +225,45 @@ class RunEvaluator:
         metrics = evaluate_split_embeddings(emb, self.protocol, self.device, relevance,
                                             self.cs_ks if relevance is not None else ())
         metrics.pop("folds", None)
+        if self.protocol != "5fold":
+            from pipeline.evaluation.metrics import hubness_metrics
+            from pipeline.evaluation.rescore import split_scores
+
+            metrics.update(hubness_metrics(split_scores(emb)))
         if self.judgments is not None:
             metrics.update(self.judge(cache, emb))
         return metrics
 
-    def row(self, run_dir, emb, loaded, checkpoint_path, features) -> dict:
-        """The results row of one run from its split embeddings (``embed``'s four values)."""
+    def rescored_rows(self, embedded, row: dict) -> list[dict]:
+        """One row per correction of ``self.rescore`` (``embed``'s four values and the run's raw
+        row): named ``RUN + METHOD``, its ``rescore`` column saying what it saw, the run's columns,
+        the retrieval metrics and hubness of the re-scored scores (the raw row's other metrics, CS@K
+        and human judgments, are the raw scores' and are not carried over)."""
+        from pipeline.evaluation.command import checkpoint_banks
+        from pipeline.evaluation.metrics import is_metric, metric_of
+        from pipeline.evaluation.rescore import rescored_metrics, split_scores
+
+        emb, loaded, checkpoint_path, features = embedded
+        plan, cache = self.rescore, self.cache(features)
+        bank_images = plan.check_bank(len(cache.split_rows(plan.bank_split)[0]))
+        banks = None
+        if plan.uses_bank:
+            captions = self.captions(cache, loaded, checkpoint_path)
+            banks = checkpoint_banks(checkpoint_path, cache, emb, plan, self.device, loaded=loaded,
+                                     captions=captions).__getitem__
+        described = {k: v for k, v in row.items() if not is_metric(k) or metric_of(k).group == "training"}
+        scores = split_scores(emb)
+        rows = []
+        for method in plan.methods:
+            metrics, _ = rescored_metrics(scores, emb.caption_image, method, banks)
+            rows.append({**described, "run": f"{row['run']} + {method.name}",
+                         "rescore": plan.label(method, bank_images),
+                         **{k: float(v) for k, v in metrics.items()}})
+        return rows
+
+    def row(self, run_dir, emb, loaded, checkpoint_path, features, member: int | None = None) -> dict:
+        """The results row of one run from its split embeddings (``embed``'s four values; ``member``:
+        as given to ``embed``)."""
         run_dir = Path(run_dir)
         train_config = loaded.train_config
         metrics = self.metrics(emb, features)
@@ -232,13 +279,15 @@ class RunEvaluator:
             "images": len(emb.images), "checkpoint": str(checkpoint_path),
             "checkpoint_iteration": loaded.state.get("iteration"),
             precision.COLUMN: precision.label_of(loaded.state),  # network/loss/evaluation (fp32 here)
+            ENSEMBLE: 1 if member is not None else ensemble_size(loaded.state),
+            **({MEMBER: member} if member is not None else {}),
             "epochs_to_best": epochs_to_best(records),
             "best_val_mrecall": None if best is None else best["mrecall"],
             **{k: float(v) for k, v in metrics.items()},
             **_noise_columns(best),
             "checkpoint_sha256": file_sha256(checkpoint_path),
             "evaluation_id": self.evaluation_id(Path(checkpoint_path).name, features,
-                                                train_config.get("text_features")),
+                                                train_config.get("text_features"), member),
         }
 
 
@@ -266,7 +315,8 @@ def describe_config(config: dict, code: dict | None = None) -> dict:
 
 def evaluate_runs(run_dirs, *, device: torch.device, split: str = "test", protocol: str = "single",
                   features=None, relevance=None, cs_ks=(), checkpoint: str = "best.pt",
-                  echo=print, judgments=None, text_features=None, average_with=(), kept=()) -> BatchResult:
+                  echo=print, judgments=None, text_features=None, average_with=(), kept=(),
+                  rescore=None, member: int | None = None) -> BatchResult:
     """One row per run (``run`` = its short name); unusable runs are echoed and skipped.
 
     ``kept``: rows of an earlier results table (``vse evaluate --keep-evaluated``). A run whose row
@@ -279,21 +329,33 @@ def evaluate_runs(run_dirs, *, device: torch.device, split: str = "test", protoc
     and an SAF checkpoint's scores: the partner's own row follows the run's, then the averaged
     row, named ``A + B``, with the members' loss, seed and options and a config id of its own
     (``averaged_config_id``), so that report groups the seeds of one pairing. The two networks'
-    scores are computed once for the three rows."""
+    scores are computed once for the three rows.
+
+    ``rescore`` (``rescore.RescorePlan``): each evaluated run's row is followed by one row per
+    correction (``RunEvaluator.rescored_rows``: ``RUN + METHOD``); not with ``kept`` or ``average_with``.
+
+    ``member``: each run of networks trained together (its row's ``ensemble`` over 1) is followed by
+    the row of its network ``member`` alone, named ``RUN,member=K`` (ensemble 1, the ``member``
+    column K; kept as any row when unchanged); a run of one network has its own row only."""
     result = BatchResult()
     run_dirs = [Path(p) for p in run_dirs]
     if kept and average_with:
         raise VseError("keeping evaluated rows does not go with averaging runs: evaluate the pairs again")
+    if rescore and (kept or average_with):
+        raise VseError("re-scoring (--rescore) does not go with kept rows or averaged runs")
+    if member is not None and (average_with or rescore):
+        raise VseError("one network of co-trained ones (--member) goes without averaged or re-scored runs")
     kept = {row.get("run"): row for row in kept}
     partners = {run_dir: [Path(d) / run_dir.name for d in average_with] for run_dir in run_dirs}
     members = list(dict.fromkeys([*run_dirs, *(p for ps in partners.values() for p in ps)]))
     names = dict(zip(members, run_names(members))) if members else {}
     with RunEvaluator(device, split, protocol, features, relevance, cs_ks, judgments,
-                      text_features) as evaluator:
+                      text_features, rescore) as evaluator:
 
-        def evaluated(run_dir, i):
-            earlier = kept.get(names[run_dir])
-            if earlier is not None and _unchanged(earlier, evaluator, run_dir, checkpoint):
+        def evaluated(run_dir, i, member=None):
+            name = names[run_dir] + ("" if member is None else f",{MEMBER}={member}")
+            earlier = kept.get(name)
+            if earlier is not None and _unchanged(earlier, evaluator, run_dir, checkpoint, member):
                 row = {**earlier, **describe_config(read_config(run_dir), read_code_identity(run_dir)),
                        "epochs_to_best": epochs_to_best(read_validation_log(run_dir))}
                 result.rows.append(row)
@@ -302,21 +364,30 @@ def evaluate_runs(run_dirs, *, device: torch.device, split: str = "test", protoc
                      "evaluation unchanged)")
                 return None
             try:
-                embedded = evaluator.embed(run_dir, checkpoint)
-                row = {"run": names[run_dir], **evaluator.row(run_dir, *embedded)}
+                embedded = evaluator.embed(run_dir, checkpoint, member=member)
+                row = {"run": name, **evaluator.row(run_dir, *embedded, member=member)}
             except Exception as exc:  # a VseError or a user's network's: skipped; a bug of vse: raised
                 error = user_code_error(exc)
                 if error is None:
                     raise
                 result.skipped.append(Skipped(run_dir, str(error)))
-                echo(f"[{i}/{len(run_dirs)}] skipped {names[run_dir]}: {error}")
+                echo(f"[{i}/{len(run_dirs)}] skipped {name}: {error}")
                 return None
             result.rows.append(row)
             echo(f"[{i}/{len(run_dirs)}] {row['run']}: rsum {row['rsum']:.1f}")
+            if evaluator.rescore:  # a refusal of the plan (a bank larger than the split) stops the command
+                for rescored in evaluator.rescored_rows(embedded, row):
+                    result.rows.append(rescored)
+                    echo(f"[{i}/{len(run_dirs)}] {rescored['run']}: rsum {rescored['rsum']:.1f}")
             return embedded, row
 
         for i, run_dir in enumerate(run_dirs, 1):
+            before = len(result.rows)
             own = evaluated(run_dir, i)
+            if member is not None:  # its network alone beside it, when it holds several
+                if len(result.rows) > before and (result.rows[before].get(ENSEMBLE) or 1) > 1:
+                    evaluated(run_dir, i, member)
+                continue
             if own is None or not partners[run_dir]:
                 continue
             group = [own]
@@ -344,10 +415,11 @@ def evaluate_runs(run_dirs, *, device: torch.device, split: str = "test", protoc
 # the columns of a fresh row that a kept row must hold a value in (besides the metrics): what the
 # model and its cache said, which a kept row does not read again
 KEPT_COLUMNS = ("train_set", "features", "split", "protocol", "images", "checkpoint", "checkpoint_iteration",
-                "checkpoint_sha256", "evaluation_id", precision.COLUMN)
+                "checkpoint_sha256", "evaluation_id", precision.COLUMN, ENSEMBLE)
 
 
-def _unchanged(row: dict, evaluator: RunEvaluator, run_dir: Path, checkpoint: str) -> bool:
+def _unchanged(row: dict, evaluator: RunEvaluator, run_dir: Path, checkpoint: str,
+               member: int | None = None) -> bool:
     """An earlier row still holds this checkpoint's numbers under this evaluation, complete: every
     column a fresh evaluation writes is there with a value (a row with a metric removed or emptied
     is evaluated again), the checkpoint's bytes and the evaluation (its inputs' contents included)
@@ -356,7 +428,7 @@ def _unchanged(row: dict, evaluator: RunEvaluator, run_dir: Path, checkpoint: st
     needed = (*KEPT_COLUMNS, *evaluator.fresh_metric_keys(row.get("images")))
     complete = all(row.get(key) is not None for key in needed)
     return (complete and row.get("checkpoint") == str(checkpoint_path) and checkpoint_path.is_file()
-            and row.get("evaluation_id") == evaluator.run_evaluation_id(run_dir, checkpoint)
+            and row.get("evaluation_id") == evaluator.run_evaluation_id(run_dir, checkpoint, member)
             and row.get("checkpoint_sha256") == file_sha256(checkpoint_path))
 
 
@@ -397,7 +469,8 @@ def averaged_config_id(config_ids) -> str:
 
 def averaged_row(evaluator: RunEvaluator, group) -> dict:
     """The results row of the mean of several runs' split scores. ``group``: (``embed``'s values,
-    row) of each run, the first one's features and description kept."""
+    row) of each run, the first one's features and description kept; its ensemble is the sum of the
+    runs' (each one's networks, e.g. SGRAF: an SGR and an SAF network, 2)."""
     from pipeline.evaluation.evaluate import average_scores
 
     (first_embedded, first_row) = group[0]
@@ -407,13 +480,14 @@ def averaged_row(evaluator: RunEvaluator, group) -> dict:
     described = {key: first_row.get(key) for key in RUN_COLUMNS
                  if key not in ("run", "checkpoint", "checkpoint_iteration", "epochs_to_best",
                                 "best_val_mrecall", "config_id", code_identity.COLUMN, "noise_true_rate",
-                                "checkpoint_sha256")}
+                                "checkpoint_sha256", ENSEMBLE, MEMBER)}
     return {"run": " + ".join(row["run"] for _, row in group), **described,
             "checkpoint": " + ".join(map(str, checkpoints)), "images": len(emb.images),
             "config_id": averaged_config_id([row.get("config_id") for _, row in group]),
             # the members' code: one code_id, or each one's ("a+b": other code than either alone)
             code_identity.COLUMN: "+".join(dict.fromkeys(str(row.get(code_identity.COLUMN) or "")
                                                          for _, row in group)),
+            ENSEMBLE: sum(row.get(ENSEMBLE) or 1 for _, row in group),  # each member's networks
             **{k: float(v) for k, v in metrics.items()}}
 
 

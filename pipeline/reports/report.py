@@ -27,11 +27,11 @@ from pipeline.core.fsutil import atomic_path
 from pipeline.evaluation.chance import row_at_chance
 from pipeline.evaluation.metrics import METRIC_KEYS, is_metric, metric_keys, metric_of, metric_order
 from pipeline.evaluation.stats import ALPHA, mean_std, welch_greater
-from pipeline.reports.batch_eval import RUN_COLUMNS
+from pipeline.reports.batch_eval import ENSEMBLE, MEMBER, RUN_COLUMNS
 
 TEXT_COLUMNS = {"run", "loss", "loss_options", "backbone", "train_set", "features", "split",
                 "protocol", "checkpoint", "config_id", "checkpoint_sha256", "evaluation_id", "tune_budget",
-                precision.COLUMN, code_identity.COLUMN}
+                precision.COLUMN, code_identity.COLUMN, "rescore"}
 FORMATS = ("md", "latex", "csv")
 BOLD_MODES = ("significant", "best", "none")
 # Columns that describe one run rather than its configuration: left out of a seed group's key.
@@ -197,12 +197,51 @@ def config_key(row: dict) -> tuple:
     (the same options on a CPU and under a GPU's autocast) are different groups, and so are runs
     of different code (``code_id``: another vse version, an edited built-in loss or network file;
     a plug-in's sha256 is in the config_id already), a run saved before it was recorded included:
-    their labels say so (``code_identity.labelled``)."""
+    their labels say so (``code_identity.labelled``). Rows averaging different numbers of networks'
+    scores (``row_ensemble``: ncr's two against one of them, ``--member``) are different groups too."""
     if row.get("config_id"):
-        return ("config_id", row["config_id"], row_precision(row), str(row.get(code_identity.COLUMN) or ""))
+        return ("config_id", row["config_id"], row_precision(row), str(row.get(code_identity.COLUMN) or ""),
+                str(row.get("rescore") or ""),  # a re-scored row (issue 61) is a configuration of its own
+                row_ensemble(row), row.get(MEMBER))
     # an older results.csv: the same name apart from "seed=N" and the same described options
-    return (without_seed(str(row.get("run") or "")),
+    return (without_seed(str(row.get("run") or "")), (ENSEMBLE, row_ensemble(row)),
             *((k, row.get(k)) for k in RUN_COLUMNS if k not in PER_RUN_COLUMNS))
+
+
+def row_ensemble(row: dict) -> int:
+    """How many networks' scores a results row averages (its ``ensemble`` column; docs/PROTOCOL.md,
+    "Ensemble size"). A row evaluated before vse recorded it: read from its method, as a checkpoint
+    says it (a loss that trains k networks together declares ``networks = k``: ncr's 2; a plug-in's:
+    1), times the runs an average of runs ('A + B', SGRAF) holds."""
+    if row.get(ENSEMBLE) is not None:
+        return int(row[ENSEMBLE])
+    return len(str(row.get("run") or "").split(" + ")) * _loss_networks(str(row.get("loss") or ""))
+
+
+def _loss_networks(name: str) -> int:
+    """The networks a built-in loss trains together (``networks``, losses/noisy/base.py), else 1."""
+    from pipeline.core.registry import LOSSES
+
+    return int(getattr(LOSSES.get_part(name), "networks", 1)) if name in LOSSES.names else 1
+
+
+def mixed_ensembles(sizes: dict) -> str | None:
+    """None when every one of ``sizes`` (name → networks averaged) is one size, else the line saying
+    which differ (as ``core.precision.mixed`` says it of precisions)."""
+    groups: dict[int, list[str]] = {}
+    for name, size in sizes.items():
+        groups.setdefault(int(size), []).append(str(name))
+    if len(groups) < 2:
+        return None
+    parts = [f"{size} network{'s' * (size > 1)}: {', '.join(sorted(names)[:3])}" + " …" * (len(names) > 3)
+             for size, names in sorted(groups.items())]
+    return "ensembles of different size (networks whose scores are averaged) — " + "; ".join(parts)
+
+
+def ensemble_label(row: dict) -> str:
+    """' (2 networks)' for a row averaging several networks' scores, '' for one network."""
+    size = row_ensemble(row)
+    return f" ({size} networks)" if size > 1 else ""
 
 
 def seed_groups(rows, label: str = "run") -> list[SeedGroup]:
@@ -340,14 +379,14 @@ def format_results(rows, fmt: str = "md", layout: str = "paper", label: str = "r
         raise VseError("--baseline compares configurations over their seeds: not with --per-run")
     shown = _precision_shown(rows)
     if seeds:
-        labels = [g.label + _tuned(g.rows[0]) + shown(g.rows[0]) for g in by_seed]
+        labels = [g.label + _tuned(g.rows[0]) + shown(g.rows[0]) + ensemble_label(g.rows[0]) for g in by_seed]
         cells = [[format_cell(k, g, fmt) for k in keys] for g in by_seed]
         best = significant_cells(by_seed, keys) if bold == "significant" else set()
         if bold == "best":
             best = best_cells([{k: g.mean(k) for k in keys} for g in by_seed], keys)
     else:
         labels = [str(row.get(label) if row.get(label) is not None else "") + _tuned(row) + shown(row)
-                  for row in rows]
+                  + ensemble_label(row) for row in rows]
         cells = [[format_value(k, row.get(k)) for k in keys] for row in rows]
         best = best_cells(rows, keys) if bold == "best" else set()
         # one seed per row: no noise estimate, so "significant" bolds nothing
@@ -369,9 +408,12 @@ def format_results(rows, fmt: str = "md", layout: str = "paper", label: str = "r
               + ([against[1][i]] if against else []) for i, line in enumerate(cells)]
     table = (_latex_table if fmt == "latex" else _markdown_table)(groups, labels, marked)
     mixed = "(network/loss/evaluation precision): the rows differ in it" if shown(rows[0]) else ""
+    sizes = "" if len({row_ensemble(row) for row in rows}) < 2 else (
+        "(k networks): the mean of k networks' scores; the rows differ in it: compare at equal size "
+        "(PROTOCOL, Ensemble size)")
     p_note = (f"p vs {baseline}: Welch's two-sided t-test over seeds of {HEADLINE} against that row"
               if against else "")
-    note = "; ".join(part for part in (_table_note(seeds, bold), mixed, p_note) if part)
+    note = "; ".join(part for part in (_table_note(seeds, bold), mixed, sizes, p_note) if part)
     lines = [note] if note else []
     lines += [f"{name}: {missing}" for name, missing in missed if missing]
     lines += [f"{name}: {chance.says(rsum)}"

@@ -27,12 +27,13 @@ class RunsEvaluation:
 def evaluate_run_folders(patterns, device, *, split: str = "test", protocol: str = "single", features=None,
                          relevance=None, cs_ks=(), out=None, checkpoint_name: str = "best.pt", judgments=None,
                          overwrite: bool = False, text_features=None, average_with_runs=(),
-                         keep_evaluated: bool = False,
+                         keep_evaluated: bool = False, member: int | None = None, rescore=None,
                          echo: Callable[[str], None] = lambda _: None) -> RunsEvaluation:
     """Evaluate the checkpoint ``checkpoint_name`` of every run folder matching ``patterns``
     (``reports.batch_eval.evaluate_runs``), write the rows to ``out`` (checked before any
     evaluation; with ``keep_evaluated`` its rows of unchanged checkpoints are kept), and return the
-    table with the notes that follow it. Notes on the way go to ``echo``."""
+    table with the notes that follow it; ``member``: each co-trained run's network of that index also
+    gets its own row. Notes on the way go to ``echo``."""
     from pipeline.core import distributed
     from pipeline.core.fsutil import RESULTS_FORMAT, guard_output
     from pipeline.evaluation.evaluate import cs_note
@@ -50,7 +51,8 @@ def evaluate_run_folders(patterns, device, *, split: str = "test", protocol: str
     result = evaluate_runs(run_dirs, device=device, split=split, protocol=protocol, features=features,
                            relevance=relevance, cs_ks=cs_ks if relevance else (), checkpoint=checkpoint_name,
                            echo=echo, judgments=judgments.load() if judgments else None,
-                           text_features=text_features, average_with=average_with_runs, kept=kept)
+                           text_features=text_features, average_with=average_with_runs, kept=kept,
+                           member=member, rescore=rescore)
     if not result.rows:
         raise VseError(f"none of the {len(run_dirs)} runs could be evaluated")
     if relevance:
@@ -69,6 +71,8 @@ def evaluate_run_folders(patterns, device, *, split: str = "test", protocol: str
         summary += f" ({result.kept} kept from {out})"
     if average_with_runs:
         summary = f"{len(result.rows)} rows from {len(run_dirs)} runs, their partners and averages"
+    if member is not None:
+        summary = f"{len(result.rows)} rows from {len(run_dirs)} runs and network {member} of the co-trained"
     if result.skipped:
         summary += f", {len(result.skipped)} skipped"
     closing.append(summary + (f" → {out}" if out else ""))
