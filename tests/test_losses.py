@@ -150,6 +150,35 @@ def slow_siglip(scores, ids, mask):
     return total / size
 
 
+def slow_poly(scores, ids, mask, margin=0.2, epsilon=1e-5):
+    """PolyLoss: per query with p < 1 - epsilon and max negative n, n + margin > p:
+    [0.2 p² − 0.7 p + 0.5]_+ + [0.9 n² − 0.4 n + 0.03]_+; both directions, / B."""
+    size, total = len(scores), 0.0
+    for q in range(size):
+        p = scores[q][q]
+        for negs in ([scores[q][j] for j in range(size) if is_negative(q, j, ids, mask)],
+                     [scores[i][q] for i in range(size) if is_negative(i, q, ids, mask)]):
+            if p < 1 - epsilon and negs and max(negs) + margin > p:
+                n = max(negs)
+                total += max(0.0, 0.2 * p * p - 0.7 * p + 0.5) + max(0.0, 0.9 * n * n - 0.4 * n + 0.03)
+    return total / size
+
+
+def slow_selhn(scores, ids, mask, margin=0.2, epsilon=0.01):
+    """SelHN: per query, the mean of its hinges over its negatives when |p − max negative| <
+    epsilon, else their max; the mean over queries, the two directions averaged."""
+    size, total = len(scores), 0.0
+    for q in range(size):
+        p = scores[q][q]
+        for negs in ([scores[q][j] for j in range(size) if is_negative(q, j, ids, mask)],
+                     [scores[i][q] for i in range(size) if is_negative(i, q, ids, mask)]):
+            if negs:
+                hinges = [max(0.0, margin - p + n) for n in negs]
+                close = abs(p - max(negs)) < epsilon
+                total += sum(hinges) / len(hinges) if close else max(hinges)
+    return total / size / 2
+
+
 # Each built-in loss's slow reference at its default options: (img, cap, scores, ids, rel, mask).
 SLOW_REFERENCES = {
     "sh": lambda i, c, s, ids, r, m: slow_hinge(s, ids, m, 0.2, "sum"),
@@ -169,6 +198,8 @@ SLOW_REFERENCES = {
     "decl": lambda i, c, s, ids, r, m: noisy_loop.decl(s, negatives(s, ids, m), 0.1, 0.2, 0.8, 0.1,
                                                        len(s) - 1, [True] * len(s)),
     "ncr": lambda i, c, s, ids, r, m: 2 * noisy_loop.ncr_warmup(s, negatives(s, ids, m), 0.2),
+    "poly": lambda i, c, s, ids, r, m: slow_poly(s, ids, m),
+    "selhn": lambda i, c, s, ids, r, m: slow_selhn(s, ids, m),
 }
 
 
