@@ -20,6 +20,9 @@ with its own options):
         - {name: vse0, loss: sh}
         - {name: vsepp, loss: mh, loss_options.warmup_epochs: 1}
 
+``slurm:`` (optional) sets the jobs' resources for ``vse sweep --launcher slurm`` (partition, time,
+cpus, gpus, mem: ``launchers.SLURM_OPTIONS``); the command line's options win over it.
+
 Relative paths in the file (``runs_dir:``, every option that names a file or folder, and a
 plug-in's ``FILE.py`` in ``loss:``, ``network:``, ``image_pool:``, ``text_pool:``) are read from
 the file's folder, as an include is (``resolve_paths``), so the file works from any working folder;
@@ -54,7 +57,7 @@ from pipeline.core.plugin_import import user_code_error
 from pipeline.training.run_folder import RunFolder
 
 LOSS_OPTION_PREFIX = "loss_options."
-SWEEP_KEYS = ("name", "runs_dir", "base", "grid", "seeds")
+SWEEP_KEYS = ("name", "runs_dir", "base", "grid", "seeds", "slurm")  # slurm: the jobs' resources (launchers)
 
 
 @dataclass
@@ -72,6 +75,8 @@ class Sweep:
     name: str
     runs_dir: Path
     runs: list[SweepRun] = field(default_factory=list)
+    slurm: dict | None = None  # the file's slurm: mapping, checked by launchers.slurm_settings
+    path: Path | None = None
 
     @property
     def root(self) -> Path:
@@ -120,7 +125,7 @@ def load_sweep(path, runs_dir=None, seeds=None, overrides=None, name=None) -> Sw
     if file_runs_dir is not None and not isinstance(file_runs_dir, str):
         raise VseError(f"runs_dir must be a folder name, got {file_runs_dir!r}", path)
     file_runs_dir = file_runs_dir and resolved_path(file_runs_dir, path.parent)
-    sweep = Sweep(name, Path(runs_dir or file_runs_dir or "runs"))
+    sweep = Sweep(name, Path(runs_dir or file_runs_dir or "runs"), slurm=spec.get("slurm"), path=path)
     for values in expand_grid(grid, path):
         config = run_config(base, values, path, folder=path.parent)
         if not config.get("features"):
@@ -460,13 +465,9 @@ def _train_outcome(run: SweepRun, resume: bool, threads: int | None, quiet: bool
     return "trained", f"best rsum {summary['best_rsum']:.2f} at epoch {summary['best_epoch']}"
 
 
-def run_sweep(sweep: Sweep, *, jobs: int = 1, resume: bool = False, echo=print,
-              quiet_runs: bool = False, overwrite: bool = False) -> Sweep:
-    """Train every run that is not done, one after another or ``jobs`` at a time (joblib
-    processes). Unfinished runs continue only with ``resume``; otherwise they are left as
-    they are and reported. A failing run does not stop the others. Runs trained by other code
-    than the sweep's are refused, or, with ``overwrite``, trained again in their folders."""
-    plan(sweep)
+def check_plan(sweep: Sweep, overwrite: bool = False) -> None:
+    """After ``plan``: VseError when a run folder holds a run of other options (never trained over), or of
+    other code unless ``overwrite`` (what a local sweep and a Slurm submission refuse alike)."""
     changed = [run for run in sweep.runs if run.status == "changed"]
     if changed:
         raise VseError(f"{len(changed)} of its runs were made with other options than this sweep's (first: "
@@ -476,6 +477,16 @@ def run_sweep(sweep: Sweep, *, jobs: int = 1, resume: bool = False, echo=print,
         raise VseError(f"{len(other)} of its runs were trained by other code than this sweep's, so they are "
                        f"not done (first: {other[0].name}: {other[0].detail}); give the sweep another --name "
                        "for a new folder, or --overwrite to train them again", sweep.root)
+
+
+def run_sweep(sweep: Sweep, *, jobs: int = 1, resume: bool = False, echo=print,
+              quiet_runs: bool = False, overwrite: bool = False) -> Sweep:
+    """Train every run that is not done, one after another or ``jobs`` at a time (joblib
+    processes). Unfinished runs continue only with ``resume``; otherwise they are left as
+    they are and reported. A failing run does not stop the others. Runs trained by other code
+    than the sweep's are refused, or, with ``overwrite``, trained again in their folders."""
+    plan(sweep)
+    check_plan(sweep, overwrite)
     todo = []
     for run in sweep.runs:
         if run.status == "done":
