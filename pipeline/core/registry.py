@@ -186,6 +186,7 @@ LOSSES = Registry("loss", {
     "decl": "pipeline.losses.noisy.decl:EvidentialLoss",  # DECL: evidential learning, dynamic hinge
     "ncr": "pipeline.losses.noisy.ncr:NoisyCorrespondenceRectifier",  # NCR: two networks co-teaching
     "crcl": "pipeline.losses.noisy.crcl:ActiveComplementaryLoss",  # CRCL: complementary, refined labels
+    "bicro": "pipeline.losses.noisy.bicro:BidirectionalConsistency",  # BiCro: NCR co-training, anchor labels
     "pcme": "pipeline.losses.pcme:PCMELoss",  # PCME: probabilistic embeddings, sampled soft contrastive
     "pcmepp": "pipeline.losses.pcme:PCMEppLoss",  # PCME++: closed-form sampled distance
     "poly": "pipeline.losses.poly:PolyLoss",  # PolyLoss: polynomial weights, hardest negative

@@ -132,10 +132,15 @@ class NoisyCorrespondenceRectifier(NoisyPairLoss):
         """Their ``SGRAF.predict`` (mode "predict"), (B,): α − (mean row hinge + mean column hinge)/2,
         clamped to [0, α], divided by the mean of its B // 10 + 1 largest values, clamped to [0, 1].
         Where those are all 0 (theirs: 0/0), 0."""
-        cost_s, cost_im = self.costs(scores, negatives, self.margin, self.margin)
-        p = (self.margin - (cost_s.mean(1) + cost_im.mean(0)) / 2).clamp(min=0, max=self.margin)
+        p = self.confidence(scores, negatives)
         top = p.topk(len(p) // 10 + 1).values.mean()
         return torch.where(top > 0, p / top, 0.0).clamp(0, 1)
+
+    def confidence(self, scores, negatives) -> torch.Tensor:
+        """(B,) α − (mean row hinge + mean column hinge)/2 at margin α, clamped to [0, α]: their
+        ``predict`` before its normalisation (BiCro's ``predict_clean`` ranks its anchors by it)."""
+        cost_s, cost_im = self.costs(scores, negatives, self.margin, self.margin)
+        return (self.margin - (cost_s.mean(1) + cost_im.mean(0)) / 2).clamp(min=0, max=self.margin)
 
     def hardest_value(self, scores, negatives, labels_s, labels_im) -> torch.Tensor:
         """Their mode "train", hard_negative: Σ_i max_j c_s + Σ_j max_i c_im, margins α·s(labels)."""
