@@ -42,6 +42,8 @@ CACHED_LOSSES = {
     "siglip": {"loss": "siglip"},    # a learned scale and bias
     "rcl": {"loss": "rcl"},
     "decl": {"loss": "decl"},        # the epoch's pass over every pair, shared by the ranks
+    "poly": {"loss": "poly"},        # the hardest negative of the global batch, / its size
+    "selhn": {"loss": "selhn"},      # the mean or the max of each query's hinges
     # a plug-in with a parameter of its own (a learnable temperature)
     "plugin": {"loss": str(ROOT / "examples" / "infonce_learnable_tau.py") + ":LearnableTemperatureInfoNCE"},
 }

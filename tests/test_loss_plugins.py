@@ -42,7 +42,7 @@ def test_the_registry_declares_what_each_loss_is():
     traits = {name: loss_traits(make_loss(name)) for name in LOSS_NAMES}
     assert {n for n, t in traits.items() if t.uses_relevance} == {"lseh", "ladder"}
     assert {n for n, t in traits.items() if t.similarity != "cosine"} == {"order"}
-    assert {n for n, t in traits.items() if t.collapse_value(16)} == {"mh", "lseh"}
+    assert {n for n, t in traits.items() if t.collapse_value(16)} == {"mh", "lseh", "selhn"}
     assert traits["mh"].collapse_value(16) == pytest.approx(2 * 16 * 0.2)
     assert {n for n, t in traits.items() if t.networks > 1} == {"ncr"}
     assert {n for n, t in traits.items() if t.sample_pass} == {"ncr", "decl"}
@@ -57,7 +57,8 @@ def test_every_built_in_loss_keeps_the_contract(name):
                                           "same-image pairs never negatives",
                                           "invariant to permuting the batch"]
     same_image = results[2]
-    if name in ("rcl", "decl", "ncr"):  # their authors mask only the diagonal, and so do the defaults
+    # their authors mask only the diagonal, and so do the defaults
+    if name in ("rcl", "decl", "ncr", "poly", "selhn"):
         assert same_image.ok is None and "not applicable" in same_image.detail
         results = [r for r in results if r is not same_image]
         masked = run_contract(name, {"mask_same_image": True}, distributed=False, timing=False)
