@@ -140,7 +140,8 @@ def test_the_table_is_well_formed():
     assert metric_of("human_t2i_ndcg@10").label == "NDCG@10"
     assert metric_of("t2i_cs@1000").label == "Image CS@1000"
     assert [m.key for m in METRICS if not m.higher_is_better] == ["i2t_medr", "i2t_meanr", "t2i_medr",
-                                                                  "t2i_meanr", "epochs_to_best"]
+                                                                  "t2i_meanr", "i2t_hubness", "t2i_hubness",
+                                                                  "epochs_to_best"]
 
 
 def test_the_one_tau_b_equals_scipy_on_ties_and_the_judgments_use_it():

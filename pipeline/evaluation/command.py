@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
+import torch
+
 from pipeline.data.cache import FeatureCache
 from pipeline.evaluation.chance import evaluation_notes
 from pipeline.evaluation.evaluate import (
@@ -35,7 +37,7 @@ from pipeline.evaluation.evaluate import (
 )
 from pipeline.evaluation.inference import embed_member
 from pipeline.evaluation.metrics import hubness_metrics
-from pipeline.evaluation.rescore import rescored_metrics, split_scores
+from pipeline.evaluation.rescore import Rescorer, split_scores
 
 Echo = Callable[[str], None]
 
@@ -173,6 +175,23 @@ def rescored_evaluation(emb, plan, banks, bank_images: int, raw: dict) -> tuple[
     return "\n".join(lines), {"rescore": entries}
 
 
+def rescored_metrics(scores, caption_image, method: Rescorer, banks=None) -> tuple[dict, tuple]:
+    """The retrieval metrics and hubness of ``scores`` (N images × M captions) re-scored by ``method``
+    in each direction on its own (image→text: ``scores``, text→image: its transpose), and the ranks
+    ``(i2t, t2i)`` (for the paired test against the raw scores). ``banks(direction)``: the reference
+    bank of an inductive method, ``"i2t"`` reference images × M, ``"t2i"`` reference captions × N."""
+    from pipeline.evaluation.metrics import retrieval_metrics, score_ranks
+
+    scores = torch.as_tensor(scores)
+    if method.transductive:
+        i2t, t2i = method(scores), method(scores.T)
+    else:
+        i2t = method.apply(scores, method.fit(banks("i2t"), scores.shape[1]))
+        t2i = method.apply(scores.T, method.fit(banks("t2i"), scores.shape[0]))
+    ranks = score_ranks(i2t, t2i, caption_image)
+    return {**retrieval_metrics(*ranks), **hubness_metrics(i2t, t2i)}, ranks
+
+
 def hubness_line(metrics: dict) -> str:
     """The hubness of both directions, as a line under a table (the skewness of N_10)."""
     from pipeline.evaluation.metrics import metric_of
@@ -189,8 +208,6 @@ def checkpoint_banks(checkpoint, cache, member, plan, device, *, amp: bool = Fal
     images. ``member``: the model's own split embeddings (a dual network's test embeddings are reused;
     a pairwise network scores the pairs); ``loaded``/``captions``: the model and its caption side when
     the caller has them."""
-    import torch
-
     from pipeline.core.similarity import caption_image_scores, image_caption_scores
     from pipeline.evaluation.inference import encode_split, load_model
     from pipeline.networks.network import network_kind
@@ -219,8 +236,6 @@ def _mean_banks(banks: list[dict]) -> Callable:
 def pair_scores(model, cache, captions, image_rows, caption_rows, device, amp: bool = False):
     """A pairwise network's scores of the cache's ``image_rows`` × ``caption_rows`` (any rows, of any
     split), in the blocks ``inference.score_split`` uses; float32 on the CPU."""
-    import torch
-
     from pipeline.core.runtime import precision
     from pipeline.evaluation.inference import CAPTION_BLOCK, IMAGE_BLOCK, read_image_features
     from pipeline.networks.network import at_least_float32

@@ -536,20 +536,3 @@ def split_scores(emb) -> torch.Tensor:
     if emb.pairwise:
         return torch.from_numpy(np.ascontiguousarray(emb.captions.T))
     return image_caption_scores(torch.from_numpy(emb.images), torch.from_numpy(emb.captions), emb.similarity)
-
-
-def rescored_metrics(scores, caption_image, method: Rescorer, banks=None) -> tuple[dict, tuple]:
-    """The retrieval metrics and hubness of ``scores`` (N images × M captions) re-scored by ``method``
-    in each direction on its own (image→text: ``scores``, text→image: its transpose), and the ranks
-    ``(i2t, t2i)`` (for the paired test against the raw scores). ``banks(direction)``: the reference
-    bank of an inductive method, ``"i2t"`` reference images × M, ``"t2i"`` reference captions × N."""
-    from pipeline.evaluation.metrics import hubness_metrics, retrieval_metrics, score_ranks
-
-    scores = torch.as_tensor(scores)
-    if method.transductive:
-        i2t, t2i = method(scores), method(scores.T)
-    else:
-        i2t = method.apply(scores, method.fit(banks("i2t"), scores.shape[1]))
-        t2i = method.apply(scores.T, method.fit(banks("t2i"), scores.shape[0]))
-    ranks = score_ranks(i2t, t2i, caption_image)
-    return {**retrieval_metrics(*ranks), **hubness_metrics(i2t, t2i)}, ranks

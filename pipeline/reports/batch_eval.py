@@ -239,9 +239,9 @@ class RunEvaluator:
         row): named ``RUN + METHOD``, its ``rescore`` column saying what it saw, the run's columns,
         the retrieval metrics and hubness of the re-scored scores (the raw row's other metrics, CS@K
         and human judgments, are the raw scores' and are not carried over)."""
-        from pipeline.evaluation.command import checkpoint_banks
+        from pipeline.evaluation.command import checkpoint_banks, rescored_metrics
         from pipeline.evaluation.metrics import is_metric, metric_of
-        from pipeline.evaluation.rescore import rescored_metrics, split_scores
+        from pipeline.evaluation.rescore import split_scores
 
         emb, loaded, checkpoint_path, features = embedded
         plan, cache = self.rescore, self.cache(features)
