@@ -204,3 +204,24 @@ def test_their_scatter_by_position_shows_in_the_bundle():
 def test_ncrs_warm_up_sum_is_refused():
     with pytest.raises(ValueError, match="warmup_rate"):
         build_loss("bicro", warmup_sum=True)
+
+
+def test_a_tiny_noisy_run_through_the_command_line(tiny_cache, tmp_path):
+    """`vse train --loss bicro` at 50% caption noise, 3 epochs (warm-up 1, then a clean-only
+    co-training epoch and one with the noisy stream): the run finishes with two co-trained
+    networks and a division measured against the noise index after the warm-up."""
+    from conftest import vse
+
+    from pipeline.core.checkpoint import load_checkpoint
+
+    run = tmp_path / "bicro"
+    result = vse("train", "--features", tiny_cache, "--run-dir", run, "--loss", "bicro", "--epochs", 3,
+                 "--loss-option", "warmup_epochs=1", "--noise-rate", 0.5, "--noise-mode", "caption",
+                 "--embed-dim", 16, "--word-dim", 8, "--batch-size", 8, "--min-word-count", 1,
+                 "--val-every", 0, "--workers", 0, "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 3 and "division_auc" not in records[0]
+    assert all(0 <= r["division_auc"] <= 1 for r in records[1:])
+    model = load_checkpoint(run / "last.pt")["model"]
+    assert any(k.startswith("members.0.") for k in model) and any(k.startswith("members.1.") for k in model)

@@ -125,3 +125,26 @@ def test_no_sample_ids_or_no_gradient_stores_nothing():
     loss.scored(scores, sample_ids=torch.from_numpy(G["defaults/0:ids"]))  # no gradient: a validation
     loss.scored(scores.clone().requires_grad_(True))                       # no ids
     assert torch.equal(loss.labels, torch.ones(14, dtype=torch.float64))
+
+
+def test_a_tiny_noisy_run_through_the_command_line(tiny_cache, tmp_path):
+    """`vse train --loss crcl` at 50% caption noise, 3 epochs (warm-up 1): the run finishes, and its
+    checkpoint holds the refined labels of the training captions: in [0, 1], some floored to 0,
+    those of the noisy pairs lower on average than the clean ones'."""
+    from conftest import vse
+
+    from pipeline.core.checkpoint import load_checkpoint
+    from pipeline.data.noise import NOISE_FILE, NoiseIndex
+
+    run = tmp_path / "crcl"
+    result = vse("train", "--features", tiny_cache, "--run-dir", run, "--loss", "crcl", "--epochs", 3,
+                 "--loss-option", "warmup_epochs=1", "--noise-rate", 0.5, "--noise-mode", "caption",
+                 "--embed-dim", 16, "--word-dim", 8, "--batch-size", 8, "--min-word-count", 1,
+                 "--val-every", 0, "--workers", 0, "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    labels = load_checkpoint(run / "last.pt")["loss"]["labels"].numpy()
+    assert len(labels) == 200 and (labels[120:] == 1).all()  # the tiny cache: captions 0-119 train
+    labels = labels[:120]
+    noisy = NoiseIndex.read(run / NOISE_FILE, np.repeat(np.arange(24), 5), 24).noisy()
+    assert (labels >= 0).all() and (labels <= 1).all() and (labels == 0).any() and (labels < 1).all()
+    assert labels[noisy].mean() < labels[~noisy].mean()
