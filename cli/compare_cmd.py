@@ -37,8 +37,14 @@ from cli.judgment_options import judgment_options
 @click.option("--across-code", is_flag=True,
               help="Compare (or pool in a group) runs trained by different code (another plug-in file or vse "
               "version; refused by default: not one method).")
+@click.option("--across-ensemble", is_flag=True,
+              help="Compare results that average different numbers of networks' scores (ncr's two co-trained "
+              "networks against one network; refused by default: docs/PROTOCOL.md, 'Ensemble size').")
+@click.option("--member", type=click.IntRange(min=0), default=None, metavar="K",
+              help="A run of networks trained together (ncr) takes part by its network K alone (an ensemble "
+              "of 1); a run of one network as it is.")
 def compare_command(groups, patterns, baseline, results, split, features, checkpoint_name, permutations, seed,
-                    device, as_json, judgments, across_precision, across_code):
+                    device, as_json, judgments, across_precision, across_code, across_ensemble, member):
     """Is A better than B? A and B are run folders or globs (quoted). One run each: R@1/5/10 both ways
     and rsum, A − B, each with the p-value of a paired permutation test over the test queries. Groups of
     seeds (one configuration each): each metric's mean ± std (n) per group, the difference, Welch's
@@ -65,7 +71,8 @@ def compare_command(groups, patterns, baseline, results, split, features, checkp
         if all(len(found) == 1 for found in runs) and not results and judgments is None:  # one run each
             result = compare_runs(runs[0][0], runs[1][0], device=resolve_device(device), split=split,
                                   features=features, checkpoint=checkpoint_name, permutations=permutations,
-                                  seed=seed, across_precision=across_precision, across_code=across_code)
+                                  seed=seed, across_precision=across_precision, across_code=across_code,
+                                  across_ensemble=across_ensemble, member=member)
             click.echo(json.dumps(result, indent=2) if as_json else format_comparison(result))
             return
         if len(named) == 1:
@@ -74,5 +81,6 @@ def compare_command(groups, patterns, baseline, results, split, features, checkp
                             features=features, checkpoint=checkpoint_name, results=results,
                             judgments=judgments.load() if judgments else None,
                             across_precision=across_precision, across_code=across_code,
+                            across_ensemble=across_ensemble, member=member,
                             echo=lambda line: click.echo(line, err=True))
     click.echo(json.dumps(result, indent=2) if as_json else format_group_comparison(result))

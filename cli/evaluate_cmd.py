@@ -29,6 +29,11 @@ def _parse_ks(ctx, param, value):
 @click.option("--average-with", "average_with", multiple=True, type=click.Path(dir_okay=False),
               help="--checkpoint: average its split scores with these checkpoints' (repeatable), e.g. "
                    "SGRAF = the mean of an SGR and an SAF checkpoint's scores.")
+@click.option("--member", type=click.IntRange(min=0), default=None, metavar="K",
+              help="A checkpoint of networks trained together (ncr): evaluate its network K alone (an "
+                   "ensemble of 1) instead of the mean of their scores; with --runs each such run's network "
+                   "K gets its own row (its name ',member=K') beside the run's (docs/PROTOCOL.md, 'Ensemble "
+                   "size').")
 @click.option("--shortlist", type=click.Path(dir_okay=False),
               help="--checkpoint of a pairwise network: re-rank this dual checkpoint's top --shortlist-k of "
                    "each query instead of scoring every pair (docs/PROTOCOL.md, 'Re-ranking a shortlist').")
@@ -86,7 +91,7 @@ def _parse_ks(ctx, param, value):
 @click.option("--keep-evaluated", is_flag=True,
               help="--out: a run whose row there has the same checkpoint bytes and evaluation options "
                    "keeps it (not evaluated again), e.g. after adding seeds to a sweep.")
-def evaluate_command(embeddings, checkpoint, average_with, shortlist, shortlist_features, shortlist_k,
+def evaluate_command(embeddings, checkpoint, average_with, member, shortlist, shortlist_features, shortlist_k,
                      run_patterns, average_with_runs, features, root, dataset_kind, dataset_options,
                      text_features, split, protocol, order, relevance, cs_ks, device, amp, as_json, out,
                      checkpoint_name, judgments, overwrite, keep_evaluated, rescore_names, rescore_option,
@@ -105,6 +110,10 @@ def evaluate_command(embeddings, checkpoint, average_with, shortlist, shortlist_
         raise click.UsageError("--average-with goes with --checkpoint and --features")
     if average_with_runs and not run_patterns:
         raise click.UsageError("--average-with-runs goes with --runs")
+    if member is not None and (embeddings or average_with or average_with_runs or shortlist or root
+                               or rescore_names):
+        raise click.UsageError("--member goes with --checkpoint (on --features) or --runs, without "
+                               "--average-with(-runs), --shortlist, --root or --rescore")
     if keep_evaluated and (not (run_patterns and out) or average_with_runs):
         raise click.UsageError("--keep-evaluated goes with --runs and --out, without --average-with-runs")
     rescore = _rescore_plan(rescore_names, rescore_option, split, rescore_bank_split, rescore_bank_size,
@@ -133,6 +142,7 @@ def evaluate_command(embeddings, checkpoint, average_with, shortlist, shortlist_
                                           checkpoint_name=checkpoint_name, judgments=judgments,
                                           overwrite=overwrite, text_features=text_features,
                                           average_with_runs=average_with_runs, keep_evaluated=keep_evaluated,
+                                          member=member,
                                           rescore=rescore, echo=_note)
         except NoRunFolders as exc:
             raise click.UsageError(str(exc)) from None
@@ -168,7 +178,7 @@ def evaluate_command(embeddings, checkpoint, average_with, shortlist, shortlist_
                                          dataset_kind=dataset_kind, dataset_options=dataset_options,
                                          split=split, protocol=protocol, amp=amp, text_features=text_features,
                                          average_with=average_with, relevance=relevance, cs_ks=cs_ks,
-                                         judgments=judgments, rescore=rescore, echo=_note)
+                                         judgments=judgments, rescore=rescore, member=member, echo=_note)
     click.echo(evaluation.render(as_json))
     for line in evaluation.notes if not as_json else ():  # at the end: a small split, a result at chance
         _note(line)                                        # (--json: the object alone, for a program)

@@ -197,3 +197,35 @@ def embed_rc_checkpoint(checkpoint, dataset_kind: str, root, split: str, device:
     captions = checkpoint_captions(state, source.index.captions, root, checkpoint=checkpoint)
     return encode_split(model, source.index, captions, split, device, max_images=max_images,
                         batch_size=batch_size, amp=amp)
+
+
+def ensemble_size(state: dict) -> int:
+    """How many networks' scores a checkpoint's model averages at test time: the copies trained
+    together (``networks.cotrain``: ncr's 2, any method built on that seam), else 1
+    (docs/PROTOCOL.md, "Ensemble size")."""
+    from pipeline.networks.cotrain import CO_TRAINED_KEY
+
+    return int((state.get("model_config") or {}).get(CO_TRAINED_KEY) or 1)
+
+
+def member_network(loaded: LoadedModel, member: int, checkpoint) -> torch.nn.Module:
+    """Network ``member`` of a co-trained checkpoint's copies, to be evaluated alone (``--member``);
+    a VseError when the checkpoint holds one network or fewer than ``member + 1``."""
+    size = ensemble_size(loaded.state)
+    if size < 2:
+        raise VseError(f"--member {member}: the checkpoint holds one network (not trained together with "
+                       "others): evaluate it whole", checkpoint)
+    if not 0 <= member < size:
+        raise VseError(f"--member {member}: the checkpoint holds networks 0 to {size - 1}", checkpoint)
+    return loaded.model.members[member].eval()
+
+
+def embed_member(checkpoint, cache: FeatureCache, split: str, device: torch.device, member: int,
+                 amp: bool = False, text_features=None) -> SplitEmbeddings:
+    """``split`` of ``cache`` as network ``member`` of a co-trained checkpoint alone scores it
+    (``member_network``): its own embeddings (a dual copy) or its own scores (a pairwise one)."""
+    loaded = load_model(checkpoint, device)
+    network = member_network(loaded, member, checkpoint)
+    check_features_match(cache, loaded.model, loaded.state.get("feature_source", {}), checkpoint)
+    captions = loaded.captions(cache, text_features, checkpoint)
+    return encode_split(network, cache, captions, split, device, amp=amp, progress=True)

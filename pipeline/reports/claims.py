@@ -13,6 +13,7 @@ are read from the file's own folder. The claim sets of this repository's results
         better: mh          # a configuration: a loss name, or a run name without its seed=N
         worse: sh
         metric: rsum        # a metric of pipeline/evaluation/metric_table.py: which way is better is its
+        across_ensemble: false  # optional: true compares configurations of different ensemble sizes
     ranking:                # optional: do some methods rank alike on two tables? (``same_ranking``)
       claim: the ranking of mh, rcl, ncr is the same on the fast loop and on SGR (image20)
       methods: [mh, rcl, ncr]
@@ -27,7 +28,10 @@ Welch's one-sided t-test (pipeline.evaluation.stats, docs/PROTOCOL.md "Seeds and
 "holds" when p < ALPHA in the claimed direction, "reversed" when p < ALPHA the other way, otherwise
 "inside the seed noise". Configurations of two precisions are "not compared" (core.precision), a
 name that two configurations answer to (the same label in two code identities or precisions) is
-"not compared" either, and fewer than two seeds on a side is "not testable".
+"not compared" either, and so are configurations averaging different numbers of networks' scores
+(``report.row_ensemble``: ncr's two co-trained networks against one network; docs/PROTOCOL.md
+"Ensemble size") unless the claim says ``across_ensemble: true`` (its verdict then records both sizes).
+Fewer than two seeds on a side is "not testable".
 
 The result (claims.json, ``CLAIMS_FORMAT``) is written atomically and never over a file that is not
 one (pipeline/core/fsutil.guard_output).
@@ -45,13 +49,14 @@ from pipeline.core.errors import VseError
 from pipeline.core.fsutil import guard_output, write_atomic
 from pipeline.evaluation.metrics import is_metric, metric_of
 from pipeline.evaluation.stats import ALPHA, mean_std, welch_greater
-from pipeline.reports.report import read_results, row_precision, seed_groups
+from pipeline.reports.report import mixed_ensembles, read_results, row_ensemble, row_precision, seed_groups
 
 CLAIMS_FORMAT = "vse-claims"   # claims.json's leading "format" item (fsutil.output_format)
 CLAIMS_DIR = Path(__file__).resolve().parents[2] / "experiments" / "claims"  # this repository's claim sets
 TEST = f"Welch one-sided over seeds, alpha {ALPHA}"
 FILE_KEYS = ("results", "out", "claims", "ranking")
-CLAIM_KEYS = ("claim", "paper", "better", "worse", "metric")
+CLAIM_KEYS = ("claim", "paper", "better", "worse", "metric", "across_ensemble")
+OPTIONAL_KEYS = ("paper", "across_ensemble")
 RANKING_KEYS = ("claim", "methods", "tables")
 RANKING_RULE = "holds/reversed over the pairs Welch separates (p < 0.05) on both networks"
 
@@ -65,6 +70,7 @@ class Claim:
     better: str
     worse: str
     metric: str
+    across_ensemble: bool = False   # compared even when the two average different numbers of networks
 
     @property
     def lower_is_better(self) -> bool:
@@ -134,7 +140,7 @@ def _claim(entry, i: int, path: Path) -> Claim:
     if not isinstance(entry, dict):
         raise VseError(f"{where}: a mapping with {', '.join(CLAIM_KEYS)}, got {entry!r}", path)
     unknown = sorted(set(entry) - set(CLAIM_KEYS))
-    missing = [k for k in CLAIM_KEYS if k != "paper" and not entry.get(k)]
+    missing = [k for k in CLAIM_KEYS if k not in OPTIONAL_KEYS and not entry.get(k)]
     if unknown or missing:
         what = (f"unknown key(s) {', '.join(unknown)}" if unknown else f"missing {', '.join(missing)}")
         raise VseError(f"{where}: {what} (expected {', '.join(CLAIM_KEYS)})", path)
@@ -142,8 +148,11 @@ def _claim(entry, i: int, path: Path) -> Claim:
     if not is_metric(metric):
         raise VseError(f"{where}: metric {metric!r} is no metric of pipeline/evaluation/metric_table.py",
                        path)
+    across = entry.get("across_ensemble", False)
+    if not isinstance(across, bool):
+        raise VseError(f"{where}: across_ensemble: true or false, got {across!r}", path)
     return Claim(str(entry["claim"]), str(entry.get("paper") or ""), str(entry["better"]),
-                 str(entry["worse"]), metric)
+                 str(entry["worse"]), metric, across)
 
 
 def _ranking(entry, path: Path) -> dict:
@@ -211,6 +220,11 @@ def verdicts(groups: dict, claims) -> list[dict]:
         if line := precision.mixed(labels):  # two precisions are two methods (core/precision)
             out.append({"claim": c.claim, "verdict": f"not compared: {line}"})
             continue
+        sizes = {name: row_ensemble(groups[name].rows[0]) for name in (better, worse)}
+        if (line := mixed_ensembles(sizes)) and not c.across_ensemble:  # ncr's two networks against one
+            out.append({"claim": c.claim, "verdict": f"not compared: {line} (across_ensemble: true "
+                        "compares them)"})
+            continue
         a, b = groups[better].samples[metric], groups[worse].samples[metric]
         if min(len(a), len(b)) < 2:
             out.append({"claim": c.claim,
@@ -228,7 +242,8 @@ def verdicts(groups: dict, claims) -> list[dict]:
         out.append({"claim": c.claim, "paper": c.paper, "metric": metric,
                     better: {"mean": ma, "std": sa, "n": na}, worse: {"mean": mb, "std": sb, "n": nb},
                     "p_claimed": p_claimed, "p_reverse": p_reverse, "verdict": verdict,
-                    **({"precision": labels[better]} if labels[better] != precision.UNRECORDED else {})})
+                    **({"precision": labels[better]} if labels[better] != precision.UNRECORDED else {}),
+                    **({"ensemble": sizes} if line else {})})
     return out
 
 

@@ -12,6 +12,10 @@ gets each group's mean ± std (n), the difference of the means, Welch's two-side
 and, where the two groups hold the same seeds, the paired t-test over those seeds (docs/PROTOCOL.md
 "Seeds and significance"). A group is one configuration: runs of several configurations, precisions
 or code identities are refused unless pooled on purpose (``across_precision``, ``across_code``).
+
+Both forms refuse to compare results that average different numbers of networks' scores (ncr's two
+co-trained networks against one network; docs/PROTOCOL.md "Ensemble size") unless ``across_ensemble``;
+``member`` compares a co-trained run by its network of that index alone (a run of one network as it is).
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ import torch
 from pipeline.core import code_identity, precision
 from pipeline.core.checkpoint import load_checkpoint
 from pipeline.core.errors import VseError
+from pipeline.evaluation.inference import ensemble_size
 from pipeline.evaluation.metrics import metric_keys, similarity_ranks
 from pipeline.evaluation.stats import ALPHA, DEFAULT_PERMUTATIONS, paired_permutation_test
-from pipeline.reports.batch_eval import RunEvaluator
+from pipeline.reports.batch_eval import MEMBER, RunEvaluator
+from pipeline.reports.report import mixed_ensembles, row_ensemble
 from pipeline.training.factories import run_schedule_note
 from pipeline.training.run_folder import run_names
 
@@ -35,12 +41,15 @@ COMPARED = (*metric_keys("recall"), "rsum")  # what the paired test over queries
 
 def compare_runs(run_a, run_b, *, device: torch.device, split: str = "test", features=None,
                  checkpoint: str = "best.pt", permutations: int = DEFAULT_PERMUTATIONS,
-                 seed: int = 0, across_precision: bool = False, across_code: bool = False) -> dict:
+                 seed: int = 0, across_precision: bool = False, across_code: bool = False,
+                 across_ensemble: bool = False, member: int | None = None) -> dict:
     """{"runs": [name_a, name_b], "split", "queries": {...}, "metrics": {key: {a, b, diff, p}},
     "precision": [label_a, label_b], "schedule": [note_a, note_b]} (a note: the run ended before its
     loss's method began, ``training.factories.run_schedule_note``; else None). Runs trained in
     different precisions are refused unless ``across_precision`` (a precision ablation compares them
-    on purpose); runs of different code identity unless ``across_code``."""
+    on purpose); runs of different code identity unless ``across_code``; results of different ensemble
+    sizes (``"ensemble": [size_a, size_b]``) unless ``across_ensemble``. ``member``: a run of co-trained
+    networks is embedded by its network ``member`` alone."""
     # both checkpoints are read once, before anything is embedded: a refusal costs no embedding
     states = [load_checkpoint(Path(run) / checkpoint) for run in (run_a, run_b)]
     labels = {str(run): precision.label_of(state) for run, state in zip((run_a, run_b), states)}
@@ -50,10 +59,16 @@ def compare_runs(run_a, run_b, *, device: torch.device, split: str = "test", fea
     codes = {str(run): code_identity.of_state(state) for run, state in zip((run_a, run_b), states)}
     if not across_code and (line := code_identity.clash(codes)):  # two versions of one file, or of vse
         raise VseError(f"{line}: not one program (--across-code compares them anyway)", Path(run_b))
+    picked = [member if member is not None and ensemble_size(state) > 1 else None for state in states]
+    sizes = {str(run): 1 if k is not None else ensemble_size(state)
+             for run, state, k in zip((run_a, run_b), states, picked)}
+    if not across_ensemble and (line := mixed_ensembles(sizes)):
+        raise VseError(f"{line}: compare at equal size (--member K, or --across-ensemble compares them "
+                       "anyway)", Path(run_b))
     ranks, ids = [], []
     with RunEvaluator(device, split, features=features) as evaluator:
-        for run, state in zip((run_a, run_b), states):
-            emb, _, _, _ = evaluator.embed(run, checkpoint, state=state)
+        for run, state, k in zip((run_a, run_b), states, picked):
+            emb, _, _, _ = evaluator.embed(run, checkpoint, state=state, member=k)
             ranks.append(similarity_ranks(emb.images, emb.captions, emb.caption_image,
                                           similarity=emb.similarity, device=device))
             ids.append((np.asarray(emb.caption_rows), np.asarray(emb.caption_image)))
@@ -64,6 +79,7 @@ def compare_runs(run_a, run_b, *, device: torch.device, split: str = "test", fea
     return {"runs": run_names([run_a, run_b]), "split": split, "permutations": permutations,
             "queries": {"images": int(len(ranks[0][0])), "captions": int(len(ranks[0][1]))},
             "metrics": {key: metrics[key] for key in COMPARED}, "precision": list(labels.values()),
+            "ensemble": list(sizes.values()), "member": picked,
             "schedule": [run_schedule_note(Path(run)) for run in (run_a, run_b)]}
 
 
@@ -72,7 +88,8 @@ def format_comparison(result: dict) -> str:
     lines = [f"A = {a}, B = {b}; {result['split']}: {result['queries']['images']} images, "
              f"{result['queries']['captions']} captions; paired permutation test over queries "
              f"({result['permutations']} sign flips, two-sided); precision (network/loss/evaluation) "
-             f"{' vs '.join(dict.fromkeys(result.get('precision') or ['?']))}",
+             f"{' vs '.join(dict.fromkeys(result.get('precision') or ['?']))}"
+             + _ensemble_note(result.get("ensemble"), result.get("member")),
              f"{'metric':10s}{'A':>9s}{'B':>9s}{'A - B':>9s}{'p':>9s}"]
     for key, m in result["metrics"].items():
         mark = "  *" if m["p"] < 0.05 else ""
@@ -80,6 +97,15 @@ def format_comparison(result: dict) -> str:
     lines.append("* p < 0.05")
     lines += [f"{name}: {note}" for name, note in zip("AB", result.get("schedule") or ()) if note]
     return "\n".join(lines)
+
+
+def _ensemble_note(sizes, members) -> str:
+    """'; networks averaged 2 vs 1' when a side averages several networks or is one of them."""
+    if not sizes or (max(sizes) == 1 and not any(k is not None for k in members or ())):
+        return ""
+    sides = [f"{size} (network {k} alone)" if k is not None else str(size)
+             for size, k in zip(sizes, members or (None, None))]
+    return "; networks averaged " + " vs ".join(sides)
 
 
 # ---------------------------------------------------------------------------- groups of seeds
@@ -100,12 +126,15 @@ def expand_runs(pattern) -> list[Path]:
 
 def compare_groups(patterns: dict, *, device: torch.device, baseline: str | None = None, split: str = "test",
                    features=None, checkpoint: str = "best.pt", results=None, judgments=None,
-                   across_precision: bool = False, across_code: bool = False, echo=lambda _: None) -> dict:
+                   across_precision: bool = False, across_code: bool = False, across_ensemble: bool = False,
+                   member: int | None = None, echo=lambda _: None) -> dict:
     """Compare seed groups. ``patterns``: {group name: [pattern, ...]}, each group's runs one
     configuration (the two-group form, refused when its runs are several); or, with ``baseline``, one
     entry whose runs form any number of configurations (seed groups, ``report.seed_groups``), each
     compared with the one named ``baseline``. ``results``: a results.csv whose rows of unchanged
-    checkpoints (the same bytes, the same evaluation) are used instead of evaluating them again."""
+    checkpoints (the same bytes, the same evaluation) are used instead of evaluating them again.
+    Groups of different ensemble sizes are refused unless ``across_ensemble``; ``member``: each
+    co-trained run stands in its group by its network ``member`` alone."""
     from pipeline.reports.batch_eval import evaluate_runs
     from pipeline.reports.report import find_group, read_results, seed_groups
 
@@ -123,13 +152,18 @@ def compare_groups(patterns: dict, *, device: torch.device, baseline: str | None
                        results)
     kept = read_results(results) if results else ()
     evaluated = evaluate_runs(everything, device=device, split=split, features=features,
-                              checkpoint=checkpoint, echo=echo, judgments=judgments, kept=kept)
+                              checkpoint=checkpoint, echo=echo, judgments=judgments, kept=kept, member=member)
     if evaluated.skipped:
         first = evaluated.skipped[0]
         raise VseError(f"could not be evaluated ({first.reason}): a group's seeds would be missing; "
                        "leave the run out of the pattern", first.run_dir)
-    by_checkpoint = {str(row["checkpoint"]): row for row in evaluated.rows}
-    rows = {name: [by_checkpoint[str(Path(r) / checkpoint)] for r in found] for name, found in runs.items()}
+    by_checkpoint = {(str(row["checkpoint"]), row.get(MEMBER)): row for row in evaluated.rows}
+
+    def row_of(run):  # its network ``member`` alone when it has one, else the run whole
+        path = str(Path(run) / checkpoint)
+        return by_checkpoint.get((path, member)) or by_checkpoint[(path, None)]
+
+    rows = {name: [row_of(r) for r in found] for name, found in runs.items()}
     if baseline is None:
         groups = {name: _one_configuration(name, patterns[name], rows[name], across_precision, across_code)
                   for name in patterns}
@@ -141,6 +175,11 @@ def compare_groups(patterns: dict, *, device: torch.device, baseline: str | None
         groups = {g.label + _distinct(g, found): g for g in found}
         base_name = next(n for n, g in groups.items() if g is base)
         pairs = [(n, base_name) for n in groups if n != base_name]
+    for a, b in pairs:
+        sizes = {a: row_ensemble(groups[a].rows[0]), b: row_ensemble(groups[b].rows[0])}
+        if not across_ensemble and (line := mixed_ensembles(sizes)):
+            raise VseError(f"{line}: compare at equal size (--member K, or --across-ensemble compares them "
+                           "anyway)")
     return {"split": split, "test": GROUP_TEST, "alpha": ALPHA,
             "groups": {n: _described(g) for n, g in groups.items()},
             "comparisons": [_compared(a, groups[a], b, groups[b]) for a, b in pairs]}
@@ -212,7 +251,8 @@ def _described(group) -> dict:
     from pipeline.reports.report import row_precision
 
     return {"runs": [str(row["run"]) for row in group.rows], "seeds": [row.get("seed") for row in group.rows],
-            "precision": sorted({row_precision(row) for row in group.rows})}
+            "precision": sorted({row_precision(row) for row in group.rows}),
+            "ensemble": row_ensemble(group.rows[0])}
 
 
 def _seed_values(group, key: str) -> dict:
@@ -258,7 +298,9 @@ def format_group_comparison(result: dict) -> str:
         ga, gb = result["groups"][c["a"]], result["groups"][c["b"]]
         paired = (f"paired over seeds {', '.join(map(str, c['paired_seeds']))}" if c["paired_seeds"]
                   else "not paired: the groups hold different seeds")
-        out += ["", f"A = {c['a']} ({len(ga['runs'])} runs), B = {c['b']} ({len(gb['runs'])} runs); {paired}",
+        runs = [f"{len(g['runs'])} runs" + f", {g.get('ensemble')} networks each" * (g.get("ensemble", 1) > 1)
+                for g in (ga, gb)]
+        out += ["", f"A = {c['a']} ({runs[0]}), B = {c['b']} ({runs[1]}); {paired}",
                 f"{'metric':18s}{'A':>22s}{'B':>22s}{'A - B':>9s}{'p Welch':>9s}{'p paired':>9s}"]
         for key, m in c["metrics"].items():
             cells = [_mean_std(key, m[side], format_value) for side in ("a", "b")]

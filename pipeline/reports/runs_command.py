@@ -67,12 +67,12 @@ def evaluate_run_folders(patterns, device, *, split: str = "test", protocol: str
         closing.append(f"judgments: {first['human_pairs']:.0f} judged pairs in the split, "
                        f"{first['human_unmatched']:.0f} outside it (left out)")
     summary = f"{len(result.rows)} of {len(run_dirs)} runs evaluated"
+    if member is not None:
+        summary = f"{len(result.rows)} rows from {len(run_dirs)} runs and network {member} of the co-trained"
     if keep_evaluated:
         summary += f" ({result.kept} kept from {out})"
     if average_with_runs:
         summary = f"{len(result.rows)} rows from {len(run_dirs)} runs, their partners and averages"
-    if member is not None:
-        summary = f"{len(result.rows)} rows from {len(run_dirs)} runs and network {member} of the co-trained"
     if result.skipped:
         summary += f", {len(result.skipped)} skipped"
     closing.append(summary + (f" → {out}" if out else ""))
