@@ -35,7 +35,7 @@ def _at_the_repository_root(monkeypatch):
 
 
 def test_the_registry_declares_what_each_loss_is():
-    assert LOSS_NAMES == tuple(LOSSES) and len(LOSS_NAMES) == 13
+    assert LOSS_NAMES == tuple(LOSSES) and len(LOSS_NAMES) == 19
     for name, cls in LOSSES.items():
         assert cls.name == name and issubclass(cls, VseLoss)
         assert cls.similarity in SIMILARITIES
@@ -44,9 +44,9 @@ def test_the_registry_declares_what_each_loss_is():
     assert {n for n, t in traits.items() if t.similarity != "cosine"} == {"order"}
     assert {n for n, t in traits.items() if t.collapse_value(16)} == {"mh", "lseh", "selhn"}
     assert traits["mh"].collapse_value(16) == pytest.approx(2 * 16 * 0.2)
-    assert {n for n, t in traits.items() if t.networks > 1} == {"ncr"}
-    assert {n for n, t in traits.items() if t.sample_pass} == {"ncr", "decl"}
-    assert {n for n, t in traits.items() if t.takes_sample_ids} == {"rcl", "decl", "ncr"}
+    assert {n for n, t in traits.items() if t.networks > 1} == {"ncr", "bicro"}
+    assert {n for n, t in traits.items() if t.sample_pass} == {"ncr", "decl", "bicro"}
+    assert {n for n, t in traits.items() if t.takes_sample_ids} == {"rcl", "decl", "ncr", "crcl", "bicro"}
     assert loss_traits(make_loss("order", {"squared": False})).similarity == "order-norm"
 
 
@@ -58,7 +58,7 @@ def test_every_built_in_loss_keeps_the_contract(name):
                                           "invariant to permuting the batch"]
     same_image = results[2]
     # their authors mask only the diagonal, and so do the defaults
-    if name in ("rcl", "decl", "ncr", "poly", "selhn"):
+    if name in ("rcl", "decl", "ncr", "crcl", "bicro", "poly", "selhn"):
         assert same_image.ok is None and "not applicable" in same_image.detail
         results = [r for r in results if r is not same_image]
         masked = run_contract(name, {"mask_same_image": True}, distributed=False, timing=False)
