@@ -67,10 +67,16 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	# torch first, from its pinned build, so sentence-transformers does not pull another one
 	$(VENV)/bin/pip install -q torch==2.14.1 torchvision==0.29.1
-	$(VENV)/bin/pip install -q -e '.[bert,test,onnx,serve,docs]'
+	$(VENV)/bin/pip install -q -e '.[bert,test,onnx,serve,docs,cluster]'
 	# the browser of the search page's test (playwright drives Debian's chromium; none is downloaded)
 	command -v chromium >/dev/null || ! command -v apt-get >/dev/null || apt-get install -y chromium \
 	  || echo "note: chromium could not be installed: the search page test will be skipped"
+	# the cluster tests' services (tests/cluster_services.py starts them in temp folders): Slurm with munge,
+	# PostgreSQL; Debian's packages
+	{ command -v slurmctld && command -v munged && ls /usr/lib/postgresql/*/bin/initdb; } >/dev/null 2>&1 \
+	  || ! command -v apt-get >/dev/null || apt-get install -y slurm-wlm munge postgresql \
+	  || { apt-get update && apt-get install -y slurm-wlm munge postgresql; } \
+	  || echo "note: slurm-wlm, munge or postgresql could not be installed: the cluster tests will be skipped"
 	touch $@
 
 install: $(VENV)/.installed

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import click
 
+from cli.sweep_cmd import slurm_given, slurm_options
+from pipeline.training.launchers import LAUNCHERS
 from pipeline.training.tune import PRUNERS
 
 
@@ -31,8 +33,14 @@ from pipeline.training.tune import PRUNERS
               help="Write the best trial's options as an experiment YAML for `vse sweep FILE --seeds 0-2`.")
 @click.option("--overwrite", is_flag=True, help="--export may replace a file vse tune did not write.")
 @click.option("--no-plots", is_flag=True, help="Do not draw TUNE/plots/*.png.")
+@click.option("--launcher", type=click.Choice(LAUNCHERS), default="local", show_default=True,
+              help="Run trials here, or submit --workers Slurm jobs that each run this command on the study "
+              "(needs --storage: a database server or a journal file on the shared filesystem).")
+@click.option("--workers", type=int, default=1, show_default=True,
+              help="Under --launcher slurm: the jobs that work on the study at the same time.")
+@slurm_options
 def tune_command(config, budget, trials, metric, pruner, sampler_seed, storage, runs_dir, name, export,
-                 overwrite, no_plots):
+                 overwrite, no_plots, launcher, workers, **options):
     """Tune the options of CONFIG's search: (YAML: base: + search:) on the dev split.
 
     Run the same command in several shells (or machines, with --storage) to work on one study;
@@ -50,6 +58,21 @@ def tune_command(config, budget, trials, metric, pruner, sampler_seed, storage, 
     )
     from pipeline.training.tune_plots import write_plots
 
+    given_slurm = slurm_given(options)
+    if launcher == "local" and (workers != 1 or any(v is not None for v in given_slurm.values())):
+        raise click.UsageError("--workers, --partition, --time, --cpus, --gpus and --mem are --launcher "
+                               "slurm's options (locally, run the command in several shells)")
+    if workers < 1:
+        raise click.UsageError("--workers must be at least 1")
+    if launcher == "slurm" and export:
+        raise click.UsageError("--export after the workers: run `vse tune CONFIG --storage URL --export "
+                               "FILE` once they are done")
+    if launcher == "slurm":
+        from pipeline.training.launchers import check_partition, require_shared_storage, slurm_settings
+
+        require_shared_storage(storage)  # before any study is made
+        resources = slurm_settings(None, given_slurm)
+        check_partition(resources)
     if trials is not None and trials < 1:
         raise click.UsageError("--trials must be at least 1")
     if budget is not None and trials is not None:
@@ -61,6 +84,16 @@ def tune_command(config, budget, trials, metric, pruner, sampler_seed, storage, 
     study, settings = open_study(tune, storage, parsed, trials, metric, pruner, sampler_seed)
     click.echo(f"tune {tune.name}: {tune.root} (budget {settings.budget}, dev {settings.metric}, "
                f"{settings.pruner} pruner)")
+    if launcher == "slurm":
+        import os
+
+        from pipeline.training.launchers import submit_tune_workers
+
+        # each worker runs this command on the study just made or reopened: its settings are recorded
+        args = ["tune", os.path.abspath(config), "--runs-dir", os.path.abspath(tune.runs_dir), "--name",
+                tune.name, "--no-plots"] + (["--storage", storage] if storage else [])
+        submit_tune_workers(tune, args, workers, resources, echo=click.echo)
+        return
     with storage_errors(storage_url(tune.root, storage)):  # a server gone, a file broken meanwhile: one line
         run_tune(tune, study, settings, echo=click.echo)
         for line in summary_lines(study, settings):

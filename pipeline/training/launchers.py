@@ -358,22 +358,27 @@ def _log_tail(folder: Path, job_id: str) -> str:
 
 
 # ---------------------------------------------------------------------------- a tune's workers
-def submit_tune_workers(tune, args: list[str], workers: int, settings: dict, shared_storage: bool,
-                        echo=print) -> list[str]:
-    """``workers`` jobs, each running ``vse tune ARGS`` (the command a shell runs, with --storage) on the
-    tune's shared study; returns their job ids, also recorded in TUNE/slurm-job.json."""
-    if not shared_storage:
+def require_shared_storage(storage: str | None) -> None:
+    if storage is None:
         raise VseError("--launcher slurm needs --storage: a PostgreSQL or MySQL URL, or a journal file on "
                        "the shared filesystem (the default SQLite study.db is not safe across machines)")
+
+
+def submit_tune_workers(tune, args: list[str], workers: int, settings: dict, echo=print) -> list[str]:
+    """``workers`` jobs, each running ``vse tune ARGS`` (the command a shell runs, with --storage) on the
+    tune's shared study; returns their job ids, also recorded in TUNE/slurm-job.json."""
     _submitit()
     check_partition(settings)
     probe_writable(tune.root)
     ex = executor(tune.root / JOBS_FOLDER, settings, f"vse-tune-{tune.name}")
     cwd = os.getcwd()
     ids = [str(_submit(ex, CommandJob(args, cwd)).job_id) for _ in range(workers)]
+    from pipeline.training.tune_storage import storage_label
+
+    shown = [storage_label(arg) if i and args[i - 1] == "--storage" else arg for i, arg in enumerate(args)]
     earlier = (read_job(tune.root) or {}).get("job_ids", [])
-    _write_job(tune.root, {"job_ids": [*earlier, *ids], "submitted": time.time(), "command": ["vse", *args],
+    _write_job(tune.root, {"job_ids": [*earlier, *ids], "submitted": time.time(), "command": ["vse", *shown],
                            "logs": str(tune.root / JOBS_FOLDER), "resources": settings})
     echo(f"tune {tune.name}: {workers} worker job(s) submitted ({', '.join(ids)}); each runs vse "
-         + " ".join(args))
+         + " ".join(shown))
     return ids

@@ -21,10 +21,28 @@ from pipeline.core.errors import VseError
 STUDY_FILE = "study.db"
 SQLITE_TIMEOUT_S = 120         # an SQLite study waits this long for another process's write
 HEARTBEAT_S = 60               # --storage: a trial beats this often; stale after 5 missed beats
+GRACE_BEATS = 5
+# the driver a bare scheme gets: psycopg (3), the cluster extra's, for postgresql:// (SQLAlchemy's own
+# default, psycopg2, is not installed by vse)
+DEFAULT_DRIVERS = {"postgresql": "postgresql+psycopg"}
+DRIVER_EXTRA = {"postgresql": "pip install 'vse[cluster]'"}
 SQLITE_HEADER = b"SQLite format 3\x00"
 OPTUNA_TABLES = ("studies", "version_info")
 # the storage layer's modules: an exception that passed through one of them is the storage's
 STORAGE_MODULES = ("optuna.storages", "sqlalchemy", "alembic", "sqlite3", "psycopg", "pymysql", "MySQLdb")
+
+
+def engine_url(url: str) -> str:
+    """The SQLAlchemy URL of an RDB storage URL, with the driver vse installs for a bare scheme
+    (``DEFAULT_DRIVERS``: postgresql:// through psycopg); an unparsable URL as it is."""
+    import sqlalchemy
+
+    try:
+        parsed = sqlalchemy.engine.make_url(url)
+    except sqlalchemy.exc.ArgumentError:
+        return url
+    driver = DEFAULT_DRIVERS.get(parsed.drivername)
+    return parsed.set(drivername=driver).render_as_string(hide_password=False) if driver else url
 
 
 def storage_url(root: Path, storage: str | None) -> str:
@@ -171,12 +189,13 @@ def check_rdb(url: str, own_study: str | None = None) -> None:
             raise VseError("not an SQLite database (nor empty): not a study's storage", label)
     connect = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if parsed.get_backend_name() == "sqlite" else {}
     try:
-        engine = sqlalchemy.create_engine(url, **connect)
+        engine = sqlalchemy.create_engine(engine_url(url), **connect)
     except sqlalchemy.exc.NoSuchModuleError:
         raise VseError(f"unknown database kind {parsed.drivername!r} in the --storage URL", label) from None
     except ImportError as exc:
+        hint = DRIVER_EXTRA.get(parsed.get_backend_name())
         raise VseError(f"the database driver for {parsed.drivername}:// is not installed "
-                       f"({exc.name or exc})", label) from None
+                       f"({exc.name or exc})" + (f": {hint}" if hint else ""), label) from None
     try:
         with engine.connect() as connection:
             tables = set(sqlalchemy.inspect(connection).get_table_names())
@@ -226,11 +245,12 @@ def _alembic_head() -> str | None:
         return None
 
 
-def open_storage(url: str, stale_trial=None):
+def open_storage(url: str, stale_trial=None, heartbeat: int = HEARTBEAT_S):
     """Optuna's storage of ``url`` (checked by ``check_storage`` first): an RDB URL (Optuna's
     distributed mode), else a journal file path. ``stale_trial`` (a database server shared by
-    machines): each running trial beats, and any worker fails a trial whose beat stopped (another
-    machine's) and calls ``stale_trial(study, frozen_trial)`` (``tune.queue_again``)."""
+    machines): each running trial beats every ``heartbeat`` seconds, and any worker fails a trial whose
+    beat stopped ``GRACE_BEATS`` beats ago (another machine's, killed) and calls ``stale_trial(study,
+    frozen_trial)`` (``tune.queue_again``: what Optuna's RetryFailedTrialCallback(max_retry=1) does)."""
     import inspect
     import warnings
 
@@ -246,7 +266,8 @@ def open_storage(url: str, stale_trial=None):
         if stale_trial is not None:  # the callback's keyword was renamed in Optuna 4.9
             name = ("heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback"
                     in inspect.signature(optuna.storages.RDBStorage).parameters else "failed_trial_callback")
-            beat = {"heartbeat_interval": HEARTBEAT_S, "grace_period": 5 * HEARTBEAT_S, name: stale_trial}
+            beat = {"heartbeat_interval": heartbeat, "grace_period": GRACE_BEATS * heartbeat,
+                    name: stale_trial}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine, **beat)
+            return optuna.storages.RDBStorage(engine_url(url), engine_kwargs=engine, **beat)
