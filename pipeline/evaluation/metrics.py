@@ -156,13 +156,15 @@ def score_ranks(i2t_scores, t2i_scores, caption_image=None, *, block: int = DEFA
 def hubness_metrics(i2t_scores, t2i_scores=None) -> dict[str, float]:
     """``i2t_hubness`` and ``t2i_hubness``: the skewness of N_10 (``rescore.hubness``, docs/PROTOCOL.md)
     of each direction's score matrix, ``i2t_scores`` (N images × M captions: which captions are hubs)
-    and ``t2i_scores`` (M × N, default its transpose: which images); NaN for a gallery under 10 items."""
+    and ``t2i_scores`` (M × N, default its transpose: which images); a direction whose gallery has
+    under 10 items has no N_10 and is left out."""
     from pipeline.evaluation.rescore import HUBNESS_K, hubness
 
     i2t_scores = torch.as_tensor(i2t_scores)
     t2i_scores = i2t_scores.T if t2i_scores is None else torch.as_tensor(t2i_scores)
-    return {f"{direction}_hubness": hubness(scores) if scores.shape[1] >= HUBNESS_K else math.nan
-            for direction, scores in (("i2t", i2t_scores), ("t2i", t2i_scores))}
+    directions = (("i2t", i2t_scores), ("t2i", t2i_scores))
+    return {f"{direction}_hubness": hubness(scores) for direction, scores in directions
+            if scores.shape[1] >= HUBNESS_K}
 
 
 # ---------------------------------------------------------------------------- metrics
