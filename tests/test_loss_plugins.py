@@ -41,7 +41,7 @@ def test_the_registry_declares_what_each_loss_is():
         assert cls.similarity in SIMILARITIES
     traits = {name: loss_traits(make_loss(name)) for name in LOSS_NAMES}
     assert {n for n, t in traits.items() if t.uses_relevance} == {"lseh", "ladder"}
-    assert {n for n, t in traits.items() if t.similarity != "cosine"} == {"order"}
+    assert {n for n, t in traits.items() if t.similarity != "cosine"} == {"order", "pcme", "pcmepp"}
     assert {n for n, t in traits.items() if t.collapse_value(16)} == {"mh", "lseh", "selhn"}
     assert traits["mh"].collapse_value(16) == pytest.approx(2 * 16 * 0.2)
     assert {n for n, t in traits.items() if t.networks > 1} == {"ncr", "bicro"}
@@ -58,7 +58,7 @@ def test_every_built_in_loss_keeps_the_contract(name):
                                           "invariant to permuting the batch"]
     same_image = results[2]
     # their authors mask only the diagonal, and so do the defaults
-    if name in ("rcl", "decl", "ncr", "crcl", "bicro", "poly", "selhn"):
+    if name in ("rcl", "decl", "ncr", "crcl", "bicro", "poly", "selhn", "pcme", "pcmepp"):
         assert same_image.ok is None and "not applicable" in same_image.detail
         results = [r for r in results if r is not same_image]
         masked = run_contract(name, {"mask_same_image": True}, distributed=False, timing=False)

@@ -364,6 +364,8 @@ SIMILARITIES = ("cosine", "order", "order-norm", "csd")
 # Of them, the scores of probabilistic embeddings: each embedding is [mean, log-variance] (halves),
 # a dual network then carries a variance head (PCME, PCME++; networks.vse_model).
 PROBABILISTIC_SIMILARITIES = ("csd",)
+# Of them, the order-embedding scores: their embeddings are non-negative (absolute values).
+ORDER_SIMILARITIES = ("order", "order-norm")
 # Caption relevance (`vse relevance --method`): LSEH's TF-IDF + SVD, MiniLM, mean GloVe, and the
 # ladder paper's gate of the two.
 RELEVANCE_METHODS = ("svd", "bert", "cbow", "cbow+bert")

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from pipeline.core.checks import CheckResult, guarded
+from pipeline.core.similarity import is_probabilistic
 from pipeline.losses.plugins import loss_traits, make_loss
 
 CONTRACT_BATCH = 8          # even: the distributed check splits it over 2 processes
@@ -51,7 +52,8 @@ def run_contract(spec: str, options: dict | None = None, *, distributed: bool = 
         guarded("finite scalar", lambda: _finite_scalar(loss, inputs, seed)),
         guarded("float64 gradcheck", lambda: _gradcheck(double, inputs, seed)),
         guarded("same-image pairs never negatives",
-                 lambda: _same_image_not_negative(double, traits.similarity != "cosine", seed))
+                 lambda: _same_image_not_negative(double, traits.similarity != "cosine", seed,
+                                                  is_probabilistic(traits.similarity)))
         if not _authors_count_same_image(loss) else
         CheckResult("same-image pairs never negatives", None,
                     "not applicable: this loss's authors count same-image pairs as negatives (only the "
@@ -133,20 +135,28 @@ def _authors_count_same_image(loss) -> bool:
     return default is not None and default.default is False
 
 
-def _same_image_not_negative(loss, order: bool, seed) -> CheckResult:
+def _same_image_not_negative(loss, order: bool, seed, probabilistic: bool = False) -> CheckResult:
     """Two extra dimensions that only image 0 and caption 1 (same image) use: turning image
-    0 there changes s(image 0, caption 1) and no other score, norm or item similarity."""
+    0 there changes s(image 0, caption 1) and no other score, norm or item similarity. For
+    probabilistic embeddings ``[mean, log-variance]`` the two dimensions end the mean half."""
     base = contract_inputs(order, seed)
     size = len(base["img"])
     angles = torch.linspace(0.0, math.pi / 2, 5, dtype=torch.float64)
+    at = CONTRACT_DIM // 2 + 2 if probabilistic else CONTRACT_DIM + 2  # the extra two end here
+
+    def widened(emb):
+        zeros = torch.zeros(size, 2, dtype=torch.float64)
+        return torch.cat([0.5 * emb[:, :at - 2], zeros, 0.5 * emb[:, at - 2:]], dim=1)
 
     def values(ids):
         out = []
         for angle in angles:
-            img = torch.cat([0.5 * base["img"], torch.zeros(size, 2, dtype=torch.float64)], dim=1)
-            cap = torch.cat([0.5 * base["cap"], torch.zeros(size, 2, dtype=torch.float64)], dim=1)
-            img[0, -2:] = torch.stack([torch.cos(angle), torch.sin(angle)])
-            cap[1, -2] = 1.0
+            img, cap = widened(base["img"]), widened(base["cap"])
+            if probabilistic:  # [mean, 2 extra | log-variance, 2 of nearly no variance (a sample's
+                certain = torch.full((size, 2), -60.0, dtype=torch.float64)  # noise stays out of them)]
+                img, cap = torch.cat([img, certain], dim=1), torch.cat([cap, certain], dim=1)
+            img[0, at - 2:at] = torch.stack([torch.cos(angle), torch.sin(angle)])
+            cap[1, at - 2] = 1.0
             out.append(call(loss, img, cap, ids, base["relevance"], seed).item())
         return torch.tensor(out, dtype=torch.float64)
 

@@ -19,8 +19,9 @@ from torch import nn
 
 from pipeline.core.errors import VseError
 from pipeline.core.registry import LAST, PROJECTIONS
-from pipeline.core.similarity import SIMILARITIES  # the one list of similarity names
+from pipeline.core.similarity import SIMILARITIES, is_order, is_probabilistic  # the one list of names
 from pipeline.core.tokens import PAD_ID
+from pipeline.networks.gaussian_head import GaussianText
 from pipeline.networks.heads import GPO, BiGRUTextEncoder, SetImageHead, TokenSetTextEncoder
 from pipeline.networks.layers import l2_normalize, load_word_vectors, pack_by_length
 from pipeline.networks.network import DualNetwork, NetworkConfig, build_network
@@ -35,7 +36,8 @@ class ModelConfig:
     word_dim: int = 300
     num_layers: int = 1
     img_norm: bool = True          # False = the VSE0 variant with unnormalised images
-    similarity: str = "cosine"     # "order"/"order-norm" = order embeddings (abs values, order score)
+    similarity: str = "cosine"     # "order"/"order-norm" = order embeddings (abs values, order score);
+    #                                "csd": [mean, log-variance] embeddings (networks.gaussian_head)
     projection: str = "linear"     # "mlp" = ConVSE two-layer heads (feature → 2048 → embed)
     mlp_hidden: int = 2048
     text_dim: int = 0              # > 0: captions arrive as frozen vectors of this size (cached
@@ -89,14 +91,23 @@ class ImageEncoder(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.normalize = cfg.img_norm or cfg.similarity != "cosine"
-        self.use_abs = cfg.similarity != "cosine"
+        self.use_abs = is_order(cfg.similarity)
         self.augment = cfg.size_augment
+        self.log_variance = None  # a probabilistic similarity's variance branch (gaussian_head)
+        probabilistic = is_probabilistic(cfg.similarity)
         if cfg.image_pool is None:
             self.proj = _projection(cfg.feature_dim, cfg.embed_dim, cfg.projection, cfg.mlp_hidden)
+            if probabilistic:
+                self.log_variance = _projection(cfg.feature_dim, cfg.embed_dim, cfg.projection,
+                                                cfg.mlp_hidden)
         else:
             self.head = SetImageHead(cfg.feature_dim, cfg.embed_dim, projection=cfg.set_projection,
                                      pool=cfg.image_pool, pool_options=cfg.pool_options,
                                      no_imgnorm=not self.normalize, use_abs=self.use_abs)
+            if probabilistic:
+                self.log_variance = SetImageHead(cfg.feature_dim, cfg.embed_dim,
+                                                 projection=cfg.set_projection, pool=cfg.image_pool,
+                                                 pool_options=cfg.pool_options, no_imgnorm=True)
 
     @property
     def takes_sets(self) -> bool:
@@ -110,13 +121,19 @@ class ImageEncoder(nn.Module):
             emb = self.proj(features)
             if self.normalize:
                 emb = l2_normalize(emb)
-            return emb.abs() if self.use_abs else emb
+            return self._with_variance(emb.abs() if self.use_abs else emb, features)
         lengths = torch.full((len(features),), features.shape[1], dtype=torch.int64)  # on the host
         if self.training and self.augment:
             # drawn from torch's generator: a checkpoint's RNG state makes a resumed run draw the same
             rng = np.random.default_rng(int(torch.randint(2 ** 62, (1,))))
             features, lengths = size_augment(features, lengths, rng=rng, rule=self.augment)
-        return self.head(features, lengths)
+        return self._with_variance(self.head(features, lengths), features, lengths)
+
+    def _with_variance(self, emb: torch.Tensor, *inputs) -> torch.Tensor:
+        """``emb``, or ``[emb, log-variance]`` where the similarity is probabilistic."""
+        if self.log_variance is None:
+            return emb
+        return torch.cat([emb, self.log_variance(*inputs)], dim=-1)
 
 
 class TextEncoder(nn.Module):
@@ -129,7 +146,8 @@ class TextEncoder(nn.Module):
         self.rnn = nn.GRU(cfg.word_dim, cfg.embed_dim, cfg.num_layers, batch_first=True)
         self.head = (_projection(cfg.embed_dim, cfg.embed_dim, "mlp", cfg.mlp_hidden)
                      if cfg.projection == "mlp" else None)
-        self.use_abs = cfg.similarity != "cosine"
+        self.use_abs = is_order(cfg.similarity)
+        self.normalize = True  # False: a log-variance branch (gaussian_head)
 
     def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``lengths`` belong on the CPU, where the packing reads them (lengths on a GPU cost a
@@ -141,7 +159,7 @@ class TextEncoder(nn.Module):
         emb = hidden[-1]  # (B, embed): the state after each caption's last real token
         if self.head is not None:
             emb = self.head(emb)
-        emb = l2_normalize(emb)
+        emb = l2_normalize(emb) if self.normalize else emb
         return emb.abs() if self.use_abs else emb
 
     def load_word_vectors(self, vectors: torch.Tensor, mask: torch.Tensor) -> int:
@@ -156,20 +174,29 @@ class VectorTextEncoder(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.proj = _projection(cfg.text_dim, cfg.embed_dim, cfg.text_projection, cfg.mlp_hidden)
-        self.use_abs = cfg.similarity != "cosine"
+        self.use_abs = is_order(cfg.similarity)
+        self.normalize = True  # False: a log-variance branch (gaussian_head)
 
     def forward(self, vectors: torch.Tensor) -> torch.Tensor:
-        emb = l2_normalize(self.proj(vectors.float()))
+        emb = self.proj(vectors.float())
+        emb = l2_normalize(emb) if self.normalize else emb
         return emb.abs() if self.use_abs else emb
 
 
 def text_encoder_for(cfg: ModelConfig) -> nn.Module:
     """The caption side a config describes: a head over frozen vectors (or over frozen token
     vectors, pooled), or a GRU over word tokens (VSE++'s last state, or VSE∞'s BiGRU pooled).
-    Its ``forward`` takes the caption input of a batch (``pipeline.data.captions``) unpacked."""
+    Its ``forward`` takes the caption input of a batch (``pipeline.data.captions``) unpacked. A
+    probabilistic similarity's: two of them, mean and log-variance (``gaussian_head.GaussianText``)."""
+    if is_probabilistic(cfg.similarity):
+        return GaussianText(_text_encoder(cfg), _text_encoder(cfg))
+    return _text_encoder(cfg)
+
+
+def _text_encoder(cfg: ModelConfig) -> nn.Module:
     if cfg.text_pool == LAST:
         return VectorTextEncoder(cfg) if cfg.text_dim else TextEncoder(cfg)
-    use_abs = cfg.similarity != "cosine"
+    use_abs = is_order(cfg.similarity)
     if cfg.text_dim:
         return TokenSetTextEncoder(cfg.text_dim, cfg.embed_dim, pool=cfg.text_pool,
                                    pool_options=cfg.pool_options, use_abs=use_abs)
