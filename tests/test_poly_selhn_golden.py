@@ -200,3 +200,23 @@ def test_check_loss_passes(name):
                                       "mask_same_image=true"])
     assert result.exit_code == 0, result.output
     assert "same-image pairs never negatives      ok" in result.output
+
+
+@pytest.mark.parametrize("name, options", [("poly", {"positive": [0.3, -0.8, 0.5], "margin": 0.1}),
+                                           ("selhn", {"epsilon": 0.05})])
+def test_a_run_trains_and_records_its_options(name, options, tiny_cache, tmp_path):
+    """One epoch on the tiny cache, every loss finite, and config.json holds the options as given, which
+    build the same loss again (poly's coefficients come back as a list and build the same tuple)."""
+    from conftest import TINY_TRAIN
+
+    from pipeline.core.config import TrainConfig
+    from pipeline.training.build import build_trainer
+
+    config = TrainConfig(features=str(tiny_cache), run_dir=str(tmp_path / "run"), loss=name,
+                         loss_options=options, epochs=1, **TINY_TRAIN)
+    trainer = build_trainer(config, echo=lambda *a: None)
+    result = trainer.fit()  # a non-finite loss would stop it with an error
+    assert result["iterations"] > 0 and np.isfinite(result["best_rsum"])
+    recorded = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert recorded["loss"] == name and recorded["loss_options"] == options
+    assert build_loss(name, **recorded["loss_options"]).options == trainer.loss.options
