@@ -7,61 +7,15 @@ image→text pass the images × captions matrix, for text→image its transpose)
 ``RESCORERS[name](**options)(scores, bank)``. ``bank`` (Nb × G) holds the scores of Nb *reference
 queries* against the same gallery: the queries of the same modality from another split.
 
-What a correction may see (the rule; the CLI enforces it):
-
-- inductive (isf, csls, qbnorm, nnn): the bank comes from the training split's embeddings by
-  default, never from the test split; its size and split are options recorded with the result.
-- transductive (dsl, ``Rescorer.transductive``): it normalises over the test queries themselves
-  (CAMoE's setting). It takes no bank, runs only when asked by name (``--transductive``), is recorded
-  with the result like the precision, and its rows are never compared silently with inductive ones.
-  A bank-based method given the test queries as its bank is transductive too.
-
-The formulas. ``topk_b`` is over bank rows (reference queries), ``topk_g`` over gallery columns,
-``lse`` = log-sum-exp; every correction of an inductive method is ``S'_ij = a * S_ij - c_j``
-(plus, for csls, a per-query term that leaves each query's ranking unchanged): ``fit(bank)`` returns
-that per-gallery-item part (``ItemCorrection``: ``scale`` a, ``bias`` c, and for qbnorm ``active``)
-so that a search index can store it and stay exact.
-
-- ``isf``, inverted softmax (Smith et al., ICLR 2017), beta = 30:
-  ``S'_ij = beta * S_ij - log sum_b exp(beta * B_bj)``.
-  Source: facebookresearch/MUSE@3159355b93f5c3c4883808ba785ba9d18d7f5e81,
-  src/evaluation/word_translation.py:111-121 (method ``invsm_beta_30``, the beta its
-  supervised.py:44 names; Smith et al. tune beta). Differences: the log of MUSE's
-  ``exp(beta S) / sum`` (the same ranking, no overflow of exp for large beta or scores); MUSE sums
-  over every source word (test queries included), here over the bank.
-- ``csls``, CSLS (Conneau et al., ICLR 2018), k = 10:
-  ``S'_ij = 2 S_ij - r_q(i) - r_g(j)``, ``r_q(i) = mean topk_g(S_i.)`` (query i's k nearest gallery
-  items), ``r_g(j) = mean topk_b(B_.j)`` (item j's k nearest reference queries).
-  Source: MUSE@3159355b, src/utils.py:134-164 (``get_nn_avg_dist``, its torch path) and
-  src/evaluation/word_translation.py:123-138 (``csls_knn_10``). Differences: MUSE computes the
-  neighbours from embeddings (faiss float32 when installed); here from the given scores (any network,
-  pairwise ones included), in the scores' precision. MUSE's r_g runs over every source word, here
-  over the bank.
-- ``qbnorm``, Querybank Normalisation with the dynamic inverted softmax (Bogolin et al., CVPR 2022),
-  beta = 20, k = 1: the activation set ``A = union over bank rows b of topk_g(B_b.)``; a query i
-  whose top-1 item ``argmax_j S_ij`` is in A gets ``S'_ij = beta * S_ij - log sum_b exp(beta B_bj)``,
-  every other query keeps its raw row ``S_i.``.
-  Source: ioanacroi/qb-norm@76d4d90783c1085fe88c52d34acaa3d4d89eea8a, dynamic_inverted_softmax.py:7-32
-  (``qb_norm``, defaults k = 1, beta = 20 at lines 21-22). Differences: log space as for isf (the
-  same ranking of each query); theirs writes into its input array, this one does not; ties at the
-  top-1 or the k-th place go to the lowest index (theirs: numpy's argsort order). With a fixed
-  bank the correction is per item (``bias`` = the log-normaliser, ``active`` = A): a search index
-  answers a query with one raw search (its top-1) and, when that item is in A, one corrected one.
-- ``dsl``, dual softmax (Cheng et al., CAMoE, 2021), transductive, temperature = 1000,
-  logit_scale = 100: with ``L = logit_scale * S``,
-  ``S'_ij = L_ij * softmax_i(L_.j / temperature) * Q`` (the softmax over the *test queries*).
-  Source: starmemda/CAMoE@390e5ab47db13cba9e9b37934d42665f47e155cf, DSL.py:8-9 (the authors
-  released the loss only; at test time the same revision is applied to the test matrix, the
-  paper's inference setting). Differences: CAMoE's matrix holds CLIP logits (100 × cosine); the
-  option ``logit_scale`` (CLIP's 100) puts a cosine score matrix on that scale, so temperature
-  1000 means what it meant there. The prior multiplies the score, as theirs does: with negative
-  scores a popular item is pushed down, not up.
-- ``nnn``, Nearest Neighbor Normalization (Chowdhury et al., EMNLP 2024), k = 256, alpha = 0.5:
-  ``S'_ij = S_ij - alpha * mean topk_b(B_.j)``.
-  Source: PyPI nnn-retrieval 1.0.1, nnn/nnn_retriever.py:28-42 (``compute_alignment_means``) and
-  52-76 (``retrieve``); defaults nnn/nnn_ranker.py:13-15 (``alternate_ks=256``,
-  ``alternate_weight=0.5``). Differences: from the scores, not embeddings (as csls); the whole
-  corrected matrix, not only each query's top k.
+What a correction may see (the bank from the training split, never the evaluated one; transductive
+corrections only with ``--transductive``, recorded), each method's formula, source and differences
+from its authors' code, and the hubness: docs/PROTOCOL.md, "Re-scoring at test time" (the one place;
+``plan_rescore`` enforces the rule). Every correction of an inductive method is
+``S'_ij = a * S_ij - c_j`` (csls adds a per-query term that leaves each query's ranking unchanged):
+``fit(bank)`` returns that per-gallery-item part (``ItemCorrection``: ``scale`` a, ``bias`` c, and
+for qbnorm its activation set ``active``) so that a search index can store it and stay exact; with a
+fixed bank qbnorm's is per item too: a search answers a query with one raw search (its top-1) and,
+when that item is in the activation set, one corrected one.
 
 The k nearest neighbours over a bank are ``torch.topk`` over row blocks, merged as the blocks
 stream (one pass over the bank; a bank may be an iterable of row blocks, never held whole), not
@@ -72,10 +26,7 @@ queries at a time, so a training split of any size is never one matrix. The corr
 matrix is one output array (``out=scores`` corrects in place), written a block of rows at a time;
 each block is computed in float64.
 
-Hubness (Radovanović et al., JMLR 2010), of one direction's matrix as above (queries × gallery):
-``N_k(j)`` is how many queries have item j among their k
-nearest (ties to the lowest index); ``hubness`` is the skewness of N_k over the gallery,
-``E[(N_k - mean)^3] / std^3`` (population moments), k = 10; 0 when every item occurs equally often.
+Hubness: ``k_occurrence`` (N_k) and ``hubness`` (its skewness), k = 10, of one direction's matrix.
 """
 
 from __future__ import annotations
