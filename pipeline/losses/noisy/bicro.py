@@ -29,7 +29,7 @@ class BidirectionalConsistency(NoisyCorrespondenceRectifier):
       per-pair losses (NCR's mean row hinge + mean column hinge, margin α);
     - labels, from the fixed (other) network in eval mode, per batch: anchors, the B // 10 + 1
       pairs of highest confidence (``confidence``: NCR's prediction before its normalisation;
-      ties: the lower index first), label 1. Every pair n: its image's most similar anchor image
+      ties in a stable order), label 1. Every pair n: its image's most similar anchor image
       a (cosine), c_i2t = the ratio of cos(image n, image a) and cos(caption n, caption a), the
       smaller over the larger (their ``SIM_SELE``); c_t2i the same from the caption side. A clean
       pair's y = 0.5 + (c_i2t + c_t2i)/4, a noisy pair's (c_i2t + c_t2i)/2 (its anchors: its own
