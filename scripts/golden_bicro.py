@@ -44,6 +44,7 @@ import json
 import sys
 import types
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
@@ -57,22 +58,21 @@ STUBBED = ("evaluation", "data", "vocab")
 
 
 def load(code: Path, name: str, stubs: dict | None = None):
-    saved = {n: sys.modules.get(n) for n in (stubs or {})}
-    sys.modules.update(stubs or {})
-    try:
+    """Their NAME.py as a module, imported with ``stubs`` in sys.modules (as it was afterwards)."""
+    with mock.patch.dict(sys.modules, stubs or {}):
         spec = importlib.util.spec_from_file_location(name, code / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module
-    finally:
-        for n, m in saved.items():
-            if m is None:
-                sys.modules.pop(n, None)
-            else:
-                sys.modules[n] = m
 
 
 def their_modules(code: Path):
+    """model.py and co_train.py (with utils.py and the stand-ins). What their files import from
+    elsewhere is imported first, so that it stays in sys.modules (``load`` restores it)."""
+    import matplotlib.pyplot  # noqa: F401  (their utils.py)
+    import scipy.stats  # noqa: F401
+    import sklearn.mixture  # noqa: F401
+
     model = load(code, "model")
     stubs = {name: types.ModuleType(name) for name in STUBBED}
     stubs["evaluation"].__dict__.update(evalrank=None, i2t=None, t2i=None, encode_data=None,

@@ -37,6 +37,7 @@ import json
 import sys
 import types
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
@@ -50,27 +51,21 @@ OPTS = ("tau", "alpha", "warm_epoch", "mc", "confident", "schedules", "grad_clip
 
 
 def their_class(code: Path):
-    """Their ``CRCL`` class, CRCL.py loaded with its utils.py; the base models stubbed."""
-    saved = {name: sys.modules.get(name) for name in ("model", "model.VSEinfty", "model.SGRAF", "utils")}
+    """Their ``CRCL`` class, CRCL.py loaded with its utils.py; the base models stubbed (sys.modules
+    as it was afterwards)."""
     package = types.ModuleType("model")
     package.__path__ = []
     vse, sgraf = types.ModuleType("model.VSEinfty"), types.ModuleType("model.SGRAF")
     vse.VSEModel, sgraf.SGRAF = object, object
     spec = importlib.util.spec_from_file_location("utils", code / "utils.py")
     utils = importlib.util.module_from_spec(spec)
-    sys.modules.update({"model": package, "model.VSEinfty": vse, "model.SGRAF": sgraf, "utils": utils})
-    try:
+    with mock.patch.dict(sys.modules, {"model": package, "model.VSEinfty": vse, "model.SGRAF": sgraf,
+                                       "utils": utils}):
         spec.loader.exec_module(utils)
         spec = importlib.util.spec_from_file_location("model.CRCL", code / "model/CRCL.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module.CRCL
-    finally:
-        for name, module in saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
 
 
 def opts_defaults(code: Path) -> dict:
