@@ -208,3 +208,44 @@ def test_a_claims_across_ensemble_must_be_true_or_false(tmp_path):
 
     with pytest.raises(VseError, match="across_ensemble: true or false"):
         load_claims(_claims_file(tmp_path, [], "\n    across_ensemble: yes please"))
+
+
+def test_a_run_read_in_two_tables_is_one_seed(tmp_path):
+    from pipeline.reports.claims import read_tables
+
+    header = ["run", "loss", "seed", "checkpoint_sha256", "evaluation_id", "rsum"]
+    rows = [["mh,seed=0", "mh", 0, "aaa", "e1", 280.0], ["mh,seed=1", "mh", 1, "bbb", "e1", 281.0]]
+    for name, part in (("a.csv", rows), ("b.csv", rows[:1] + [["mh,seed=1", "mh", 1, "bbb", "e2", 282.0]])):
+        with open(tmp_path / name, "w", newline="", encoding="utf-8") as f:
+            csv.writer(f).writerows([header, *part])
+    read = read_tables([tmp_path / "a.csv", tmp_path / "b.csv"])
+    assert [row["rsum"] for row in read] == [280.0, 281.0, 282.0]  # seed 1 evaluated otherwise: kept
+
+
+def test_the_recipe_of_noisy_equal_size_makes_the_rows_its_claims_name(runs, tiny_cache, tmp_path):
+    """noisy_equal_size.yaml's commands on tiny runs named as the noisy sweep names them: each claim
+    of the clean setting finds both its sides (one seed each here: not testable, not 'not measured')."""
+    import shutil
+    from dataclasses import replace
+
+    from pipeline.reports.claims import CLAIMS_DIR
+
+    sweep, pairs = tmp_path / "noisy", tmp_path / "pairs"
+    shutil.copytree(runs / "ncr", sweep / "noise=clean,method=ncr,seed=0")
+    shutil.copytree(runs / "sh", sweep / "noise=clean,method=mh,seed=0")
+    train_run(tiny_cache, sweep / "noise=clean,method=mh,seed=3", loss="sh", epochs=1, batch_size=8, seed=3)
+    pairs.mkdir()
+    (pairs / "noise=clean,method=mh,seed=0").symlink_to(sweep / "noise=clean,method=mh,seed=3")
+    results, paired = tmp_path / "results.csv", tmp_path / "results_pairs.csv"
+    made = vse("evaluate", "--runs", f"{sweep}/*", "--member", 0, "--out", results)
+    assert made.exit_code == 0, made.output
+    made = vse("evaluate", "--runs", f"{sweep}/*method=mh,seed=[012]", "--average-with-runs", pairs,
+               "--out", paired)
+    assert made.exit_code == 0, made.output
+    spec = replace(load_claims(CLAIMS_DIR / "noisy_equal_size.yaml"), results=[results, paired])
+    verdicts = {c["claim"]: c["verdict"] for c in run_claims(spec, tmp_path / "claims.json")["claims"]}
+    clean = {claim: verdict for claim, verdict in verdicts.items() if claim.endswith("without noise")}
+    assert clean == {"one of ncr's networks beats one network of mh without noise":
+                     "not testable: 1 and 2 seeds (one seed is an anecdote)",
+                     "ncr's two networks beat two seeds of mh averaged without noise":
+                     "not testable: 1 and 1 seeds (one seed is an anecdote)"}

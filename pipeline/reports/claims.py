@@ -49,6 +49,7 @@ from pipeline.core.errors import VseError
 from pipeline.core.fsutil import guard_output, write_atomic
 from pipeline.evaluation.metrics import is_metric, metric_of
 from pipeline.evaluation.stats import ALPHA, mean_std, welch_greater
+from pipeline.reports.batch_eval import MEMBER
 from pipeline.reports.report import mixed_ensembles, read_results, row_ensemble, row_precision, seed_groups
 
 CLAIMS_FORMAT = "vse-claims"   # claims.json's leading "format" item (fsutil.output_format)
@@ -248,8 +249,19 @@ def verdicts(groups: dict, claims) -> list[dict]:
 
 
 def read_tables(paths) -> list[dict]:
-    """The rows of one or more results tables, one after another."""
-    return [row for path in paths for row in read_results(path)]
+    """The rows of one or more results tables, one after another; a row that another one already
+    holds (the same checkpoint bytes, evaluation, member and re-scoring: e.g. a run evaluated in two
+    tables, or as its own row and as a partner of `--average-with-runs`) is read once, so one
+    run is never two seeds."""
+    rows, seen = [], set()
+    for row in (row for path in paths for row in read_results(path)):
+        key = (row.get("checkpoint_sha256"), row.get("evaluation_id"), row.get(MEMBER), row.get("rescore"))
+        if key[0] and key[1]:  # rows of older tables without them are all read
+            if key in seen:
+                continue
+            seen.add(key)
+        rows.append(row)
+    return rows
 
 
 def same_ranking(ranking: dict) -> dict:
