@@ -135,7 +135,7 @@ def slurm_conf(folder: Path, node: str, cpus: int, memory_mb: int, ports: tuple[
         "SwitchType=switch/none",
         "ReturnToService=2",
         "JobRequeue=1",
-        "KillWait=5",
+        "KillWait=2",                  # SIGTERM to SIGKILL (submitit lets SIGTERM pass)
         "MinJobAge=600",               # a finished job stays visible to squeue/sacct-less queries
         "SlurmdParameters=config_overrides",
         f"StateSaveLocation={folder / 'state'}",
