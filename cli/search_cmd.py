@@ -8,6 +8,8 @@ import sys
 
 import click
 
+from cli.train_options import parse_key_values
+from pipeline.core.registry import RESCORERS
 from pipeline.search.faiss_index import GROUPS, KINDS, RECALL_AT, IndexOptions
 from pipeline.search.faiss_index import option_default as default
 from pipeline.search.searcher import QueryLimits
@@ -48,23 +50,37 @@ LIMITS = QueryLimits()
 @click.option("--image-root", type=click.Path(file_okay=False),
               help="Folder that relative image paths are under (recorded; `vse serve` shows the images).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out file that vse did not write.")
+@click.option("--rescore", metavar="NAME", default=None,
+              help=f"Store a per-item correction against hubness with the index, applied by `vse search` and "
+                   f"`vse serve` (an inductive one of {', '.join(RESCORERS.names)}; docs/PROTOCOL.md, "
+                   "'Re-scoring at test time'); flat or hnsw.")
+@click.option("--rescore-option", "rescore_option", multiple=True, callback=parse_key_values,
+              metavar="KEY=VALUE",
+              help="--rescore: an option of the method (JSON value), repeatable.")
+@click.option("--rescore-bank", type=click.Path(dir_okay=False), default=None,
+              help="--rescore: an embeddings file of the same model whose other group (the queries' "
+                   "modality) is the bank [default: the indexed file's].")
 def index(embeddings, out, of, kind, exact_below, hnsw_m, ef_construction, ef_search, nlist, pq_m, nbits,
-          nprobe, recall_target, recall_queries, seed, image_root, overwrite):
+          nprobe, recall_target, recall_queries, seed, image_root, overwrite, rescore, rescore_option,
+          rescore_bank):
     """Build a nearest-neighbour index (FAISS, cosine) over an embeddings file of `vse embed`."""
     from pipeline.search.faiss_index import build_index
 
     options = IndexOptions(kind=kind, of=of, exact_below=exact_below, hnsw_m=hnsw_m,
                            ef_construction=ef_construction, ef_search=ef_search, nlist=nlist, pq_m=pq_m,
                            nbits=nbits, nprobe=nprobe, recall_target=recall_target,
-                           recall_queries=recall_queries, seed=seed)
+                           recall_queries=recall_queries, seed=seed, rescore=rescore,
+                           rescore_options=dict(rescore_option), rescore_bank=rescore_bank)
     result = build_index(embeddings, out, options, image_root=image_root, overwrite=overwrite,
                          log=lambda line: click.echo(line, err=True))
     meta = result.meta
     recall = meta["recall"]
     quality = "exact" if recall["exact"] else f"recall@{recall['at']} {recall['value']:.4f}"
     size = sum(f["bytes"] for f in meta["files"].values())
+    corrected = f", + {meta['rescore']['method']}" if meta.get("rescore") else ""
     click.echo(f"wrote {result.out}: {meta['count']} {meta['of']} x {meta['dim']}, {meta['kind']} "
-               f"{json.dumps(meta['params'])} ({quality}; {size / 2 ** 20:.1f} MB; {result.seconds:.1f} s)")
+               f"{json.dumps(meta['params'])}{corrected} ({quality}; {size / 2 ** 20:.1f} MB; "
+               f"{result.seconds:.1f} s)")
     for note in result.notes:
         click.echo(f"note: {note}")
 

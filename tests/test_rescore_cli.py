@@ -205,3 +205,130 @@ def test_a_claims_file_tests_that_the_correction_helps(tmp_path):
         "    better: loss=mh + qbnorm\n    worse: loss=mh\n    metric: rsum\n")
     verdicts = run_claims(load_claims(tmp_path / "claims.yaml"))["claims"]
     assert [v["verdict"] for v in verdicts] == ["holds"]
+
+
+# ---------------------------------------------------------------------------- vse index --rescore
+
+SEARCHED = {"isf": {}, "csls": {"k": 5}, "qbnorm": {}, "nnn": {"k": 10}}
+
+
+@pytest.fixture()
+def hub_file(tmp_path):
+    """An embeddings file of 300 clustered image vectors and 200 caption vectors (the bank), made for a
+    stand-in checkpoint, and 40 other query vectors."""
+    from search_fakes import clustered_unit_vectors, write_embeddings
+
+    from pipeline.core.fsutil import file_sha256
+
+    checkpoint = tmp_path / "model.pt"
+    checkpoint.write_bytes(b"a stand-in checkpoint")
+    gallery, bank = clustered_unit_vectors(300, 16, seed=0), clustered_unit_vectors(200, 16, seed=1)
+    path = write_embeddings(tmp_path / "emb.h5", checkpoint_sha256=file_sha256(checkpoint),
+                            checkpoint=checkpoint,
+                            images=(gallery, _names("i", 300), _names("", 300, ".jpg")),
+                            captions=(bank, _names("c", 200), _names("caption ", 200)))
+    return path, gallery, bank, clustered_unit_vectors(40, 16, seed=2)
+
+
+def _names(prefix: str, n: int, suffix: str = "") -> list[str]:
+    return [f"{prefix}{i}{suffix}" for i in range(n)]
+
+
+def _corrected(name, gallery, bank, queries):
+    """The corrected exhaustive scores (float64) of ``queries`` over ``gallery``, and the raw ones."""
+    method, items = RESCORERS[name](**SEARCHED[name]), torch.from_numpy(gallery).double().T
+    raw = torch.from_numpy(queries).double() @ items
+    return method(raw, torch.from_numpy(bank).double() @ items).numpy(), raw.numpy()
+
+
+@pytest.mark.parametrize("name", sorted(SEARCHED))
+def test_a_corrected_index_ranks_as_the_corrected_exhaustive_search(hub_file, tmp_path, name):
+    from pipeline.search.index_reader import SearchIndex
+
+    path, gallery, bank, queries = hub_file
+    options = [f"--rescore-option={k}={v}" for k, v in SEARCHED[name].items()]
+    result = vse("index", path, "--out", tmp_path / "idx", "--kind", "flat", "--rescore", name, *options)
+    assert result.exit_code == 0, result.output
+    index = SearchIndex(tmp_path / "idx")
+    assert index.meta["rescore"]["bank"]["count"] == 200 and index.meta["rescore"]["method"] == name
+    scores, rows = index.search(queries, 300)
+    expected, raw = _corrected(name, gallery, bank, queries)
+    order = np.argsort(-expected, axis=1, kind="stable")
+    assert np.array_equal(rows, order)  # the whole ranking of every query, exactly
+    np.testing.assert_allclose(scores, np.take_along_axis(expected, order, axis=1), rtol=1e-5, atol=1e-4)
+    assert not np.array_equal(order, np.argsort(-raw, axis=1, kind="stable"))  # the correction moves items
+    if name == "qbnorm":  # both branches: some queries' raw top-1 in the activation set, some not
+        active = np.load(tmp_path / "idx" / "rescore.npz")["active"]
+        hits = active[np.argmax(raw, axis=1)]
+        assert hits.any() and not hits.all()
+
+
+def test_vse_search_answers_with_the_corrected_ranking(hub_file, tmp_path, monkeypatch):
+    from search_fakes import StandInEmbedder
+
+    from pipeline.search import searcher as search_module
+
+    path, gallery, bank, _ = hub_file
+    embedder = StandInEmbedder.for_checkpoint(tmp_path / "model.pt", dim=16)
+    monkeypatch.setattr(search_module, "load_embedder", lambda *a, **k: embedder)
+    assert vse("index", path, "--out", tmp_path / "idx", "--kind", "flat", "--rescore", "nnn",
+               "--rescore-option", "k=10").exit_code == 0
+    answer = _json(vse("search", tmp_path / "idx", "--text", "a dog on the grass", "-k", 5, "--json"))
+    expected, _ = _corrected("nnn", gallery, bank, embedder.embed_texts(["a dog on the grass"]))
+    assert [hit["id"] for hit in answer["results"]] == [f"i{n}" for n in np.argsort(-expected[0])[:5]]
+    assert answer["results"][0]["score"] == pytest.approx(float(expected[0].max()), abs=1e-5)
+
+
+def test_a_corrected_hnsw_index_measures_its_recall_against_the_corrected_search(hub_file, tmp_path):
+    from pipeline.search.index_reader import SearchIndex
+
+    path, gallery, bank, queries = hub_file
+    result = vse("index", path, "--out", tmp_path / "idx", "--kind", "hnsw", "--rescore", "isf",
+                 "--recall-target", 0.99)
+    assert result.exit_code == 0, result.output
+    index = SearchIndex(tmp_path / "idx")
+    expected, _ = _corrected("isf", gallery, bank, queries)
+    found = index.search(queries, 10)[1]
+    exact = np.argsort(-expected, axis=1)[:, :10]
+    recall = np.mean([len(set(a) & set(e)) / 10 for a, e in zip(found, exact)])
+    assert index.meta["recall"]["value"] >= 0.99 and recall >= 0.95
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--rescore", "dsl"), "--rescore dsl is transductive"),
+    (("--rescore", "hubs"), "--rescore: unknown method 'hubs'"),
+    (("--rescore", "nnn", "--kind", "ivfpq"), "--rescore nnn goes with --kind flat or hnsw"),
+    (("--rescore", "nnn"), "--rescore nnn: k=256 is larger than the bank (200 reference queries)"),
+    (("--rescore-option", "k=3"), "--rescore-option and --rescore-bank go with --rescore NAME"),
+])
+def test_bad_index_rescoring_is_one_line(hub_file, tmp_path, args, says):
+    result = vse("index", hub_file[0], "--out", tmp_path / "idx", "--image-root", tmp_path, *args)
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and result.output.strip().splitlines()[-1] == errors[0] and says in errors[0]
+    assert not (tmp_path / "idx").exists()
+
+
+def test_an_index_bank_needs_the_queries_modality_and_the_same_model(hub_file, tmp_path):
+    from search_fakes import write_embeddings
+
+    path, gallery, _, _ = hub_file
+    alone = write_embeddings(tmp_path / "alone.h5", checkpoint_sha256="0" * 64,
+                             images=(gallery, _names("i", 300), _names("", 300, ".jpg")))
+    result = vse("index", alone, "--out", tmp_path / "idx", "--rescore", "isf")
+    assert result.exit_code == 1 and "the bank is the queries' modality, captions" in result.output
+    result = vse("index", path, "--out", tmp_path / "idx", "--rescore", "isf", "--rescore-bank", alone)
+    assert result.exit_code == 1 and "--rescore-bank" in result.output
+
+
+def test_a_qbnorm_index_that_ignored_its_activation_set_would_fail_the_comparison(hub_file, tmp_path):
+    from pipeline.search.index_reader import SearchIndex
+
+    path, gallery, bank, queries = hub_file
+    result = vse("index", path, "--out", tmp_path / "idx", "--kind", "flat", "--rescore", "qbnorm")
+    assert result.exit_code == 0, result.output
+    index = SearchIndex(tmp_path / "idx")
+    expected = np.argsort(-_corrected("qbnorm", gallery, bank, queries)[0], axis=1, kind="stable")
+    assert np.array_equal(index.search(queries, 300)[1], expected)
+    index.correction.active = None  # the slip: every query corrected
+    assert not np.array_equal(index.search(queries, 300)[1], expected)

@@ -52,6 +52,7 @@ from pipeline.search.index_reader import (
     ITEMS_FILE,
     ITEMS_FORMAT,
     KINDS,
+    RESCORE_FILE,
     SEARCH_PARAM,
     import_faiss,
     set_search_params,
@@ -82,6 +83,12 @@ class IndexOptions:
     recall_target: float = 0.95    # recall@10 the tuning aims for
     recall_queries: int = 1000     # held-out queries of the recall measurement
     seed: int = 0                  # which queries and training vectors are sampled
+    # a per-item correction against hubness stored with the index (issue 61; docs/PROTOCOL.md,
+    # "Re-scoring at test time"): an inductive method's name, its options, and the embeddings file
+    # whose other group (the queries' modality) is its bank (None: the indexed file's own)
+    rescore: str | None = None
+    rescore_options: dict = field(default_factory=dict)
+    rescore_bank: str | None = None
 
     def check(self) -> None:
         if self.kind not in ("auto", *KINDS):
@@ -97,6 +104,23 @@ class IndexOptions:
             raise VseError(f"--nbits must be at most 16, not {self.nbits}")
         if not 0 < self.recall_target <= 1:
             raise VseError(f"--recall-target must be in (0, 1], not {self.recall_target}")
+        if self.rescore is None and (self.rescore_options or self.rescore_bank):
+            raise VseError("--rescore-option and --rescore-bank go with --rescore NAME")
+        if self.rescore is not None:
+            self.rescorer()  # an unknown or transductive method, or a bad option: before any reading
+            if self.kind == "ivfpq":
+                raise VseError(f"--rescore {self.rescore} goes with --kind flat or hnsw: ivfpq would "
+                               "quantise the stored correction with the vectors")
+
+    def rescorer(self):
+        """The method of ``--rescore`` with its options (``rescore.build_rescorer``), inductive only."""
+        from pipeline.evaluation.rescore import build_rescorer
+
+        method = build_rescorer(self.rescore, **self.rescore_options)
+        if method.transductive:
+            raise VseError(f"--rescore {method.name} is transductive (it normalises over the queries "
+                           "themselves): it has no per-item correction to store with an index")
+        return method
 
 
 def option_default(name: str):
@@ -268,6 +292,11 @@ def build_index(embeddings, out, options: IndexOptions = IndexOptions(), *, imag
     out = Path(out)
     SEARCH_INDEX.guard(out, overwrite)
     source = EmbeddingsFile(embeddings)
+    if source.similarity == "csd":  # PCME, PCME++
+        raise VseError("the model's similarity is 'csd' (probabilistic embeddings): vse index does not "
+                       "index them yet (csd is an inner product of augmented vectors, "
+                       "core.similarity.csd_augmented, but the index of them is not built); rank them with "
+                       "vse evaluate, or read the means and log-variances of this file", source.path)
     if source.similarity != "cosine":
         raise VseError(f"the model's similarity is {source.similarity!r}: only a cosine model can be "
                        "searched by inner product (an order-embedding model cannot be indexed)", source.path)
@@ -290,6 +319,17 @@ def build_index(embeddings, out, options: IndexOptions = IndexOptions(), *, imag
         raise VseError(f"an approximate index of {count} item makes no sense: use --kind flat", source.path)
     params = resolved_params(kind, options, count, dim)
     log(f"{count} {group} x {dim}: {kind} index {json.dumps(params) if params else ''}".rstrip())
+    correction, rescore_meta = (None, None)
+    if options.rescore:
+        correction, rescore_meta = fit_correction(source, group, options, log)
+    column = None if correction is None else (-correction.bias / correction.scale).numpy().astype(np.float32)
+
+    def stored(chunk: np.ndarray, start: int = 0, query: bool = False) -> np.ndarray:
+        """Vectors as the index holds them: with the correction's column (``column``; a query's: 1)."""
+        if column is None:
+            return chunk
+        extra = np.ones(len(chunk), np.float32) if query else column[start:start + len(chunk)]
+        return np.hstack([chunk, extra[:, None]]).astype(np.float32)
 
     rng = np.random.default_rng(options.seed)
     queries = self_rows = exact = None
@@ -303,15 +343,17 @@ def build_index(embeddings, out, options: IndexOptions = IndexOptions(), *, imag
         else:
             self_rows = rng.choice(count, min(options.recall_queries, count), replace=False)
             queries, queries_from = source.rows(group, self_rows), f"{group} (each query's own row excluded)"
+        queries = stored(queries, query=True)  # with a correction: its recall is the corrected search's
         exact = ExactTopK(queries, min(RECALL_AT + (self_rows is not None), count))
 
-    index = new_index(kind, dim, params)
+    index = new_index(kind, dim + (column is not None), params)
     if kind == "ivfpq":
         sample = np.sort(rng.choice(count, params["train_size"], replace=False))
         log(f"training ivfpq on {len(sample)} vectors")
         index.train(source.rows(group, sample))
     reported = 0
     for start, chunk in source.chunks(group):
+        chunk = stored(chunk, start)
         index.add(chunk)
         if exact is not None:
             exact.update(start, chunk)
@@ -354,7 +396,7 @@ def build_index(embeddings, out, options: IndexOptions = IndexOptions(), *, imag
                        "created": source.attrs.get("created"),
                        "image_pipeline": _json_or_none(source.attrs.get("image_pipeline")),
                        "caption_encoder": _json_or_none(source.attrs.get("caption_encoder"))},
-        "recall": recall,
+        "recall": recall, "rescore": rescore_meta,
         "options": dataclasses.asdict(options),
         "build": {"seconds": round(build_seconds, 3), "tuning_seconds": round(tuning_seconds, 3),
                   "faiss_version": import_faiss().__version__, "vse_version": __version__,
@@ -368,12 +410,46 @@ def build_index(embeddings, out, options: IndexOptions = IndexOptions(), *, imag
                            out) from exc
         write_items(tmp / ITEMS_FILE, group, ids, shown,
                     source.captions_of(ids) if group == "images" else None)
+        written = [ITEMS_FILE]
+        if correction is not None:
+            arrays = {"bias": correction.bias.numpy()}
+            if correction.active is not None:
+                arrays["active"] = correction.active.numpy()
+            np.savez(tmp / RESCORE_FILE, **arrays)
+            written.append(RESCORE_FILE)
         meta["files"] = {FAISS_FILE: {"sha256": faiss_sha, "bytes": faiss_size},
-                         ITEMS_FILE: {"sha256": file_sha256(tmp / ITEMS_FILE),
-                                      "bytes": (tmp / ITEMS_FILE).stat().st_size}}
+                         **{name: {"sha256": file_sha256(tmp / name), "bytes": (tmp / name).stat().st_size}
+                            for name in written}}
         meta["complete"] = True
         (tmp / FOLDER_META).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     return BuildResult(out, meta, time.perf_counter() - started, notes)
+
+
+def fit_correction(source: EmbeddingsFile, group: str, options: IndexOptions, log) -> tuple:
+    """The per-item correction of ``options.rescore`` (``rescore.ItemCorrection``) of the indexed
+    vectors, fitted on its bank: the other group (the queries' modality) of ``options.rescore_bank``
+    or of the indexed file, embedded by the same model, scored against every indexed vector a block of
+    reference queries at a time; and what meta.json records of it."""
+    import torch
+
+    method = options.rescorer()
+    bank = EmbeddingsFile(options.rescore_bank) if options.rescore_bank else source
+    queries = next(g for g in GROUPS if g != group)
+    if queries not in bank.groups or bank.count(queries) == 0:
+        raise VseError(f"--rescore {method.name}: the bank is the queries' modality, {queries}, and this "
+                       "file has none (give --rescore-bank FILE.h5 of `vse embed` with them)", bank.path)
+    if bank.checkpoint_sha256 != source.checkpoint_sha256 or bank.dim != source.dim:
+        raise VseError(f"--rescore-bank: embedded by another model than the indexed file "
+                       f"({bank.checkpoint_sha256[:12]}…, not {source.checkpoint_sha256[:12]}…)", bank.path)
+    gallery = torch.from_numpy(np.concatenate([chunk for _, chunk in source.chunks(group)])).T
+    log(f"--rescore {method.name}: fitting on {bank.count(queries)} {queries} of {bank.path.name}")
+    correction = method.fit((torch.from_numpy(chunk) @ gallery for _, chunk in bank.chunks(queries, 1024)),
+                            gallery.shape[1])
+    record = {**method.record(), "scale": float(correction.scale),
+              "query_k": getattr(method.options, "k", None) if method.name == "csls" else None,
+              "bank": {"path": str(bank.path.resolve()), "sha256": file_sha256(bank.path), "group": queries,
+                       "count": correction.bank_size}}
+    return correction, record
 
 
 def write_items(path, group, ids, shown, captions=None) -> None:

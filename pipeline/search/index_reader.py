@@ -25,6 +25,7 @@ from pipeline.search.embeddings_file import GROUP_FIELD, GROUPS
 FORMAT = SEARCH_INDEX.tag
 ITEMS_FORMAT = "vse-index-items"
 FAISS_FILE, ITEMS_FILE = "index.faiss", "items.h5"
+RESCORE_FILE = "rescore.npz"  # `vse index --rescore`: the per-item correction (bias, qbnorm's active set)
 KINDS = INDEX_KINDS
 
 
@@ -83,7 +84,8 @@ def read_faiss(path, sha256: str):
 # The type of each meta.json field an index reads (None: the field may be null or absent).
 _META_TYPES = {"complete": bool, "kind": str, "of": str, "dim": int, "count": int, "params": dict,
                "files": dict, "checkpoint_sha256": str, "checkpoint": (str, None), "image_root": (str, None),
-               "recall": (dict, None), "embeddings": (dict, None), "build": (dict, None)}
+               "recall": (dict, None), "embeddings": (dict, None), "build": (dict, None),
+               "rescore": (dict, None)}
 
 
 def _check_meta_types(meta: dict, meta_path) -> None:
@@ -107,6 +109,62 @@ def _check_meta_types(meta: dict, meta_path) -> None:
         entry = meta["files"].get(name)
         if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
             raise VseError(f"index metadata is incomplete or altered: files.{name}.sha256 missing", meta_path)
+
+
+class StoredCorrection:
+    """A per-item correction against hubness stored with an index (`vse index --rescore`; the methods:
+    pipeline.evaluation.rescore, docs/PROTOCOL.md "Re-scoring at test time"). The index holds each
+    item's vector with one more column, ``-bias / scale``: a query searched as ``[q, 1]`` scores
+    ``q·x - bias / scale``, the corrected score over ``scale``, so the index ranks by the corrected score
+    as exactly as it ranks raw ones; searched as ``[q, 0]`` it scores the raw ``q·x``. csls subtracts the
+    query's own mean of its k best raw scores (its ranking unchanged); qbnorm corrects a query only when
+    its raw top-1 item is in the activation set, else answers the raw search."""
+
+    def __init__(self, method: str, scale: float, active: np.ndarray | None = None,
+                 query_k: int | None = None):
+        self.method, self.scale, self.active, self.query_k = method, scale, active, query_k
+
+    @property
+    def label(self) -> str:
+        return self.method
+
+    @classmethod
+    def read(cls, path: Path, meta: dict, meta_path) -> StoredCorrection:
+        record, entry = meta["rescore"], meta["files"].get(RESCORE_FILE)
+        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
+            raise VseError(f"index metadata is incomplete or altered: files.{RESCORE_FILE}.sha256 missing",
+                           meta_path)
+        stored = path / RESCORE_FILE
+        if not stored.is_file():
+            raise VseError(f"index is missing {RESCORE_FILE}", path)
+        if file_sha256(stored) != entry["sha256"]:
+            raise VseError("differs from the one recorded in meta.json (sha256): the index was altered",
+                           stored)
+        scale, query_k = record.get("scale"), record.get("query_k")
+        if not isinstance(scale, float) or scale <= 0 or not (query_k is None or is_int(query_k)):
+            raise VseError(f"index metadata is altered: rescore scale {scale!r}, query_k {query_k!r}",
+                           meta_path)
+        with np.load(stored, allow_pickle=False) as arrays:
+            active = arrays["active"].astype(bool) if "active" in arrays.files else None
+        if (active is None) != (record.get("method") != "qbnorm") or \
+                (active is not None and len(active) != meta["count"]):
+            raise VseError(f"{RESCORE_FILE} does not hold the correction meta.json names: the index was "
+                           "altered", meta_path)
+        return cls(str(record.get("method")), scale, active, query_k)
+
+    def search(self, index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, rows) of the corrected search (the raw search for a qbnorm query outside its set)."""
+        ones, zeros = np.ones((len(queries), 1), np.float32), np.zeros((len(queries), 1), np.float32)
+        scores, rows = index.search(np.hstack([queries, ones]), k)
+        scores = self.scale * scores.astype(np.float64)
+        if self.query_k:  # csls: minus the query's mean of its k best raw scores
+            raw, _ = index.search(np.hstack([queries, zeros]), self.query_k)
+            scores -= raw.astype(np.float64).mean(axis=1, keepdims=True)
+        if self.active is not None:  # qbnorm: corrected only when the raw top-1 item is in the set
+            raw, raw_rows = index.search(np.hstack([queries, zeros]), k)
+            hit = self.active[raw_rows[:, 0]][:, None] & (raw_rows[:, :1] >= 0)
+            scores, rows = np.where(hit, scores, raw), np.where(hit, rows, raw_rows)
+        return scores.astype(np.float32), rows
 
 
 class SearchIndex:
@@ -158,7 +216,8 @@ class SearchIndex:
         if self.index.ntotal != self.count or self.index.ntotal != len(self.ids):
             raise VseError(f"the FAISS index holds {self.index.ntotal} vectors for {len(self.ids)} ids",
                            self.path)
-        if self.index.d != self.dim:
+        self.correction = StoredCorrection.read(self.path, meta, meta_path) if meta.get("rescore") else None
+        if self.index.d != self.dim + (self.correction is not None):  # a correction: one column more
             raise VseError(f"the FAISS index is {self.index.d}-d, the metadata says {self.dim}", self.path)
         inner_product = import_faiss().METRIC_INNER_PRODUCT
         if _faiss_kind(self.index) != self.kind or self.index.metric_type != inner_product:
@@ -176,6 +235,8 @@ class SearchIndex:
         queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
         if queries.shape[1] != self.dim:
             raise VseError(f"query vectors are {queries.shape[1]}-d, the index is {self.dim}-d", self.path)
+        if self.correction is not None:
+            return self.correction.search(self.index, queries, min(int(k), self.count))
         return self.index.search(queries, min(int(k), self.count))
 
     def hits(self, scores: np.ndarray, rows: np.ndarray) -> list[dict]:
@@ -195,4 +256,5 @@ class SearchIndex:
                 "checkpoint_sha256": self.checkpoint_sha256, "recall_at": recall.get("at"),
                 "recall": recall.get("value"), "exact": self.kind == "flat",
                 "embeddings_sha256": (self.meta.get("embeddings") or {}).get("sha256"),
+                "rescore": None if self.correction is None else self.correction.label,
                 "created": (self.meta.get("build") or {}).get("created")}
