@@ -62,7 +62,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `mkdocs build` from the repository root imports cli and pipeline
     sys.path.insert(0, str(ROOT))
 
-DIRECTIVE = re.compile(r"<!-- vse:(?!value )(?P<name>[a-z]+) (?P<args>[^>]*?) -->"
+# vse:value is a region of its own (VALUE); vse:run marks a block that tests/test_docs_run.py runs: an
+# HTML comment the page keeps, never a directive the build fills
+DIRECTIVE = re.compile(r"<!-- vse:(?!value |run[ >-])(?P<name>[a-z]+) (?P<args>[^>]*?) -->"
                        r"(?:\n(?P<body>.*?)<!-- /vse:(?P=name) -->)?", re.S)
 VALUE = re.compile(r"<!-- vse:value (?P<args>[^>\n]*?) -->(?P<body>[^<\n]*)<!-- /vse:value -->")
 VALUE_OPENING = re.compile(r"<!-- vse:value (?P<args>[^>\n]*?) -->")
