@@ -16,6 +16,8 @@ OUT/bicro_parts.npz:
   ``num_epochs // 2``): which network predicts which batches and which updates follow, with
   which labels (their networks are recording stand-ins here).
 - ``split/*``: their ``split_prob`` on probabilities with and without one under the threshold.
+- ``bmm/*``: their ``BetaMixture1D`` (co_train.py, ``--fit_type bmm``) on per-pair losses of two
+  shapes, as their ``eval_train`` runs it: parameters and the posterior of component 0.
 Also run.py's defaults (``opts:NAME``), ``repo``, ``commit`` and the sha256 of every file read.
 
 How their code runs here: model.py is imported whole. ``SGRAF.predict`` is called on an object
@@ -261,6 +263,24 @@ def split_cases(co_train, gen) -> dict:
     return out
 
 
+def bmm_cases(co_train) -> dict:
+    """Their eval_train under --fit_type bmm on per-pair losses of two shapes: the losses min-max
+    normalised (as theirs), BetaMixture1D(max_iters=10).fit, its parameters, and the posterior of
+    component 0 at the normalised losses (theirs) and at them clipped as the fit clips them."""
+    rng, out = np.random.RandomState(0), {}
+    shapes = {"two_modes": np.concatenate([rng.beta(1.5, 8, 280), rng.beta(5, 2, 120)]) * 3 + 0.2,
+              "skewed": rng.exponential(0.3, 500) + 0.05 * rng.beta(2, 2, 500)}
+    for name, losses in shapes.items():
+        x = (losses - losses.min()) / (losses.max() - losses.min())
+        bmm = co_train.BetaMixture1D(max_iters=10).fit(x)
+        out[f"{name}:losses"], out[f"{name}:alphas"], out[f"{name}:betas"] = losses, bmm.alphas, bmm.betas
+        out[f"{name}:weight"] = bmm.weight
+        with np.errstate(all="ignore"):
+            out[f"{name}:posterior"] = bmm.posterior(x, 0)
+            out[f"{name}:posterior_clipped"] = bmm.posterior(np.clip(x, 1e-4, 1 - 1e-4), 0)
+    return out
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkout", type=Path, help="a xu5zhao/BiCro checkout")
@@ -273,7 +293,8 @@ def main(argv=None) -> None:
     gen = torch.Generator().manual_seed(0)
     values = {}
     for part, made in (("loss", loss_cases(model, gen)), ("predict", predict_cases(model, gen)),
-                       ("train", train_order(co_train)), ("split", split_cases(co_train, gen))):
+                       ("train", train_order(co_train)), ("split", split_cases(co_train, gen)),
+                       ("bmm", bmm_cases(co_train))):
         values.update({f"{part}/{k}": v for k, v in made.items()})
     hashes = {name: hashlib.sha256((args.checkout / name).read_bytes()).hexdigest() for name in READ}
     meta = {"repo": np.array(REPO), "commit": np.array(commit_of(args.checkout, args.commit)),

@@ -2,7 +2,8 @@
 xu5zhao/BiCro's model.py, co_train.py and run.py) holds their warm-up selection, per-pair losses,
 anchors and soft-margin hinges (value and gradient), their labels (``SGRAF.predict``: clean and noisy
 batches, every --noise_train), the order of their co-training step and their ``split_prob``. Ours,
-float64, gives the same (1e-12); a deliberate slip of the consistency fails."""
+float64, gives the same (1e-12), and their Beta mixture division; a deliberate slip of the
+consistency fails."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def test_the_defaults_are_their_run_py():
         (theirs["margin"], theirs["warmup_epoch"], theirs["p_threshold"], theirs["soft_margin"],
          theirs["warmup_rate"])
     assert theirs["noise_train"] == "train" and loss.noise_threshold == 0  # noise_soft: off
-    assert theirs["warmup_type"] == "warmup_sele" and theirs["fit_type"] == "gmm"  # NCR's GMM division
+    assert theirs["warmup_type"] == "warmup_sele" and theirs["fit_type"] == loss.division == "gmm"
     assert (loss.schedule, loss.per_pair_labels, loss.own_consistency, loss.mask_same_image) == \
         ("alternate", False, False, False)
 
@@ -181,6 +182,34 @@ def test_the_schedule_is_ncrs_with_their_half_way_noisy_start():
 @pytest.mark.parametrize("name", ["mixed", "all_above"])
 def test_split_prob_is_theirs(name):
     assert split_prob(G[f"split/{name}:prob"], 0.5).tolist() == G[f"split/{name}:pred"].tolist()
+
+
+@pytest.mark.parametrize("shape", ["two_modes", "skewed"])
+def test_their_beta_mixture_division_is_ours(shape):
+    """division=bmm: their BetaMixture1D's posterior of component 0, read at the clipped losses as
+    their fit reads them (theirs reads the unclipped ones: there the lowest-loss pair, at x = 0,
+    gets 0 and is judged noisy; PROTOCOL)."""
+    losses = G[f"bmm/{shape}:losses"]
+    ours = bicro.bmm_clean_probability(losses)
+    assert close(ours, G[f"bmm/{shape}:posterior_clipped"])
+    x = (losses - losses.min()) / (losses.max() - losses.min())
+    ends = (x <= 1e-4) | (x >= 1 - 1e-4)
+    theirs = G[f"bmm/{shape}:posterior"]
+    assert close(ours[~ends], theirs[~ends]) and ends.sum() <= 3
+    lowest = np.argmin(losses)  # their cleanest pair: both densities 0 at x = 0, posterior 0
+    assert theirs[lowest] == 0 and ours[lowest] > 0.9
+
+
+def test_division_bmm_divides_before_each_co_training_epoch():
+    losses = G["bmm/two_modes:losses"]
+    loss = build_loss("bicro", division="bmm", warmup_epochs=0)
+    loss.prepare(len(losses))
+    w, judged = loss.begin_epoch(0, np.arange(len(losses)), np.stack([losses, losses]), seed=0)
+    assert close(w, bicro.bmm_clean_probability(losses)) and np.array_equal(judged, split_prob(w, 0.5))
+    gmm = build_loss("bicro", warmup_epochs=0)
+    gmm.prepare(len(losses))
+    assert not close(gmm.begin_epoch(0, np.arange(len(losses)), np.stack([losses, losses]), seed=0)[0], w,
+                     1e-3)
 
 
 def test_a_slip_in_the_consistency_is_caught(monkeypatch):

@@ -13,10 +13,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from pipeline.core.values import declare
 from pipeline.losses.noisy.ncr import NoisyCorrespondenceRectifier
+
+DIVISIONS = ("gmm", "bmm")
+BMM_CLIP = 1e-4   # their fit's clip of the losses into (0, 1)
+BMM_FLOOR = 1e-12  # their eps_nan
 
 
 class BidirectionalConsistency(NoisyCorrespondenceRectifier):
@@ -42,6 +47,8 @@ class BidirectionalConsistency(NoisyCorrespondenceRectifier):
       k-th pair); ``own_consistency`` gives each its own.
     - a step of the noisy stream trains before the clean stream's (theirs: ``loss_u``, then
       ``loss_l``), both labelled before either.
+    - the division (``division``): NCR's GMM (their run.py's ``--fit_type gmm``) or their Beta
+      mixture (``bmm``, their scripts'; ``bmm_clean_probability``).
 
     The image and caption vectors of the consistency: theirs are the network's mean region and
     mean word embeddings (``glo_emb``); a loss here sees the networks' scores only
@@ -64,11 +71,18 @@ class BidirectionalConsistency(NoisyCorrespondenceRectifier):
                                          high=1)
         own_consistency: bool = declare(False, "Each non-anchor pair its own consistency (theirs: by "
                                                "position).")
+        division: str = declare("gmm", "The clean probability: NCR's GMM (their --fit_type gmm, run.py) "
+                                       "or their Beta mixture (bmm, their scripts).", choices=DIVISIONS)
 
         def __post_init__(self):
             super().__post_init__()
             if self.warmup_sum:
                 raise ValueError("warmup_sum is NCR's warm-up; bicro's warm-up is warmup_rate's selection")
+
+    def clean_probabilities(self, losses, random_state) -> np.ndarray:
+        if self.division == "bmm":
+            return bmm_clean_probability(losses)
+        return super().clean_probabilities(losses, random_state)
 
     # ------------------------------------------------------------------ their ContrastiveLoss
     def warmup_value(self, scores, negatives) -> torch.Tensor:
@@ -150,3 +164,38 @@ def _ratio_at_nearest(nearest_by, other) -> torch.Tensor:
     value = other.gather(1, at)
     ratio = top / value
     return torch.where(ratio < 1, ratio, value / top).squeeze(1)
+
+
+def bmm_clean_probability(losses: np.ndarray, iterations: int = 10) -> np.ndarray:
+    """Their ``eval_train`` under ``--fit_type bmm``: the per-pair losses min-max normalised, their
+    ``BetaMixture1D`` (two Beta components starting at Beta(1, 2) and Beta(2, 1), weights 1/2;
+    ``iterations`` EM steps of weighted moment matching on the losses clipped to [1e-4, 1 − 1e-4],
+    responsibilities floored at 1e-12) and each pair's posterior of component 0 (the one starting
+    at low losses), read at the clipped loss (theirs: at the unclipped one; see PROTOCOL). Every
+    loss equal: every pair 1."""
+    from scipy import stats
+
+    losses = np.asarray(losses, dtype=np.float64)
+    span = losses.max() - losses.min()
+    if not span > 0:
+        return np.ones_like(losses)
+    x = np.clip((losses - losses.min()) / span, BMM_CLIP, 1 - BMM_CLIP)
+    alphas, betas, weight = np.array([1.0, 2.0]), np.array([2.0, 1.0]), np.array([0.5, 0.5])
+
+    def weighted(values):
+        return np.array([weight[k] * stats.beta.pdf(values, alphas[k], betas[k]) for k in range(2)])
+
+    with np.errstate(all="ignore"):  # as theirs: a degenerate fit gives NaN, not a stop
+        for _ in range(iterations):
+            r = weighted(x)
+            r[r <= BMM_FLOOR] = BMM_FLOOR
+            r /= r.sum(axis=0)
+            for k in range(2):
+                mean = np.sum(r[k] * x) / np.sum(r[k])
+                variance = np.sum(r[k] * (x - mean) ** 2) / np.sum(r[k])
+                alphas[k] = mean * ((mean * (1 - mean)) / variance - 1)
+                betas[k] = alphas[k] * (1 - mean) / mean
+            weight = r.sum(axis=1)
+            weight /= weight.sum()
+        likelihood = weighted(x)
+        return likelihood[0] / (likelihood.sum(axis=0) + BMM_FLOOR)

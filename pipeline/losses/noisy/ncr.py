@@ -159,10 +159,15 @@ class NoisyCorrespondenceRectifier(NoisyPairLoss):
         ids = torch.as_tensor(sample_ids, device=self.clean_probability.device)
         for k in range(self.networks):
             state = int(np.random.SeedSequence([seed, epoch, k]).generate_state(1)[0])
-            w, judged = divide(statistics[k], self.p_threshold, np.random.RandomState(state))
+            w, judged = divide(statistics[k], self.p_threshold, np.random.RandomState(state),
+                               fit=self.clean_probabilities)
             self.clean_probability[k, ids] = torch.as_tensor(w, device=ids.device)
             self.judged_clean[k, ids] = torch.as_tensor(judged, device=ids.device)
         return (self.clean_probability[0, ids].cpu().numpy(), self.judged_clean[0, ids].cpu().numpy())
+
+    def clean_probabilities(self, losses: np.ndarray, random_state) -> np.ndarray:
+        """Each pair's clean probability from one network's per-pair losses: the GMM's posterior."""
+        return gmm_clean_probability(losses, random_state)
 
     # ------------------------------------------------------------------ schedule "alternate"
     def epoch_plan(self, epoch, epochs, sample_ids):
@@ -284,11 +289,13 @@ def split_prob(probability: np.ndarray, threshold: float) -> np.ndarray:
     return probability > threshold
 
 
-def divide(losses: np.ndarray, threshold: float, random_state=None) -> tuple[np.ndarray, np.ndarray]:
-    """(w, judged clean) of one network's per-pair losses. Every loss equal: w = 1 and every pair
-    judged clean (nothing to rank; their code stops on the GMM's NaN input there)."""
+def divide(losses: np.ndarray, threshold: float, random_state=None,
+           fit=None) -> tuple[np.ndarray, np.ndarray]:
+    """(w, judged clean) of one network's per-pair losses, w by ``fit(losses, random_state)``
+    (default: the GMM's). Every loss equal: w = 1 and every pair judged clean (nothing to rank;
+    their code stops on the GMM's NaN input there)."""
     losses = np.asarray(losses, dtype=np.float64)
-    w = gmm_clean_probability(losses, random_state)
+    w = (fit or gmm_clean_probability)(losses, random_state)
     if not losses.max() > losses.min():
         return w, np.ones(len(losses), dtype=bool)
     return w, split_prob(w, threshold)
