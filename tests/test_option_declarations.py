@@ -171,8 +171,9 @@ def test_every_built_in_loss_declares_its_options_and_shows_them_as_its_signatur
             assert getattr(loss, field_name) is value or getattr(loss, field_name) == value
             assert parameters[field_name].default == getattr(cls.Options(), field_name) or field_name in (
                 "thetas", "margins", "betas")  # ladder's: None, resolved from levels
-    assert {n for n in LOSS_NAMES if not build_loss(n).mask_same_image} == {"rcl", "decl", "ncr", "poly",
-                                                                            "selhn", "pcme", "pcmepp"}
+    assert {n for n in LOSS_NAMES if not build_loss(n).mask_same_image} == {"rcl", "decl", "ncr", "crcl",
+                                                                            "bicro", "poly", "selhn", "pcme",
+                                                                            "pcmepp"}
     assert build_loss("ladder", levels=3).thetas == [0.63, 0.56]
     assert build_loss("order", squared=False).similarity == "order-norm"
 
