@@ -40,13 +40,14 @@ from pipeline.core.checkpoint import load_checkpoint
 from pipeline.core.errors import VseError
 from pipeline.core.formats import EMBEDDINGS
 from pipeline.core.fsutil import atomic_h5, atomic_path, file_sha256
+from pipeline.core.similarity import gaussian_halves, is_probabilistic
 from pipeline.data.cache import SET_DTYPE, FeatureCache
 from pipeline.data.readers import open_image
 from pipeline.data.readers.csv_file import read_csv_items
 from pipeline.data.readers.csv_layout import CsvLayout
 from pipeline.data.readers.toolkit import relative_path_inside
 from pipeline.networks.layers import l2_normalize
-from pipeline.search.embeddings_file import GROUP_FIELD
+from pipeline.search.embeddings_file import GROUP_FIELD, LOG_VARIANCE
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 TABLE_SUFFIXES = (".csv", ".tsv")
@@ -264,6 +265,21 @@ class Embedder:
         return int(self.model.config.embed_dim)
 
     @property
+    def width(self) -> int:
+        """The model's output per item: ``dim``, or ``[mean, log-variance]`` (2 × dim) where the
+        similarity is probabilistic (PCME, PCME++: the file keeps the halves apart)."""
+        return 2 * self.dim if is_probabilistic(self.similarity) else self.dim
+
+    def unit(self, emb: torch.Tensor) -> np.ndarray:
+        """The model's output as the file keeps it: unit rows; probabilistic embeddings as unit means
+        followed by their log-variances, as they are."""
+        emb = emb.float()
+        if is_probabilistic(self.similarity):
+            mean, log_variance = gaussian_halves(emb)
+            return torch.cat([l2_normalize(mean), log_variance], dim=-1).cpu().numpy()
+        return l2_normalize(emb).cpu().numpy()
+
+    @property
     def similarity(self) -> str:
         return self.model.config.similarity
 
@@ -297,9 +313,9 @@ class Embedder:
     # -- captions
 
     def embed_texts(self, texts: list[str], batch_size: int = 256) -> np.ndarray:
-        """(n, D) float32 unit rows of ``texts`` by the checkpoint's caption side."""
+        """(n, D) float32 unit rows of ``texts`` by the checkpoint's caption side (``unit``)."""
         out = [self._texts(list(texts[a:a + batch_size])) for a in range(0, len(texts), batch_size)]
-        return np.concatenate(out) if out else np.zeros((0, self.dim), np.float32)
+        return np.concatenate(out) if out else np.zeros((0, self.width), np.float32)
 
     @torch.no_grad()
     def _texts(self, texts: list[str]) -> np.ndarray:
@@ -335,7 +351,7 @@ class Embedder:
             else:
                 vectors = encoders.encode_captions(texts, model, self.device).vectors
                 emb = encoder(torch.from_numpy(vectors).to(self.device))
-        return l2_normalize(emb.float()).cpu().numpy()
+        return self.unit(emb)
 
     # -- images
 
@@ -345,9 +361,9 @@ class Embedder:
 
     @torch.no_grad()
     def head(self, encoded: torch.Tensor) -> np.ndarray:
-        """Backbone output (or uint8 crops for an RC model) → (B, D) unit rows."""
+        """Backbone output (or uint8 crops for an RC model) → (B, D) unit rows (``unit``)."""
         x = self.images.features(encoded).to(self.device)
-        return l2_normalize(self.model.image_encoder(x).float()).cpu().numpy()
+        return self.unit(self.model.image_encoder(x))
 
     def embed_images(self, images: list) -> np.ndarray:
         """(n, D) float32 unit rows of PIL images or image paths (one batch; a query)."""
@@ -476,7 +492,7 @@ def embed_files(checkpoint, out, images=None, captions=None, *, layout: CsvLayou
                 if part_of[rows[0]] != part:
                     part = part_of[rows[0]]
                     start, stop = bounds[part]
-                    vectors = np.zeros((stop - start, embedder.dim), np.float32)
+                    vectors = np.zeros((stop - start, embedder.width), np.float32)
                     ok, errors = np.ones(stop - start, bool), [""] * (stop - start)
                 vectors[rows[0] - start:rows[-1] + 1 - start] = embedder.head(encoded)
                 for k, message in enumerate(messages):
@@ -549,10 +565,14 @@ def _combine(out: Path, folder: Path, groups: dict, fingerprint: str, part_size:
             ok = kept[group]
             g = f.create_group(group)
             vectors = g.create_dataset("vectors", (int(ok.sum()), embedder.dim), np.float32)
+            spread = (g.create_dataset(LOG_VARIANCE, (int(ok.sum()), embedder.dim), np.float32)
+                      if embedder.width > embedder.dim else None)  # probabilistic: the means' log-variances
             at = 0
             for i in range(-(-len(items.ids) // part_size)):
                 chunk = _read_part(folder, group, i, "vectors")[_read_part(folder, group, i, "ok")]
-                vectors[at:at + len(chunk)] = chunk
+                vectors[at:at + len(chunk)] = chunk[:, :embedder.dim]
+                if spread is not None:
+                    spread[at:at + len(chunk)] = chunk[:, embedder.dim:]
                 at += len(chunk)
             keep = np.flatnonzero(ok)
             g.create_dataset("ids", data=np.array([items.ids[k] for k in keep], dtype=strings))

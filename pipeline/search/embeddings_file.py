@@ -14,8 +14,12 @@ import numpy as np
 
 from pipeline.core.errors import VseError
 from pipeline.core.formats import EMBEDDINGS
+from pipeline.core.similarity import is_probabilistic
 
 GROUPS = ("images", "captions")
+# A probabilistic model's (PCME, PCME++: similarity csd) log-variance of each row of a group's
+# "vectors" (its unit means), (N, dim): the variance of a Gaussian embedding, beside its mean.
+LOG_VARIANCE = "log_variance"
 GROUP_FIELD = {"images": "paths", "captions": "texts"}  # what a result shows besides its id
 UNIT_TOLERANCE = 1e-3  # |norm - 1| above this: not a unit row, inner product would not be cosine
 CHUNK_ROWS = 65536  # vectors read, added and compared at a time (256 MB at 1024-d)
@@ -30,6 +34,8 @@ class EmbeddingsFile:
             try:
                 self.attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
                 self.shapes = {g: f[g]["vectors"].shape for g in GROUPS if g in f and "vectors" in f[g]}
+                self.spread_shapes = {g: f[g][LOG_VARIANCE].shape for g in GROUPS
+                                      if g in f and LOG_VARIANCE in f[g]}
                 self.groups = tuple(g for g in GROUPS if g in f)
             except OSError as exc:
                 reason = (str(exc).splitlines() or ["unreadable"])[0][:120]
@@ -46,6 +52,18 @@ class EmbeddingsFile:
             if shape is None or len(shape) != 2 or shape[1] != self.dim:
                 raise VseError(f"/{group}/vectors has shape {shape}, not (N, {self.dim}) as dim says",
                                self.path)
+            if is_probabilistic(self.similarity) and self.spread_shapes.get(group) != shape:
+                raise VseError(f"/{group}/{LOG_VARIANCE} has shape {self.spread_shapes.get(group)}, not "
+                               f"{shape} as /{group}/vectors (similarity {self.similarity})", self.path)
+
+    def log_variances(self, group: str) -> np.ndarray:
+        """(N, dim) float32: the log-variance of each row of ``group`` (a probabilistic model's)."""
+        import h5py
+
+        if group not in self.spread_shapes:
+            raise VseError(f"/{group} has no {LOG_VARIANCE} (similarity {self.similarity!r})", self.path)
+        with h5py.File(self.path, "r") as f:
+            return np.asarray(f[group][LOG_VARIANCE][()], dtype=np.float32)
 
     def count(self, group: str) -> int:
         return int(self.shapes[group][0])
