@@ -179,6 +179,27 @@ def slow_selhn(scores, ids, mask, margin=0.2, epsilon=0.01):
     return total / size / 2
 
 
+def slow_crcl(scores, ids, mask, tau=0.05, weight=5.0, eps=1e-10):
+    """CRCL with every label 1 (no caption ids): per query, −log p_ii + weight · Σ_{j neg} tan p_ij
+    over its softmax of S / tau (positive and negatives, + eps); the mean over queries, both
+    directions added."""
+    size, total = len(scores), 0.0
+    for row_of in (lambda q, j: scores[q][j], lambda q, j: scores[j][q]):
+        for q in range(size):
+            negs = [j for j in range(size) if is_negative(q, j, ids, mask)]  # symmetric in (q, j)
+            z = sum(math.exp(row_of(q, j) / tau) for j in [q, *negs]) + eps
+            total += (-math.log(math.exp(row_of(q, q) / tau) / z)
+                      + weight * sum(math.tan(math.exp(row_of(q, j) / tau) / z) for j in negs)) / size
+    return total
+
+
+def slow_bicro_warmup(scores, ids, mask, margin=0.2, rate=0.5):
+    """BiCro's warm-up (their warmup_sele) on two identical networks: twice the sum of the
+    ⌊rate · B⌋ smallest per-pair losses (NCR's mean row hinge + mean column hinge)."""
+    losses = sorted(noisy_loop.ncr_eval_loss(scores, negatives(scores, ids, mask), margin))
+    return 2 * sum(losses[:int(rate * len(scores))])
+
+
 # Each built-in loss's slow reference at its default options: (img, cap, scores, ids, rel, mask).
 SLOW_REFERENCES = {
     "sh": lambda i, c, s, ids, r, m: slow_hinge(s, ids, m, 0.2, "sum"),
@@ -198,6 +219,8 @@ SLOW_REFERENCES = {
     "decl": lambda i, c, s, ids, r, m: noisy_loop.decl(s, negatives(s, ids, m), 0.1, 0.2, 0.8, 0.1,
                                                        len(s) - 1, [True] * len(s)),
     "ncr": lambda i, c, s, ids, r, m: 2 * noisy_loop.ncr_warmup(s, negatives(s, ids, m), 0.2),
+    "crcl": lambda i, c, s, ids, r, m: slow_crcl(s, ids, m),
+    "bicro": lambda i, c, s, ids, r, m: slow_bicro_warmup(s, ids, m),
     "poly": lambda i, c, s, ids, r, m: slow_poly(s, ids, m),
     "selhn": lambda i, c, s, ids, r, m: slow_selhn(s, ids, m),
 }
