@@ -290,6 +290,7 @@ if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "slurm"
     started = (start_slurm if what == "slurm" else start_postgres)(Path(tempfile.mkdtemp(prefix=what)))
     print(f"export SLURM_CONF={started.conf}" if what == "slurm" else started.url, flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # kill PID stops the services too
     try:
         signal.pause()
     finally:
