@@ -101,6 +101,7 @@ def test_a_transductive_correction_runs_only_by_name_and_says_so(sh_run, tiny_ca
     out = _json(vse(*base, "--rescore", "dsl", "--rescore", "qbnorm", "--rescore-bank-split", "test",
                     "--transductive"))
     dsl, qbnorm = out["rescore"]
+    assert [dsl["row"], qbnorm["row"]] == ["+ dsl (transductive)", "+ qbnorm (transductive)"]
     assert dsl["transductive"] is True and dsl["bank"] is None
     assert qbnorm["transductive"] is True and qbnorm["bank"] == {"split": "test", "images": 8}
     test, scores, _ = _split_and_banks(sh_run / "best.pt", tiny_cache)
@@ -332,3 +333,16 @@ def test_a_qbnorm_index_that_ignored_its_activation_set_would_fail_the_compariso
     assert np.array_equal(index.search(queries, 300)[1], expected)
     index.correction.active = None  # the slip: every query corrected
     assert not np.array_equal(index.search(queries, 300)[1], expected)
+
+
+def test_a_transductive_row_says_so_in_its_name_and_its_rescore_column(sh_and_mh_runs, tmp_path):
+    from pipeline.reports.report import read_results, seed_groups
+
+    out = tmp_path / "results.csv"
+    result = vse("evaluate", "--runs", f"{sh_and_mh_runs}/sh", "--out", out, "--rescore", "dsl",
+                 "--transductive")
+    assert result.exit_code == 0, result.output
+    rows = read_results(out)
+    assert [row["run"] for row in rows] == ["sh", "sh + dsl (transductive)"]
+    assert rows[1]["rescore"] == "dsl temperature=1000 logit_scale=100, test queries, transductive"
+    assert [g.label for g in seed_groups(rows)] == ["sh", "sh + dsl (transductive)"]

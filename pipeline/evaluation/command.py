@@ -169,7 +169,7 @@ def rescored_evaluation(emb, plan, banks, bank_images: int, raw: dict) -> tuple[
         lines += ["", format_table(metrics, f"+ {label}"), hubness_line(metrics),
                   f"against the raw scores: rsum {test['diff']:+.1f}, p = {test['p']:.4f} (paired "
                   f"permutation test over the test queries, {DEFAULT_PERMUTATIONS} sign flips, two-sided)"]
-        entries.append({"row": f"+ {method.name}", **plan.record(method, bank_images),
+        entries.append({"row": plan.row_name(method), **plan.record(method, bank_images),
                         "metrics": json_metrics(metrics),
                         "against_raw": {"rsum_diff": test["diff"], "p": test["p"]}})
     return "\n".join(lines), {"rescore": entries}

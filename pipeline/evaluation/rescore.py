@@ -437,6 +437,11 @@ class RescorePlan:
                 f"bank {self.bank_split}:{bank_images}")
         return f"{method.name} {options}, {seen}" + (", transductive" if self.is_transductive(method) else "")
 
+    def row_name(self, method: Rescorer) -> str:
+        """What a re-scored row adds to the raw row's name: ``+ METHOD``, and ``(transductive)`` when it
+        reads the evaluated queries, so that a report, a comparison or a claim names it as such."""
+        return f"+ {method.name}" + (" (transductive)" if self.is_transductive(method) else "")
+
     def record(self, method: Rescorer, bank_images: int) -> dict:
         """What a result records of one correction (``--json``): ``Rescorer.record`` with the bank."""
         bank = None if method.transductive else {"split": self.bank_split, "images": bank_images}

@@ -256,7 +256,7 @@ class RunEvaluator:
         rows = []
         for method in plan.methods:
             metrics, _ = rescored_metrics(scores, emb.caption_image, method, banks)
-            rows.append({**described, "run": f"{row['run']} + {method.name}",
+            rows.append({**described, "run": f"{row['run']} {plan.row_name(method)}",
                          "rescore": plan.label(method, bank_images),
                          **{k: float(v) for k, v in metrics.items()}})
         return rows
