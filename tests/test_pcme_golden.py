@@ -115,3 +115,12 @@ def test_the_defaults_are_their_configs():
     assert (pcmepp.vib_beta, pcmepp.smoothness_alpha, pcmepp.mask_same_image) == (0.0001, 0.1, False)
     for loss in (pcme, pcmepp):
         assert (loss.shift.item(), loss.negative_scale.item(), loss.similarity) == (5.0, 5.0, "csd")
+
+
+def test_the_vib_term_is_dropped_above_their_ceiling():
+    """Their ``kl_divergence`` returns 0 when the KL exceeds 10000 (a variance near e^12 does)."""
+    mean = torch.zeros(2, 3, dtype=torch.float64)
+    assert pcme_module.vib_kl(mean, torch.full((2, 3), 12.0, dtype=torch.float64)).item() == 0.0
+    log_sigma = torch.tensor([[0.5, -1.0, 2.0], [0.0, 1.0, -2.0]], dtype=torch.float64)
+    expected = -0.5 * (1 + log_sigma - log_sigma.exp()).mean()
+    assert pcme_module.vib_kl(mean, log_sigma).item() == pytest.approx(expected.item(), rel=1e-15)

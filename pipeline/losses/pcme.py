@@ -34,7 +34,7 @@ def vib_kl(mean: torch.Tensor, log_sigma: torch.Tensor) -> torch.Tensor:
     """The authors' VIB term ``-½ mean(1 + s - μ² - exp(s))`` (their ``kl_divergence``), 0 above
     ``VIB_CEILING``."""
     kl = -0.5 * (1 + log_sigma - mean.square() - log_sigma.exp()).mean()
-    return kl if kl <= VIB_CEILING else kl.new_zeros(())
+    return kl.new_zeros(()) if kl > VIB_CEILING else kl  # as theirs: a NaN passes
 
 
 class _ProbabilisticLoss(VseLoss):
