@@ -171,6 +171,7 @@ def test_a_sweep_on_slurm_survives_preemption_and_cancellation_and_equals_local_
 def test_slurm_refusals_are_one_line_and_claim_no_run_folder(slurm, tiny_cache, tmp_path):
     runs = tmp_path / "runs"
     config = sweep_file(tmp_path, tiny_cache, runs, epochs=1)
+    before = set(slurm.jobs())
     line = refused(vse("sweep", config, "--launcher", "slurm", "--partition", "gpu-a100"), "'gpu-a100'",
                    "no such Slurm partition", cluster_services.PARTITION)
     assert "Traceback" not in line
@@ -184,7 +185,33 @@ def test_slurm_refusals_are_one_line_and_claim_no_run_folder(slurm, tiny_cache, 
     typo = sweep_file(tmp_path, tiny_cache, runs, epochs=1, file="typo.yaml", cpu=2)
     refused(vse("sweep", typo, "--launcher", "slurm"), str(typo), "unknown slurm: key(s) cpu")
     assert not (runs / "grid").exists() and not list(tmp_path.glob("**/slurm-job.json"))
-    assert slurm.jobs() == [] or all(state_of(slurm, j) != "PENDING" for j in slurm.jobs())
+    assert set(slurm.jobs()) <= before  # no job submitted
+
+
+def test_the_jobs_resources_come_from_the_defaults_the_file_and_the_command_line(tmp_path):
+    from pipeline.core.errors import VseError
+    from pipeline.training.launchers import SLURM_OPTIONS, slurm_settings
+
+    defaults = {option.name: option.default for option in SLURM_OPTIONS}
+    assert slurm_settings() == defaults == {"partition": None, "time": 60, "cpus": 1, "gpus": 0, "mem": None}
+    merged = slurm_settings({"time": 30, "cpus": 4, "mem": "8G"},
+                            {"cpus": 2, "partition": "gpu", "time": None})
+    assert merged == {"partition": "gpu", "time": 30, "cpus": 2, "gpus": 0, "mem": "8G"}  # the line wins
+    where = tmp_path / "grid.yaml"
+    for given, said in [({"time": "1h"}, "slurm: time must be an integer"),
+                        ({"cpus": 0}, "slurm: cpus must be at least 1"),
+                        ({"gpus": True}, "slurm: gpus must be an integer"),
+                        ([1], "slurm: must be a mapping")]:
+        with pytest.raises(VseError, match=said) as caught:
+            slurm_settings(given, where=where)
+        assert str(caught.value).startswith(str(where))
+    with pytest.raises(VseError, match="--gpus must be at least 0"):
+        slurm_settings({}, {"gpus": -1})
+    config = sweep_file(tmp_path, tmp_path / "none.h5", tmp_path / "runs", epochs=1)
+    for args in (["--partition", "gpu"], ["--launcher", "slurm", "--jobs", "2"]):
+        result = vse("sweep", config, *args)
+        assert result.exit_code == 2 and "--launcher slurm" in result.output, result.output
+    assert not (tmp_path / "runs").exists()
 
 
 # ---------------------------------------------------------------------------- a study through PostgreSQL
