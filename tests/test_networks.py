@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import demo_captions, learnable_features, vse, write_feature_cache
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 PAIRWISE_TRAIN = ("--epochs", 1, "--embed-dim", 16, "--word-dim", 8, "--batch-size", 16, "--lr", 5e-3,
                   "--min-word-count", 1, "--val-every", 0, "--workers", 0, "--device", "cpu",
                   "--network-option", "sim_dim=8")
@@ -161,7 +162,7 @@ def test_a_sweep_over_networks_and_a_users_network(sets, tmp_path):
     path = tmp_path / "sweep.yaml"
     path.write_text(f"runs_dir: {tmp_path / 'runs'}\nbase:\n  features: {sets}\n  epochs: 1\n  val_every: 0\n"
                     "  embed_dim: 16\n  word_dim: 8\n  batch_size: 16\n  min_word_count: 1\n  device: cpu\n"
-                    "grid:\n  network: [saf, examples/scan_network.py:SCANt2i]\n")
+                    f"grid:\n  network: [saf, {EXAMPLES / 'scan_network.py'}:SCANt2i]\n")  # a YAML's folder's
     sweep = run_sweep(load_sweep(path), echo=lambda *a: None, quiet_runs=True)
     assert [r.status for r in sweep.runs] == ["trained", "trained"]
     for run in sweep.runs:
@@ -183,7 +184,9 @@ def test_average_with_is_the_mean_of_the_scores(sgr_run, saf_run, sets, tmp_path
     own = vse("evaluate", "--checkpoint", sgr_run / "best.pt", "--features", sets, "--json")
     doubled = vse("evaluate", "--checkpoint", sgr_run / "best.pt", "--average-with", sgr_run / "best.pt",
                   "--features", sets, "--json")
-    assert own.exit_code == doubled.exit_code == 0 and json.loads(own.stdout) == json.loads(doubled.stdout)
+    assert own.exit_code == doubled.exit_code == 0
+    own, doubled = json.loads(own.stdout), json.loads(doubled.stdout)
+    assert (own.pop("ensemble"), doubled.pop("ensemble")) == (1, 2) and own == doubled  # its scores, twice
     a, b = (embed_checkpoint(run / "best.pt", sets, "test", cpu) for run in (sgr_run, saf_run))
     mean = average_scores([a, b], ["a", "b"])
     expected = ((a.captions.T.astype(np.float64) + b.captions.T) / 2).astype(np.float32)

@@ -210,7 +210,6 @@ def evaluate(checkpoint, split: str = "test", features=None, *, protocol: str = 
     says the evaluation's notes."""
     from pipeline.core.runtime import resolve_device
     from pipeline.evaluation.command import evaluate_checkpoint
-    from pipeline.evaluation.evaluate import json_metrics
 
     if features is None and root is None:
         from pipeline.core.checkpoint import load_checkpoint
@@ -221,7 +220,7 @@ def evaluate(checkpoint, split: str = "test", features=None, *, protocol: str = 
                            "root=DATASET_DIR for an RC run)", checkpoint)
     evaluation = evaluate_checkpoint(str(checkpoint), resolve_device(device), features=features, root=root,
                                      dataset_kind=dataset, split=split, protocol=protocol, echo=echo)
-    return json_metrics(evaluation.metrics)
+    return evaluation.as_dict()
 
 
 def train(config: Mapping, run_dir, *, overwrite: bool = False, resume: bool = False,

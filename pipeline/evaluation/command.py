@@ -56,10 +56,14 @@ class Evaluation:
     footer: str | None = None                        # a line after the table
     notes: list[str] = field(default_factory=list)   # said after the table (standard error): ``chance``
 
+    def as_dict(self) -> dict:
+        """What --json prints (and ``pipeline.evaluate`` returns): the metrics, then the rest."""
+        return {**json_metrics(self.metrics), **self.json_extra}
+
     def render(self, as_json: bool = False) -> str:
         """The table (with the human-judgment lines, when there are some), or one JSON object."""
         if as_json:
-            return json.dumps({**json_metrics(self.metrics), **self.json_extra})
+            return json.dumps(self.as_dict())
         from pipeline.evaluation.judgments import format_human
 
         return "\n".join(filter(None, [format_table(self.metrics, self.title), format_human(self.metrics),
