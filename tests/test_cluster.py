@@ -214,6 +214,37 @@ def test_the_jobs_resources_come_from_the_defaults_the_file_and_the_command_line
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_run_is_held_by_its_job_while_slurm_holds_it_or_by_a_process_training_it(tmp_path):
+    """What keeps a submit from submitting a run again (launchers._held_by): its recorded job in a state
+    Slurm still holds it, or its folder's lock held by a live process; nothing else."""
+    from pipeline.core.runlock import RunLock
+    from pipeline.training.launchers import ALIVE, _held_by
+
+    run = tmp_path / "run"
+    assert _held_by(run, {}) == ""
+    run.mkdir()
+    (run / "slurm-job.json").write_text(json.dumps({"job_id": "17"}))
+    for state in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING", "SUSPENDED"):
+        assert state in ALIVE and _held_by(run, {"17": state}) == f"job 17 {state}"
+    for state in ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+        assert state not in ALIVE and _held_by(run, {"17": state}) == ""
+    assert _held_by(run, {"18": "RUNNING"}) == ""  # another job; a job Slurm forgot
+    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from pipeline.core.runlock import RunLock; "
+            "lock = RunLock(sys.argv[2]).acquire(); print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(ROOT), str(run)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        said = _held_by(run, {})
+        assert said.startswith(f"in use by pid {holder.pid} on host ") and " since " in said, said
+    finally:
+        holder.kill()
+        holder.wait()
+    assert _held_by(run, {}) == ""  # a dead holder's lock holds nothing
+    with RunLock(run):  # this process's own lock is re-entrant: not another process's
+        assert _held_by(run, {}) == ""
+
+
 # ---------------------------------------------------------------------------- a study through PostgreSQL
 def tune_file(folder: Path, cache: Path) -> Path:
     path = folder / "study.yaml"

@@ -311,8 +311,10 @@ def _held_by(run_dir: Path, states: dict[str, str]) -> str:
         try:
             with RunLock(run_dir):
                 pass
-        except VseError as exc:
-            return str(exc).split(": ", 1)[-1].split(":")[0]
+        except VseError as exc:  # "...: the run folder is in use by pid N on host H since T: wait ..."
+            said = str(exc)
+            start, end = said.find("in use by "), said.find(": wait for it")
+            return said[start:end] if 0 <= start < end else said
     return ""
 
 
