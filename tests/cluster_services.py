@@ -106,8 +106,18 @@ class Slurm:
         return out in ("idle", "mix", "alloc")
 
     def stop(self) -> None:
-        subprocess.run(["scancel", "--full", "--user=root"], env={**os.environ, **self.env},
+        """Cancel every job and wait (up to 30 s) until none runs, so no job's processes outlive the
+        daemons; then stop slurmd, slurmctld and munged."""
+        env = {**os.environ, **self.env}
+        subprocess.run(["scancel", "--full", f"--user={pwd.getpwuid(os.getuid()).pw_name}"], env=env,
                        capture_output=True, timeout=30, check=False)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            listed = subprocess.run(["squeue", "--noheader", "--format=%T"], env=env, capture_output=True,
+                                    text=True, timeout=30, check=False)
+            if listed.returncode or not listed.stdout.strip():
+                break
+            time.sleep(0.5)
         for name in ("slurmd", "slurmctld", "munged"):
             _kill(self.folder / f"{name}.pid", self.pids.get(name))
 
