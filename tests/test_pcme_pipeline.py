@@ -128,6 +128,14 @@ def test_a_tiny_run_trains_evaluates_by_csd_and_embeds_the_variance(made, tmp_pa
     assert np.abs(EmbeddingsFile(out).log_variances("captions") - split.captions[:, 16:]).max() <= TOLERANCE
     refused = vse("index", out, "--out", tmp_path / "index")
     assert_one_error_line(refused, out, "similarity is 'csd'")
+    # the Python API gives the same rows ([unit mean, log-variance]) and scores by csd
+    import pipeline
+
+    api = pipeline.load_model(made[loss], device="cpu")
+    assert api.width == 32
+    rows = api.embed_images(cache=made[cache], split="test")
+    assert np.abs(rows - split.images).max() <= TOLERANCE
+    assert np.abs(api.score(rows, split.captions) - scores).max() <= 1e-4  # float32 against float64
 
 
 def test_an_embeddings_file_without_its_variances_is_refused(made, tmp_path):

@@ -57,6 +57,12 @@ class Model:
         return self.embedder.dim
 
     @property
+    def width(self) -> int:
+        """The columns of an embedding row: D, or 2·D for a probabilistic model (PCME, PCME++:
+        the unit mean, then its log-variance, as `vse embed` writes them)."""
+        return self.embedder.width
+
+    @property
     def similarity(self) -> str:
         """How ``score`` compares an image with a caption (``core.similarity``)."""
         return self.embedder.similarity
@@ -95,7 +101,7 @@ class Model:
             items = _image_list(images)
             out = [self.embedder.embed_images(items[a:a + batch_size])
                    for a in range(0, len(items), batch_size)]
-            return np.concatenate(out) if out else np.zeros((0, self.dim), np.float32)
+            return np.concatenate(out) if out else np.zeros((0, self.width), np.float32)
         return self._embed_cache_rows(cache, rows, split, batch_size)
 
     def _embed_cache_rows(self, cache, rows, split, batch_size: int) -> np.ndarray:
@@ -104,7 +110,6 @@ class Model:
         from pipeline.core.runtime import precision
         from pipeline.data.cache import FeatureCache
         from pipeline.evaluation.inference import check_features_match, read_image_features
-        from pipeline.networks.layers import l2_normalize
 
         if rows is not None and split is not None:
             raise VseError("embed_images: give rows= or split=, not both")
@@ -123,8 +128,8 @@ class Model:
                     x = read_image_features(features, rows[a:a + batch_size], split or "any")
                     with precision(self.device, False):  # full fp32, as `vse evaluate`
                         emb = self.network.image_encoder(torch.from_numpy(x).to(self.device))
-                    out.append(l2_normalize(emb.float()).cpu().numpy())
-        return np.concatenate(out) if out else np.zeros((0, self.dim), np.float32)
+                    out.append(self.embedder.unit(emb))  # unit rows (a probabilistic model's: unit means)
+        return np.concatenate(out) if out else np.zeros((0, self.width), np.float32)
 
     # ---------------------------------------------------------------- scores
     def score(self, images, captions) -> np.ndarray:
@@ -141,8 +146,8 @@ class Model:
         image_rows = images if _embedded(images) else self.embed_images(images)
         caption_rows = captions if _embedded(captions) else self.embed_captions(captions)
         for name, given in (("images", image_rows), ("captions", caption_rows)):
-            if given.shape[1] != self.dim:
-                raise VseError(f"score: {name} are {given.shape[1]}-d rows; this model's are {self.dim}-d")
+            if given.shape[1] != self.width:
+                raise VseError(f"score: {name} are {given.shape[1]}-d rows; this model's are {self.width}-d")
         with torch.no_grad():
             scores = image_caption_scores(torch.from_numpy(np.asarray(image_rows, np.float32)),
                                           torch.from_numpy(np.asarray(caption_rows, np.float32)),
