@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,8 +218,13 @@ class Postgres:
         return self.url_of(name)
 
     def stop(self) -> None:
-        subprocess.run(_runuser([str(self.bin / "pg_ctl"), "-D", str(self.folder / "data"), "-m", "immediate",
-                                 "stop"]), capture_output=True, timeout=60, check=False)
+        """pg_ctl stop (fast); the postmaster killed by its pid file if that fails; the folder removed."""
+        data = self.folder / "data"
+        result = subprocess.run(_runuser([str(self.bin / "pg_ctl"), "-D", str(data), "-m", "fast", "-w",
+                                          "stop"]), capture_output=True, timeout=60, check=False)
+        if result.returncode:
+            _kill(data / "postmaster.pid")
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _runuser(command: list[str]) -> list[str]:
@@ -244,11 +250,7 @@ def start_postgres(folder: Path) -> Postgres:
     folder.mkdir(parents=True, exist_ok=True)
     if os.geteuid() == 0:
         user = pwd.getpwnam(PG_USER)
-        for path in (folder, *folder.parents):  # the user must reach its folder
-            if path == Path("/"):
-                break
-            os.chmod(path, os.stat(path).st_mode | 0o711)
-        os.chown(folder, user.pw_uid, user.pw_gid)
+        os.chown(folder, user.pw_uid, user.pw_gid)  # (its parents must let that user through: /tmp does)
     binaries = postgres_bin()
     data = folder / "data"
     _as_user([str(binaries / "initdb"), "-D", str(data), "-U", PG_USER, "--auth=trust", "-E", "UTF8",
@@ -286,7 +288,9 @@ def postgres(tmp_path_factory):
     if postgres_bin() is None:
         pytest.skip("PostgreSQL is not installed (/usr/lib/postgresql/*/bin/initdb missing): `make "
                     "install` installs postgresql with apt-get")
-    server = start_postgres(tmp_path_factory.mktemp("postgres"))
+    # not under pytest's temp folder: a later pytest session (of another checkout too) makes
+    # /tmp/pytest-of-USER private again, and the server's user could no longer reach its folder
+    server = start_postgres(Path(tempfile.mkdtemp(prefix="vse-postgres-")))
     try:
         yield server
     finally:
@@ -295,7 +299,6 @@ def postgres(tmp_path_factory):
 
 if __name__ == "__main__":
     import sys
-    import tempfile
 
     what = sys.argv[1] if len(sys.argv) > 1 else "slurm"
     started = (start_slurm if what == "slurm" else start_postgres)(Path(tempfile.mkdtemp(prefix=what)))
