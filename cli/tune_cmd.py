@@ -87,12 +87,13 @@ def tune_command(config, budget, trials, metric, pruner, sampler_seed, storage, 
     if launcher == "slurm":
         import os
 
+        from cli.main import cli
         from pipeline.training.launchers import submit_tune_workers
 
         # each worker runs this command on the study just made or reopened: its settings are recorded
         args = ["tune", os.path.abspath(config), "--runs-dir", os.path.abspath(tune.runs_dir), "--name",
                 tune.name, "--no-plots"] + (["--storage", storage] if storage else [])
-        submit_tune_workers(tune, args, workers, resources, echo=click.echo)
+        submit_tune_workers(tune, cli, args, workers, resources, echo=click.echo)
         return
     with storage_errors(storage_url(tune.root, storage)):  # a server gone, a file broken meanwhile: one line
         run_tune(tune, study, settings, echo=click.echo)

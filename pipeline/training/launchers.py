@@ -233,18 +233,17 @@ class RunJob:
 
 class CommandJob:
     """A vse command run in a job, in-process (``vse tune ...`` for a tune worker): the command a local
-    shell runs. ``checkpoint()``: the same command again, which goes on with the study."""
+    shell runs. ``command``: the click group of `vse`, handed by the caller (this layer does not import
+    the command line); ``checkpoint()``: the same command again, which goes on with the study."""
 
-    def __init__(self, args: list[str], cwd: str):
-        self.args, self.cwd = list(args), cwd
+    def __init__(self, command, args: list[str], cwd: str):
+        self.command, self.args, self.cwd = command, list(args), cwd
 
     def __call__(self) -> None:
-        from cli.main import cli
-
         os.chdir(self.cwd)
         print("vse " + " ".join(self.args), flush=True)
         try:
-            cli.main(args=self.args, prog_name="vse", standalone_mode=False)
+            self.command.main(args=self.args, prog_name="vse", standalone_mode=False)
         except VseError:
             raise
         except Exception as exc:  # click's own refusals (a usage error) read as they do in a shell
@@ -255,7 +254,7 @@ class CommandJob:
     def checkpoint(self):
         from submitit.helpers import DelayedSubmission
 
-        return DelayedSubmission(CommandJob(self.args, self.cwd))
+        return DelayedSubmission(CommandJob(self.command, self.args, self.cwd))
 
 
 # ---------------------------------------------------------------------------- a sweep
@@ -366,15 +365,17 @@ def require_shared_storage(storage: str | None) -> None:
                        "the shared filesystem (the default SQLite study.db is not safe across machines)")
 
 
-def submit_tune_workers(tune, args: list[str], workers: int, settings: dict, echo=print) -> list[str]:
-    """``workers`` jobs, each running ``vse tune ARGS`` (the command a shell runs, with --storage) on the
-    tune's shared study; returns their job ids, also recorded in TUNE/slurm-job.json."""
+def submit_tune_workers(tune, command, args: list[str], workers: int, settings: dict,
+                        echo=print) -> list[str]:
+    """``workers`` jobs, each running ``vse tune ARGS`` (``command``: the click group of `vse`; the command
+    a shell runs, with --storage) on the tune's shared study; returns their job ids, also recorded in
+    TUNE/slurm-job.json."""
     _submitit()
     check_partition(settings)
     probe_writable(tune.root)
     ex = executor(tune.root / JOBS_FOLDER, settings, f"vse-tune-{tune.name}")
     cwd = os.getcwd()
-    ids = [str(_submit(ex, CommandJob(args, cwd)).job_id) for _ in range(workers)]
+    ids = [str(_submit(ex, CommandJob(command, args, cwd)).job_id) for _ in range(workers)]
     from pipeline.training.tune_storage import storage_label
 
     shown = [storage_label(arg) if i and args[i - 1] == "--storage" else arg for i, arg in enumerate(args)]
