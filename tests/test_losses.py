@@ -7,6 +7,7 @@ import torch
 from reference import noisy_loop
 
 from pipeline.core import registry
+from pipeline.core.similarity import is_probabilistic
 from pipeline.losses.base import LOSS_NAMES, build_loss
 from pipeline.losses.check import call
 
@@ -200,6 +201,98 @@ def slow_bicro_warmup(scores, ids, mask, margin=0.2, rate=0.5):
     return 2 * sum(losses[:int(rate * len(scores))])
 
 
+def _logsumexp(values):
+    top = max(values)
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+def _softplus(x):
+    return max(x, 0.0) + math.log1p(math.exp(-abs(x)))
+
+
+def _halves(rows):
+    """[mean, log-variance] rows (an even width) as two lists of lists."""
+    half = len(rows[0]) // 2
+    return [r[:half] for r in rows], [r[half:] for r in rows]
+
+
+def _vib_kl(means, log_scales):
+    """-½ mean(1 + s - μ² - e^s) over every entry; 0 above the authors' ceiling 10000."""
+    terms = [1 + s - m * m - math.exp(s)
+             for mu, ls in zip(means, log_scales) for m, s in zip(mu, ls)]
+    kl = -0.5 * sum(terms) / len(terms)
+    return 0.0 if kl > 10000.0 else kl
+
+
+def slow_pcmepp(img, cap, ids, mask, shift=5.0, scale=5.0, beta=1e-4, alpha=0.1):
+    """PCME++: logit l_ic = -a·(||μ_i - μ_c||² + Σ e^v_i + Σ e^v_c) + b; BCE(l, t) = softplus(l) - t·l
+    averaged over the counted pairs (the diagonal and the negatives); 2·BCE(l, eye) + β·(KL_img +
+    KL_cap) (KL of v = log σ²) + α·(BCE with pseudo-positives per image row + per caption column:
+    a pair whose logit reaches its row's (column's) positive's has target 1)."""
+    size = len(img)
+    img_mean, img_var = _halves(img)
+    cap_mean, cap_var = _halves(cap)
+    logit = [[-scale * (sum((x - y) ** 2 for x, y in zip(img_mean[i], cap_mean[c]))
+                        + sum(math.exp(v) for v in img_var[i]) + sum(math.exp(v) for v in cap_var[c]))
+              + shift for c in range(size)] for i in range(size)]
+    counted = [(i, c) for i in range(size) for c in range(size) if i == c or is_negative(i, c, ids, mask)]
+
+    def bce(target):
+        return sum(_softplus(logit[i][c]) - target(i, c) * logit[i][c] for i, c in counted) / len(counted)
+
+    matched = bce(lambda i, c: 1.0 if i == c else 0.0)
+    by_image = bce(lambda i, c: 1.0 if logit[i][c] >= logit[i][i] else 0.0)  # i == c reaches itself
+    by_caption = bce(lambda i, c: 1.0 if logit[i][c] >= logit[c][c] else 0.0)
+    return (2 * matched + beta * (_vib_kl(img_mean, img_var) + _vib_kl(cap_mean, cap_var))
+            + alpha * (by_image + by_caption))
+
+
+def pcme_draws(size, dim, samples=8, seed=0):
+    """The standard normal draws ``pcme`` makes in a call seeded with ``seed`` (check.call): its own
+    ``noise`` function, called for the draws only (images', then captions', as the loss), as lists
+    [item row][sample][dim]. Which row goes to which item is the slow loop's business."""
+    noise = build_loss("pcme", num_samples=samples).noise
+    like = torch.zeros((), dtype=torch.float64)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return noise(size, dim, like).tolist(), noise(size, dim, like).tolist()
+
+
+def slow_pcme(img, cap, ids, mask, shift=5.0, scale=5.0, beta=1e-3, samples=8, squared=False):
+    """PCME, Monte-Carlo on the loss's own draws (``pcme_draws``): the rows are dealt to a side's
+    items by the rank of their log-variance sums (the item with the k-th smallest sum gets row k);
+    z_ik = μ_i + ε_ik·exp(v_i / 2) (log σ = v / 2); over the K² sample pairs of a counted pair,
+    l = -a·d + b, d the (squared) distance; NLL_ic = log K² - logsumexp_kl(m·l - log(e^l + e^-l)),
+    m = +1 on the diagonal, -1 elsewhere; 2·Σ NLL + β·(KL_img + KL_cap) (KL of log σ)."""
+    size = len(img)
+    noise_img, noise_cap = pcme_draws(size, len(img[0]) // 2, samples)
+
+    def sampled(rows, noise):
+        mean, log_var = _halves(rows)
+        order = sorted(range(size), key=lambda i: sum(log_var[i]))
+        row_of = {item: k for k, item in enumerate(order)}
+        points = [[[m + e * math.exp(v / 2) for m, e, v in zip(mean[i], noise[row_of[i]][k], log_var[i])]
+                   for k in range(samples)] for i in range(size)]
+        return points, mean, [[v / 2 for v in r] for r in log_var]
+
+    img_z, img_mean, img_log_sigma = sampled(img, noise_img)
+    cap_z, cap_mean, cap_log_sigma = sampled(cap, noise_cap)
+    total = 0.0
+    for i in range(size):
+        for c in range(size):
+            if not (i == c or is_negative(i, c, ids, mask)):
+                continue
+            sign = 1.0 if i == c else -1.0
+            evidence = []
+            for zi in img_z[i]:
+                for zc in cap_z[c]:
+                    d2 = sum((x - y) ** 2 for x, y in zip(zi, zc))
+                    logit = -scale * (d2 if squared else math.sqrt(d2)) + shift
+                    evidence.append(sign * logit - _logsumexp([logit, -logit]))
+            total += math.log(samples * samples) - _logsumexp(evidence)
+    return 2 * total + beta * (_vib_kl(img_mean, img_log_sigma) + _vib_kl(cap_mean, cap_log_sigma))
+
+
 # Each built-in loss's slow reference at its default options: (img, cap, scores, ids, rel, mask).
 SLOW_REFERENCES = {
     "sh": lambda i, c, s, ids, r, m: slow_hinge(s, ids, m, 0.2, "sum"),
@@ -223,6 +316,9 @@ SLOW_REFERENCES = {
     "bicro": lambda i, c, s, ids, r, m: slow_bicro_warmup(s, ids, m),
     "poly": lambda i, c, s, ids, r, m: slow_poly(s, ids, m),
     "selhn": lambda i, c, s, ids, r, m: slow_selhn(s, ids, m),
+    # probabilistic: embeddings [mean, log-variance], shift and scale at their start 5 and 5
+    "pcme": lambda i, c, s, ids, r, m: slow_pcme(i, c, ids, m),
+    "pcmepp": lambda i, c, s, ids, r, m: slow_pcmepp(i, c, ids, m),
 }
 
 
@@ -260,6 +356,14 @@ def random_batch(seed, size=7, dim=5, order=False):
     return img, cap, ids, rel
 
 
+def loss_batch(name, seed, size=7, dim=5):
+    """``random_batch`` as the loss ``name`` takes it: absolute values for an order loss, and for a
+    probabilistic one ([mean, log-variance] halves) the width made even (5 → 6, 3 → 4)."""
+    if is_probabilistic(LOSSES[name].similarity):
+        dim += dim % 2
+    return random_batch(seed, size, dim, order=LOSSES[name].similarity == "order")
+
+
 # ---------------------------------------------------------------------------- against slow loops
 
 
@@ -267,7 +371,7 @@ def random_batch(seed, size=7, dim=5, order=False):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("mask", [True, False])
 def test_loss_matches_slow_loop(name, seed, mask):
-    img, cap, ids, rel = random_batch(seed, order=LOSSES[name].similarity == "order")
+    img, cap, ids, rel = loss_batch(name, seed)
     loss = build_loss(name, mask_same_image=mask)
     got = call(loss, img, cap, ids, rel, 0)  # ncr's two networks: the same pair of embeddings each
     assert got.shape == () and got.dtype == torch.float64
@@ -277,7 +381,7 @@ def test_loss_matches_slow_loop(name, seed, mask):
 
 @pytest.mark.parametrize("name", LOSS_NAMES)
 def test_without_image_ids_only_the_diagonal_is_positive(name):
-    img, cap, _, rel = random_batch(3, order=LOSSES[name].similarity == "order")
+    img, cap, _, rel = loss_batch(name, 3)
     got = call(build_loss(name), img, cap, None, rel, 0)
     assert got.item() == pytest.approx(slow_loss(name, img, cap, None, rel, True), rel=1e-9)
 
@@ -483,7 +587,14 @@ def test_bad_shapes_raise():
 
 @pytest.mark.parametrize("name", LOSS_NAMES)
 def test_gradcheck(name):
-    img, cap, ids, rel = random_batch(8, size=5, dim=3, order=LOSSES[name].similarity == "order")
+    # pcme: call seeds every evaluation alike, so its draws are the same at each point; which row
+    # goes to which item follows the order of the log-variance sums, constant near the point (no
+    # two sums within gradcheck's step), so the value is smooth there and gradcheck applies.
+    img, cap, ids, rel = loss_batch(name, 8, size=5, dim=3)
+    if is_probabilistic(LOSSES[name].similarity):  # the premise above: sums far apart (here > 0.03)
+        for side in (img, cap):
+            sums = side[:, side.shape[1] // 2:].sum(-1).sort().values
+            assert (sums.diff() > 1e-3).all()
     img.requires_grad_(True)
     cap.requires_grad_(True)
     loss = build_loss(name)
