@@ -40,12 +40,14 @@ def golden(name: str) -> dict:
         return {k: data[k] for k in data.files}
 
 
-def golden_cases(method: str):
-    """(what, ours: a function of no argument, expected) for each golden case of ``method``."""
+def golden_cases(method: str, dtype=np.float64):
+    """(what, ours: a function of no argument, expected) for each golden case of ``method``, our
+    method given the case's scores and bank in ``dtype`` (float64: as the authors' code had them)."""
     if method in ("isf", "csls"):
         data = golden("muse")
-        scores = data["queries"] @ data["gallery"].T
-        bank = np.concatenate([data["bank"], data["queries"]]) @ data["gallery"].T  # MUSE's source words
+        scores = (data["queries"] @ data["gallery"].T).astype(dtype)
+        source = np.concatenate([data["bank"], data["queries"]])  # MUSE's source words
+        bank = (source @ data["gallery"].T).astype(dtype)
         if method == "isf":
             for beta in (30, 10):
                 yield (f"beta {beta}", lambda b=beta: build_rescorer("isf", beta=b)(scores, bank),
@@ -59,24 +61,34 @@ def golden_cases(method: str):
             theirs, normalised = data[f"beta{beta}_k{k}"], data[f"beta{beta}_k{k}:normalised"][:, None]
             expected = np.where(normalised, np.log(np.where(normalised, theirs, 1.0)), theirs)
             method = build_rescorer("qbnorm", beta=beta, k=k)
-            yield f"beta {beta}, k {k}", lambda m=method: m(data["scores"], data["bank"]), expected
+            yield (f"beta {beta}, k {k}",
+                   lambda m=method: m(data["scores"].astype(dtype), data["bank"].astype(dtype)), expected)
     elif method == "dsl":
         data = golden("dsl")
         for temperature, scale in ((1000, 100), (1, 100), (0.05, 1)):
             method = build_rescorer("dsl", temperature=temperature, logit_scale=scale)
-            yield (f"temperature {temperature}, logit_scale {scale}", lambda m=method: m(data["scores"]),
+            yield (f"temperature {temperature}, logit_scale {scale}",
+                   lambda m=method: m(data["scores"].astype(dtype)),
                    data[f"temp{temperature:g}_scale{scale:g}"])
     elif method == "nnn":
         data = golden("nnn")
-        scores, bank = data["queries"] @ data["gallery"].T, data["bank"] @ data["gallery"].T
+        scores = (data["queries"] @ data["gallery"].T).astype(dtype)
+        bank = (data["bank"] @ data["gallery"].T).astype(dtype)
         for k, alpha in ((256, 0.5), (8, 0.75), (1, 0.5)):
             method = build_rescorer("nnn", k=k, alpha=alpha)
             yield f"k {k}, alpha {alpha}", lambda m=method: m(scores, bank), data[f"k{k}_alpha{alpha:g}"]
 
 
-def mismatches(method: str) -> list[str]:
-    return [what for what, ours, expected in golden_cases(method)
-            if not np.allclose(ours(), expected, rtol=RTOL, atol=ATOL)]
+def mismatches(method: str, dtype=np.float64) -> list[str]:
+    """The golden cases of ``method`` that ours misses: in float64 to RTOL, in float32 to F32_RTOL of
+    the scale (test_float32_equals_the_authors_code_to_1e_5_and_ranks_alike)."""
+    missed = []
+    for what, ours, expected in golden_cases(method, dtype):
+        result, scale = ours(), float(np.abs(expected).max())
+        rtol, atol = (RTOL, ATOL) if dtype == np.float64 else (F32_RTOL, F32_RTOL * scale)
+        if not np.allclose(result, expected, rtol=rtol, atol=atol):
+            missed.append(what)
+    return missed
 
 
 # ---------------------------------------------------------------------------- golden
@@ -89,6 +101,30 @@ def test_equals_the_authors_code(method):
         result = ours()
         assert result.dtype == np.float64 and result.shape == expected.shape
         np.testing.assert_allclose(result, expected, rtol=RTOL, atol=ATOL, err_msg=f"{method}, {what}")
+
+
+# float32 scores compute in float32 (rescore.py's fast path), compared with the float64 goldens to
+# 1e-5 of the matrix's largest |value| (a relative bound on each value is meaningless where a
+# corrected score is near 0: csls and nnn subtract two close numbers). Why 1e-5: float32's unit
+# roundoff is 6e-8, and rounding the inputs and a handful of operations per value leave some 1e-7 of
+# the scale (measured: 1e-7 for isf, csls, qbnorm, nnn); dsl at temperature 1 multiplies by
+# exp(100 S), which turns S's rounding into a relative 100 |S| * 6e-8 (measured 3.7e-6). A slip
+# changes values by far more (a k off by one, a missing term: 1e-2 of the scale and up). Ranking:
+# every query's whole gallery order equals the float64 golden order (stable sorts of both).
+F32_RTOL = 1e-5
+
+
+@pytest.mark.parametrize("method", RESCORE_NAMES)
+def test_float32_equals_the_authors_code_to_1e_5_and_ranks_alike(method):
+    for what, ours, expected in golden_cases(method, np.float32):
+        result = ours()
+        assert result.dtype == np.float32 and result.shape == expected.shape
+        scale = float(np.abs(expected).max())
+        np.testing.assert_allclose(result, expected, rtol=F32_RTOL, atol=F32_RTOL * scale,
+                                   err_msg=f"{method}, {what}")
+        np.testing.assert_array_equal(np.argsort(-result, axis=1, kind="stable"),
+                                      np.argsort(-expected, axis=1, kind="stable"),
+                                      err_msg=f"{method}, {what}")
 
 
 @pytest.mark.parametrize("bundle", sorted(COMMITS))
@@ -126,7 +162,8 @@ SLIPS = {  # name: (method, owner, attribute, the slipped replacement)
     "isf: the bank's softmax without beta": ("isf", rescore.InvertedSoftmax, "fit", _isf_without_beta),
     "csls: k + 1 reference neighbours": ("csls", rescore, "_column_topk_mean",
                                          lambda blocks, k: TOPK_MEAN(blocks, k + 1)),
-    "csls: no query-side term": ("csls", rescore.CSLS, "_corrected", lambda self, rows, c: 2 * rows - c.bias),
+    "csls: no query-side term": ("csls", rescore.CSLS, "_corrected",
+                                 lambda self, rows, c, into: 2 * rows - c.bias),
     "qbnorm: every query normalised": ("qbnorm", rescore.QBNorm, "_corrected", rescore.Rescorer._corrected),
     "qbnorm: activation set of k + 1": ("qbnorm", rescore, "_top_mask",
                                         lambda rows, k: TOP_MASK(rows, k + 1)),
@@ -139,11 +176,13 @@ SLIPS = {  # name: (method, owner, attribute, the slipped replacement)
 
 @pytest.mark.parametrize("slip", sorted(SLIPS))
 def test_a_slip_fails_the_golden_comparison(slip, monkeypatch):
-    """The golden comparison can fail: with each deliberate slip, some case of its method differs."""
+    """The golden comparison can fail: with each deliberate slip, some case of its method differs, in
+    float64 and in float32 at its looser tolerance."""
     method, owner, attribute, replacement = SLIPS[slip]
-    assert not mismatches(method)
+    assert not mismatches(method) and not mismatches(method, np.float32)
     monkeypatch.setattr(owner, attribute, replacement)
     assert mismatches(method), f"{slip}: the golden values did not notice"
+    assert mismatches(method, np.float32), f"{slip}: the float32 comparison did not notice"
 
 
 # ---------------------------------------------------------------------------- options and refusals
@@ -203,7 +242,7 @@ def test_bad_input_is_one_line_naming_the_option(call, words):
 # ---------------------------------------------------------------------------- blocks, kinds, per-item parts
 
 @pytest.mark.parametrize("method", RESCORE_NAMES)
-def test_blocks_streams_and_in_place_give_the_same_matrix(method):
+def test_blocks_streams_and_in_place_give_the_same_matrix(method, monkeypatch):
     scores, bank = _data(queries=37, gallery=11, bank=45, seed=1)
     options = {"k": 3} if method in ("csls", "nnn", "qbnorm") else {}
     rescorer = build_rescorer(method, **options)
@@ -218,6 +257,16 @@ def test_blocks_streams_and_in_place_give_the_same_matrix(method):
     assert isinstance(as_tensor, torch.Tensor) and as_tensor.dtype == torch.float32
     np.testing.assert_allclose(as_tensor.numpy(), whole, rtol=1e-5, atol=1e-4)
     assert rescorer(scores.astype(np.float32), bank).dtype == np.float32
+    monkeypatch.setattr(rescore, "TILE", 3)  # a transposed matrix (S.T) is copied tile by tile
+    transposed = np.asfortranarray(scores)  # the layout of a row-major matrix's .T
+    bank_t = None if bank is None else np.asfortranarray(bank)
+    np.testing.assert_allclose(rescorer(transposed, bank_t, block=5), whole, rtol=1e-12, atol=1e-12)
+    as_t = rescorer(torch.tensor(scores.T.copy()).T, None if bank is None else torch.tensor(bank.T.copy()).T,
+                    block=5)
+    np.testing.assert_allclose(as_t.numpy(), whole, rtol=1e-12, atol=1e-12)
+    inplace = torch.tensor(scores.T.copy()).T
+    assert rescorer(inplace, bank, out=inplace, block=6) is inplace
+    np.testing.assert_allclose(inplace.numpy(), whole, rtol=1e-12, atol=1e-12)
 
 
 def test_per_item_corrections_by_brute_force():

@@ -23,8 +23,17 @@ FAISS: the input is a score matrix, which a pairwise network has without embeddi
 are already computed, so a FAISS index would only re-compute them, in float32 (the golden tests
 compare in float64). A dual network's bank can stream from its embeddings, a block of reference
 queries at a time, so a training split of any size is never one matrix. The corrected
-matrix is one output array (``out=scores`` corrects in place), written a block of rows at a time;
-each block is computed in float64.
+matrix is one output array (``out=scores`` corrects in place), written a block of rows at a time,
+in place in the output (no temporary matrix per block but one reused buffer).
+
+Precision: each step computes in its input's precision, float64 stays float64 (the golden tests
+compare in float64, to 1e-10), anything else runs in float32 (a score matrix of a float32 model:
+the fast path, several times cheaper than float64 blocks; bench/rescore.py). A fit's ``bias`` is
+float64 whatever it was computed in; ``apply`` casts it once to the scores' precision. The float32
+path equals the float64 goldens to 1e-5 of the matrix's scale, with the same rankings
+(tests/test_rescore.py, the bound justified there).
+The k largest are ``topk(sorted=False)`` over contiguous rows (the bank's blocks transposed once),
+never a sort; finiteness is checked by one ``aminmax`` per block (no mask).
 
 Hubness: ``k_occurrence`` (N_k) and ``hubness`` (its skewness), k = 10, of one direction's matrix.
 """
@@ -55,7 +64,7 @@ class ItemCorrection:
     ``S_i.``). What a search index stores to apply the correction exactly."""
 
     scale: float
-    bias: torch.Tensor                  # (G,) float64
+    bias: torch.Tensor                  # (G,) float64 (computed in the bank's precision)
     active: torch.Tensor | None = None  # (G,) bool, qbnorm's activation set
     bank_size: int = 0                  # the reference queries it was fitted on
 
@@ -68,8 +77,8 @@ class Rescorer:
     2-D finite scores and bank with the same gallery, each ``k`` no larger than what it picks from.
 
     ``method(scores, bank)`` is the corrected matrix (numpy in, numpy out; a tensor in, a tensor out;
-    float64 stays float64, anything else float32). An inductive method is ``fit(bank)`` (its
-    ``ItemCorrection``) then ``apply(scores, correction)``."""
+    float64 stays float64, anything else float32, computed in that precision). An inductive method
+    is ``fit(bank)`` (its ``ItemCorrection``) then ``apply(scores, correction)``."""
 
     name: ClassVar[str] = ""
     transductive: ClassVar[bool] = False
@@ -121,10 +130,13 @@ class Rescorer:
             raise VseError(f"{self.owner}: the correction has {len(correction.bias)} gallery items, "
                            f"the scores {scores.shape[1]}")
         self._check_gallery_k(scores.shape[1])
-        return _by_rows(scores, out, block, lambda rows: self._corrected(rows, correction))
+        cast = dataclasses.replace(correction, bias=correction.bias.to(_compute_dtype(scores)))  # once
+        return _by_rows(scores, out, block, lambda rows, into: self._corrected(rows, cast, into))
 
-    def _corrected(self, rows: torch.Tensor, c: ItemCorrection) -> torch.Tensor:
-        return c.scale * rows - c.bias
+    def _corrected(self, rows: torch.Tensor, c: ItemCorrection, into: torch.Tensor) -> torch.Tensor:
+        """The corrected ``rows``, written into ``into`` (a block of the output, of the compute
+        precision; it may be ``rows`` itself: read a row's values before writing them) or returned."""
+        return torch.mul(rows, c.scale, out=into).sub_(c.bias)
 
     def _transductive(self, scores, out, block):
         raise NotImplementedError
@@ -144,26 +156,28 @@ class Rescorer:
         if len(shape) != 2 or 0 in shape:
             raise VseError(f"{self.owner}: scores must be a non-empty queries × gallery matrix, "
                            f"got shape {tuple(shape)}")
-        for start in range(0, shape[0], BLOCK):
-            if not bool(torch.isfinite(torch.as_tensor(scores[start:start + BLOCK])).all()):
+        stored = _as_stored(scores)  # finiteness has no order: read the memory in its own order
+        for start in range(0, stored.shape[0], BLOCK):
+            if not _finite(torch.as_tensor(stored[start:start + BLOCK])):
                 raise VseError(f"{self.owner}: scores contain NaN or infinite values")
         return scores
 
     def _bank_blocks(self, bank, gallery: int | None, block: int,
                      k: int | None = None) -> Iterator[torch.Tensor]:
-        """The bank's row blocks in float64, checked: 2-D, ``gallery`` columns, finite, non-empty,
-        at least ``k`` rows (checked before the first block when the bank is a matrix, else once it
-        has streamed)."""
+        """The bank's row blocks (float64 stays float64, anything else float32), checked: 2-D,
+        ``gallery`` columns, finite, non-empty, at least ``k`` rows (checked before the first block
+        when the bank is a matrix, else once it has streamed)."""
         blocks = _row_blocks(bank, block) if hasattr(bank, "shape") else iter(bank)
         if hasattr(bank, "shape") and len(bank.shape) == 2 and k is not None and 0 < bank.shape[0] < k:
             raise self._small_bank(k, bank.shape[0])
         rows = 0
         for part in blocks:
-            part = torch.as_tensor(part).to(torch.float64)
+            part = torch.as_tensor(part)
+            part = part.to(_compute_dtype(part))
             if part.ndim != 2 or (gallery is not None and part.shape[1] != gallery):
                 raise VseError(f"{self.owner}: the bank must be reference queries × {gallery or 'G'} "
                                f"gallery items, got a block of shape {tuple(part.shape)}")
-            if not bool(torch.isfinite(part).all()):
+            if not _finite(part):
                 raise VseError(f"{self.owner}: the bank contains NaN or infinite values")
             gallery = part.shape[1]
             rows += len(part)
@@ -193,7 +207,7 @@ class InvertedSoftmax(Rescorer):
 
     def fit(self, bank, gallery=None, *, block=BLOCK) -> ItemCorrection:
         lse, rows = _column_logsumexp(self._bank_blocks(bank, gallery, block), self.beta)
-        return ItemCorrection(self.beta, lse, bank_size=rows)
+        return ItemCorrection(self.beta, lse.to(torch.float64), bank_size=rows)
 
 
 class CSLS(Rescorer):
@@ -208,13 +222,14 @@ class CSLS(Rescorer):
         mean, rows = _column_topk_mean(self._bank_blocks(bank, gallery, block, self.k), self.k)
         if gallery is not None:
             self._check_gallery_k(gallery)
-        return ItemCorrection(2.0, mean, bank_size=rows)
+        return ItemCorrection(2.0, mean.to(torch.float64), bank_size=rows)
 
     def _check_gallery_k(self, gallery):
         self._gallery_k(self.k, gallery)
 
-    def _corrected(self, rows, c):
-        return 2.0 * rows - c.bias - rows.topk(self.k, dim=1).values.mean(dim=1, keepdim=True)
+    def _corrected(self, rows, c, into):
+        query = rows.topk(self.k, dim=1, sorted=False).values.mean(dim=1, keepdim=True)  # before into
+        return torch.mul(rows, 2.0, out=into).sub_(c.bias).sub_(query)
 
 
 class QBNorm(Rescorer):
@@ -229,15 +244,16 @@ class QBNorm(Rescorer):
     def fit(self, bank, gallery=None, *, block=BLOCK) -> ItemCorrection:
         if gallery is not None:
             self._check_gallery_k(gallery)
-        lse, active, rows = None, None, 0
-        for part in self._bank_blocks(bank, gallery, block):
+        lse, active, rows, buffer = None, None, 0, None
+        for part in self._bank_blocks(bank, gallery, block):  # one pass: both from each block
             self._check_gallery_k(part.shape[1])
-            lse = _merged_logsumexp(lse, self.beta * part)
             if active is None:
                 active = torch.zeros(part.shape[1], dtype=torch.bool)
             active |= _top_mask(part, self.k).any(dim=0)
+            buffer = _buffer(buffer, part)
+            lse = _merged_logsumexp(lse, part, self.beta, buffer)
             rows += len(part)
-        return ItemCorrection(self.beta, lse, active, bank_size=rows)
+        return ItemCorrection(self.beta, lse.to(torch.float64), active, bank_size=rows)
 
     def _check_gallery_k(self, gallery):
         self._gallery_k(self.k, gallery)
@@ -247,9 +263,13 @@ class QBNorm(Rescorer):
             raise VseError(f"{self.owner}: the correction has no activation set (not a qbnorm fit)")
         return super().apply(scores, correction, out=out, block=block)
 
-    def _corrected(self, rows, c):
-        hit = c.active[rows.argmax(dim=1)]
-        return torch.where(hit[:, None], c.scale * rows - c.bias, rows)
+    def _corrected(self, rows, c, into):
+        hit = c.active[rows.argmax(dim=1)].nonzero().flatten()
+        fixed = rows[hit].mul_(c.scale).sub_(c.bias)  # only the active queries' rows
+        if into.data_ptr() != rows.data_ptr():
+            into.copy_(rows)
+        into[hit] = fixed
+        return into
 
 
 class DualSoftmax(Rescorer):
@@ -265,9 +285,24 @@ class DualSoftmax(Rescorer):
 
     def _transductive(self, scores, out, block):
         factor = self.logit_scale / self.temperature
-        lse, queries = _column_logsumexp(_row_blocks(scores, block), factor)
-        return _by_rows(scores, out, block, lambda rows: (self.logit_scale * rows)
-                        * torch.exp(factor * rows - lse) * queries)
+        stored = _as_stored(scores)
+        if stored is scores:
+            lse, queries = _column_logsumexp(_row_blocks(scores, block), factor)
+        else:  # S.T: its columns' log-sum-exp is S's rows', read in S's own order (no transpose)
+            lse, queries, buffer = [], scores.shape[0], None
+            for part in _row_blocks(stored, block):
+                buffer = _buffer(buffer, part)
+                lse.append(_merged_logsumexp(None, part.T, factor, buffer.T))
+            lse = torch.cat(lse)
+        buffer = None
+
+        def corrected(rows, into):  # L * exp(L / temperature - lse) * Q, in one reused buffer
+            nonlocal buffer
+            buffer = _buffer(buffer, rows)
+            prior = torch.mul(rows, factor, out=buffer).sub_(lse).exp_().mul_(rows)
+            return torch.mul(prior, self.logit_scale * queries, out=into)
+
+        return _by_rows(scores, out, block, corrected)
 
 
 class NNN(Rescorer):
@@ -282,7 +317,7 @@ class NNN(Rescorer):
 
     def fit(self, bank, gallery=None, *, block=BLOCK) -> ItemCorrection:
         mean, rows = _column_topk_mean(self._bank_blocks(bank, gallery, block, self.k), self.k)
-        return ItemCorrection(1.0, self.alpha * mean, bank_size=rows)
+        return ItemCorrection(1.0, self.alpha * mean.to(torch.float64), bank_size=rows)
 
 
 # the names are the registry's (pipeline.core.registry.RESCORERS); each class says its own name too
@@ -310,7 +345,7 @@ def k_occurrence(scores, k: int = HUBNESS_K, *, block: int = BLOCK) -> np.ndarra
         raise VseError(f"hubness: k must be an integer in [1, {shape[1]}] (the gallery), got {k!r}")
     counts = torch.zeros(shape[1], dtype=torch.long)
     for rows in _row_blocks(scores, block):
-        if not bool(torch.isfinite(rows).all()):
+        if not _finite(rows):
             raise VseError("hubness: scores contain NaN or infinite values")
         counts += _top_mask(rows, k).sum(dim=0)
     return counts.numpy()
@@ -326,63 +361,148 @@ def hubness(scores, k: int = HUBNESS_K, *, block: int = BLOCK) -> float:
 
 # ---------------------------------------------------------------------------- blocks
 
+def _compute_dtype(matrix) -> torch.dtype:
+    """float64 for a float64 matrix (numpy or tensor), float32 for anything else."""
+    return torch.float64 if str(matrix.dtype) in ("float64", "torch.float64") else torch.float32
+
+
+def _finite(block: torch.Tensor) -> bool:
+    """Whether every value is finite: one min/max pass (NaN propagates into both), no mask."""
+    if block.numel() == 0:
+        return True
+    low, high = torch.aminmax(block)
+    return bool(torch.isfinite(low)) and bool(torch.isfinite(high))
+
+
+def _as_stored(matrix):
+    """``matrix`` or, when it is the transpose of a row-major matrix (``S.T``: text→image), that
+    matrix: the same values in their memory's order, whose row blocks are contiguous."""
+    if isinstance(matrix, torch.Tensor):
+        return matrix.T if not matrix.is_contiguous() and matrix.T.is_contiguous() else matrix
+    if isinstance(matrix, np.ndarray) and not matrix.flags.c_contiguous and matrix.flags.f_contiguous:
+        return matrix.T
+    return matrix
+
+
+def _buffer(buffer: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """A scratch block shaped as ``like`` (its precision), reusing ``buffer``'s memory when it fits."""
+    if buffer is None or buffer.dtype != like.dtype or buffer.numel() < like.numel():
+        buffer = torch.empty(like.numel(), dtype=like.dtype)
+    return buffer.view(-1)[:like.numel()].view(like.shape)
+
+
 def _row_blocks(matrix, block: int) -> Iterator[torch.Tensor]:
+    """``matrix``'s row blocks as contiguous tensors, views where they can be: float64 stays float64,
+    anything else float32. A block of a transposed matrix (``S.T``) is copied contiguous once, tile
+    by tile (``_contiguous``), as every step after it would read it strided, several times slower;
+    into one scratch matrix reused for every block: a block is valid until the next is drawn."""
     if not values.is_int(block) or block < 1:
         raise VseError(f"block must be a positive integer, got {block!r}")
+    dtype = _compute_dtype(matrix)
+    scratch: list = [None]
     for start in range(0, matrix.shape[0], block):
-        yield torch.as_tensor(np.asarray(matrix[start:start + block]) if not isinstance(matrix, torch.Tensor)
-                              else matrix[start:start + block]).to(torch.float64)
+        yield _contiguous(torch.as_tensor(np.asarray(matrix[start:start + block])
+                                          if not isinstance(matrix, torch.Tensor)
+                                          else matrix[start:start + block]).to(dtype), scratch)
+
+
+TILE = 512  # columns of a strided block copied at once: its rows then stay in cache
+
+
+def _contiguous(rows: torch.Tensor, scratch: list) -> torch.Tensor:
+    """``rows`` contiguous; a strided block (a row block of ``S.T`` is a column slab of ``S``) copied
+    ``TILE`` columns at a time, about four times faster than ``.contiguous()`` of the whole slab,
+    into ``scratch[0]`` (reused, replaced when too small)."""
+    if rows.is_contiguous():
+        return rows
+    copy = scratch[0] = _buffer(scratch[0], rows)
+    for start in range(0, rows.shape[1], TILE):
+        copy[:, start:start + TILE] = rows[:, start:start + TILE]
+    return copy
 
 
 def _by_rows(scores, out, block: int, correct) -> np.ndarray | torch.Tensor:
-    """``correct`` (float64 rows → float64 rows) applied a block of rows at a time into ``out`` (a
-    new array like ``scores``: numpy or tensor, float64 or float32; or one given, e.g. ``scores``)."""
+    """``correct(rows, into)`` applied a block of rows at a time into ``out`` (a new array like
+    ``scores``: numpy or tensor, float64 or float32; or one given, e.g. ``scores`` itself): ``into`` is
+    the output's block (a view) when it has the compute precision, else a scratch block; what
+    ``correct`` returns is copied there unless it is ``into``."""
     numpy = not isinstance(scores, torch.Tensor)
-    if numpy:
-        dtype = np.float64 if scores.dtype == np.float64 else np.float32
-    else:
-        dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
+    dtype = _compute_dtype(scores)
     if out is None:
-        out = np.empty(scores.shape, dtype=dtype) if numpy else torch.empty(tuple(scores.shape), dtype=dtype)
+        out = (np.empty(scores.shape, dtype=np.float64 if dtype == torch.float64 else np.float32) if numpy
+               else torch.empty(tuple(scores.shape), dtype=dtype))
     elif tuple(out.shape) != tuple(scores.shape):
         raise VseError(f"out has shape {tuple(out.shape)}, the scores {tuple(scores.shape)}")
+    target = torch.from_numpy(out) if isinstance(out, np.ndarray) else out
+    scratch = None
     for start, rows in zip(range(0, scores.shape[0], block), _row_blocks(scores, block)):
-        fixed = correct(rows)
-        out[start:start + len(rows)] = fixed.numpy() if isinstance(out, np.ndarray) else fixed.to(out.dtype)
+        view = target[start:start + len(rows)]
+        direct = view.dtype == dtype and view.is_contiguous()
+        if not direct:
+            scratch = _buffer(scratch, rows)
+        into = view if direct else scratch
+        fixed = correct(rows, into)
+        if fixed is not view:
+            view.copy_(fixed)
     return out
 
 
-def _merged_logsumexp(lse: torch.Tensor | None, part: torch.Tensor) -> torch.Tensor:
-    column = torch.logsumexp(part, dim=0)
+def _merged_logsumexp(lse: torch.Tensor | None, part: torch.Tensor, factor: float = 1.0,
+                      buffer: torch.Tensor | None = None) -> torch.Tensor:
+    """``lse`` merged with ``log sum_b exp(factor * part_bj)`` per column, computed in ``buffer`` (a
+    scratch block of ``part``'s shape) in place: max, subtract, exp, sum, no other temporary."""
+    scaled = part * factor if buffer is None else torch.mul(part, factor, out=buffer)
+    peak = scaled.amax(dim=0)
+    column = scaled.sub_(peak).exp_().sum(dim=0).log_().add_(peak)
     return column if lse is None else torch.logaddexp(lse, column)
 
 
 def _column_logsumexp(blocks: Iterable[torch.Tensor], factor: float) -> tuple[torch.Tensor, int]:
     """``log sum_b exp(factor * B_bj)`` per column over the streamed row blocks, and their row count."""
-    lse, rows = None, 0
+    lse, rows, buffer = None, 0, None
     for part in blocks:
-        lse, rows = _merged_logsumexp(lse, factor * part), rows + len(part)
+        buffer = _buffer(buffer, part)
+        lse, rows = _merged_logsumexp(lse, part, factor, buffer), rows + len(part)
     return lse, rows
 
 
 def _column_topk_mean(blocks: Iterable[torch.Tensor], k: int) -> tuple[torch.Tensor, int]:
     """The mean of each column's k largest values over the streamed row blocks (the blocks' k largest
-    merged as they come), and the row count."""
-    top, rows = None, 0
+    merged as they come), and the row count. Each block is transposed once into a scratch matrix
+    beside the k kept so far (columns as contiguous rows: topk along a strided axis costs about
+    twice), then ``topk(sorted=False)``: the k largest, unordered, as the mean needs."""
+    top, rows, merged = None, 0, None
     for part in blocks:
         rows += len(part)
-        merged = part if top is None else torch.cat([top, part])
-        top = merged.topk(min(k, len(merged)), dim=0).values
-    return top.mean(dim=0), rows
+        kept = 0 if top is None else top.shape[1]
+        width = kept + len(part)
+        if merged is None or merged.dtype != part.dtype or merged.shape[1] < width:
+            merged = torch.empty(part.shape[1], width, dtype=part.dtype)
+        now = merged[:, :width]
+        if kept:
+            now[:, :kept] = top
+        now[:, kept:] = part.T
+        top = now.topk(min(k, width), dim=1, sorted=False).values
+    return top.mean(dim=1), rows
 
 
 def _top_mask(rows: torch.Tensor, k: int) -> torch.Tensor:
     """(b, G) bool: each row's k largest columns, exactly k, ties at the k-th value to the lowest
-    indices (topk's own choice among ties is unspecified; a full sort costs three times more)."""
-    kth = rows.topk(k, dim=1).values[:, -1:]
-    above = rows > kth
-    tied = rows == kth
-    return above | (tied & (tied.cumsum(dim=1) <= k - above.sum(dim=1, keepdim=True)))
+    indices (topk's own choice among ties is unspecified; a full sort costs three times more). A row
+    whose (k+1)-th largest value is below its k-th has one top-k set, topk's own (no pass over the row
+    to count ties); only the other rows are resolved by the cumulative count of their ties."""
+    top = rows.topk(min(k + 1, rows.shape[1]), dim=1)
+    kth = top.values[:, k - 1:k]
+    mask = torch.zeros(rows.shape, dtype=torch.bool).scatter_(1, top.indices[:, :k], True)
+    if k == rows.shape[1]:
+        return mask
+    ties = (top.values[:, k] == kth[:, 0]).nonzero().flatten()
+    if len(ties):
+        part, at = rows[ties], kth[ties]
+        above = part > at
+        tied = part == at
+        mask[ties] = above | (tied & (tied.cumsum(dim=1) <= k - above.sum(dim=1, keepdim=True)))
+    return mask
 
 
 # ---------------------------------------------------------------------------- `vse evaluate --rescore`
