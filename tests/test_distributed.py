@@ -45,6 +45,8 @@ CACHED_LOSSES = {
     "decl": {"loss": "decl"},        # the epoch's pass over every pair, shared by the ranks
     "poly": {"loss": "poly"},        # the hardest negative of the global batch, / its size
     "selhn": {"loss": "selhn"},      # the mean or the max of each query's hinges
+    "pcme": {"loss": "pcme"},        # Gaussian embeddings, sampled; a learned shift and scale
+    "pcmepp": {"loss": "pcmepp"},    # the closed-form sampled distance
     # a plug-in with a parameter of its own (a learnable temperature)
     "plugin": {"loss": str(ROOT / "examples" / "infonce_learnable_tau.py") + ":LearnableTemperatureInfoNCE"},
 }

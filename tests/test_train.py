@@ -198,8 +198,11 @@ def test_cli_train_with_config_file_then_evaluate(tiny_cache, tmp_path):
                                  str(tiny_cache), "--split", "test", "--json"])
     assert result.exit_code == 0, result.output
     metrics = json.loads(result.output)
+    # the protocol's metrics, the hubness of the caption gallery (8 test images: under 10, no t2i's),
+    # then what the evaluation records: one network's scores
     assert list(metrics) == ["i2t_r1", "i2t_r5", "i2t_r10", "i2t_medr", "i2t_meanr",
-                             "t2i_r1", "t2i_r5", "t2i_r10", "t2i_medr", "t2i_meanr", "rsum"]
+                             "t2i_r1", "t2i_r5", "t2i_r10", "t2i_medr", "t2i_meanr", "rsum", "i2t_hubness",
+                             "ensemble"]
     assert metrics["rsum"] == pytest.approx(sum(metrics[k] for k in metrics if "_r" in k and "medr" not in k
                                                  and "meanr" not in k))
 

@@ -73,8 +73,18 @@ class Evaluation:
 def evaluate_embeddings_file(path, protocol: str, device, similarity: str = "cosine", judgments=None,
                              echo: Echo = _quiet) -> Evaluation:
     """Saved embeddings (an npz of images and captions) under ``protocol``; with ``judgments``
-    (``JudgmentOptions``), agreement with people too."""
+    (``JudgmentOptions``), agreement with people too; the hubness of each direction (single and 5k
+    protocols), as for a checkpoint. How many networks made them is not known: no ``ensemble``."""
     metrics = evaluate_npz(path, protocol, device, similarity)
+    if protocol != "5fold":
+        import torch
+
+        from pipeline.core.similarity import image_caption_scores
+        from pipeline.evaluation.evaluate import load_embeddings_npz
+
+        images, captions, _ = load_embeddings_npz(path)
+        metrics.update(hubness_metrics(image_caption_scores(torch.from_numpy(images),
+                                                            torch.from_numpy(captions), similarity)))
     if judgments:
         from pipeline.evaluation.evaluate import judge_npz
 
