@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from cli.main import cli
 from pipeline.evaluation.command import Evaluation, evaluate_embeddings_file
 from pipeline.evaluation.evaluate import format_table, json_metrics
-from pipeline.evaluation.metrics import evaluate_embeddings
+from pipeline.evaluation.metrics import evaluate_embeddings, hubness_metrics
 from pipeline.reports.runs_command import NoRunFolders, evaluate_run_folders
 
 
@@ -27,8 +27,11 @@ def npz(tmp_path):
 def test_the_npz_mode_renders_what_the_cli_prints(npz):
     notes = []
     evaluation = evaluate_embeddings_file(npz, "single", None, echo=notes.append)
-    with np.load(npz) as f:
-        assert evaluation.metrics == pytest.approx(evaluate_embeddings(f["images"], f["captions"]), abs=1e-12)
+    with np.load(npz) as f:  # the protocol's metrics and each direction's hubness of the same scores
+        expected = {**evaluate_embeddings(f["images"], f["captions"]),
+                    **hubness_metrics(f["images"] @ f["captions"].T)}
+        assert set(expected) >= {"i2t_hubness", "t2i_hubness"}
+        assert evaluation.metrics == pytest.approx(expected, abs=1e-6)  # hubness: a float32 product
     assert evaluation.title == f"{npz} (single)" and notes == []
     assert evaluation.render(as_json=True) == json.dumps(json_metrics(evaluation.metrics))
     assert evaluation.render() == format_table(evaluation.metrics, evaluation.title)
