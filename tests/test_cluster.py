@@ -67,8 +67,10 @@ def refused(result, *words) -> str:
 # ---------------------------------------------------------------------------- a sweep on Slurm
 EPOCHS = 30
 # a cancelled job's process trains on for a few seconds (SIGTERM, which submitit lets pass, then
-# SIGKILL after KillWait): the run to cancel is long enough to be unfinished when it stops
-CANCELLED_EPOCHS = 100
+# SIGKILL after KillWait): the run to cancel is long enough to be unfinished when it stops. On idle
+# cores a tiny epoch takes well under 0.1 s: 100 epochs once ended inside those seconds (the run was
+# done, not cancelled), so it trains 1,000
+CANCELLED_EPOCHS = 1000
 RUNS = {"sh-0": {"loss": "sh", "seed": 0}, "sh-1": {"loss": "sh", "seed": 1, "epochs": CANCELLED_EPOCHS},
         "mh-0": {"loss": "mh", "seed": 0}, "mh-1": {"loss": "mh", "seed": 1}}
 
@@ -147,7 +149,7 @@ def test_a_sweep_on_slurm_survives_preemption_and_cancellation_and_equals_local_
         result = vse("sweep", config, "--status")
         return result.output.count("done ") == 4 and result.output
 
-    final = wait_for(all_done, "all 4 runs done", timeout=240)
+    final = wait_for(all_done, "all 4 runs done", timeout=480)
     assert job_of(folders[preempted]) == jobs[preempted] and f"job {jobs[preempted]} " in final
     log = (runs / "grid" / ".slurm" / f"{jobs[preempted]}_0_log.out").read_text()
     assert f"training {folders[preempted]}" in log and f"resuming {folders[preempted]}" in log, log[-2000:]
