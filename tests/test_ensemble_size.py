@@ -79,6 +79,19 @@ def test_one_network_records_one_and_an_average_the_sum(runs, tiny_cache):
     assert table.exit_code == 0 and "(network 0 alone)" in table.output.splitlines()[0]
 
 
+def test_the_size_is_read_from_the_checkpoints_as_they_are_embedded(runs, tiny_cache, monkeypatch):
+    """Each checkpoint file is read once: the ensemble size comes with its embeddings, not from a
+    second reading of every checkpoint (a large file on a GPU run)."""
+    import torch
+
+    read = []
+    load = torch.load
+    monkeypatch.setattr(torch, "load", lambda f, *a, **k: (read.append(str(f)), load(f, *a, **k))[1])
+    sh, ncr = runs / "sh" / "best.pt", runs / "ncr" / "best.pt"
+    assert evaluated("--checkpoint", ncr, "--features", tiny_cache, "--average-with", sh)["ensemble"] == 3
+    assert sorted(read) == sorted([str(ncr), str(sh)]), read
+
+
 @pytest.mark.parametrize("member, says", [(None, "holds one network"), (2, "networks 0 to 1")])
 def test_a_member_that_is_not_there_is_refused_in_one_line(runs, tiny_cache, member, says):
     run = runs / ("sh" if member is None else "ncr")

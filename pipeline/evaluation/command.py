@@ -133,7 +133,7 @@ def evaluate_checkpoint(checkpoint, device, *, features=None, root=None, dataset
     note = cs_note(cs_ks, len(emb.images), split) if relevance else None
     if note:
         echo(note)
-    ensemble = checkpoints_ensemble([checkpoint, *average_with], member)
+    ensemble = emb.ensemble  # read from the checkpoints as they were embedded (a member: one network)
     named = " + ".join([checkpoint, *average_with]) + (" (scores averaged)" if average_with else "")
     title = (f"{named}{ensemble_title(ensemble, member)} on {root or features} "
              f"[{split}, {len(emb.images)} images, {protocol}]")
@@ -146,16 +146,6 @@ def evaluate_checkpoint(checkpoint, device, *, features=None, root=None, dataset
         footer, extra = rescored_evaluation(emb, rescore, banks, bank_images, metrics)
     recorded = {"ensemble": ensemble, **({"member": member} if member is not None else {})}
     return Evaluation(metrics, title, json_extra={**recorded, **extra}, footer=footer, notes=notes)
-
-
-def checkpoints_ensemble(checkpoints, member: int | None = None) -> int:
-    """How many networks' scores the mean of ``checkpoints``' scores averages: each one's own
-    (``inference.ensemble_size``), summed; ``member``: the first is one network of its copies."""
-    from pipeline.core.checkpoint import load_checkpoint
-    from pipeline.evaluation.inference import ensemble_size
-
-    return sum(1 if i == 0 and member is not None else ensemble_size(load_checkpoint(path))
-               for i, path in enumerate(checkpoints))
 
 
 def ensemble_title(ensemble: int, member: int | None = None) -> str:

@@ -3,6 +3,7 @@ retrieval metrics, CS@K and agreement with human judgments; their printed table 
 
 from __future__ import annotations
 
+import dataclasses
 import zipfile
 import zlib
 from pathlib import Path
@@ -13,7 +14,13 @@ import torch
 from pipeline.core.errors import VseError
 from pipeline.core.similarity import image_caption_scores
 from pipeline.data.cache import FeatureCache
-from pipeline.evaluation.inference import SplitEmbeddings, check_features_match, encode_split, load_model
+from pipeline.evaluation.inference import (
+    SplitEmbeddings,
+    check_features_match,
+    encode_split,
+    ensemble_size,
+    load_model,
+)
 from pipeline.evaluation.judgments import (
     Judgments,
     MatchedJudgments,
@@ -76,8 +83,9 @@ def embed_checkpoint(checkpoint, features, split: str, device: torch.device,
     try:
         check_features_match(cache, loaded.model, loaded.state.get("feature_source", {}), checkpoint)
         captions = loaded.captions(cache, text_features, checkpoint)
-        return encode_split(loaded.model, cache, captions, split, device, max_images=max_images, amp=amp,
-                            progress=True)
+        emb = encode_split(loaded.model, cache, captions, split, device, max_images=max_images, amp=amp,
+                           progress=True)
+        return dataclasses.replace(emb, ensemble=ensemble_size(loaded.state))  # the state read once
     finally:
         if cache is not features:
             cache.close()
@@ -99,7 +107,8 @@ def average_scores(splits: list[SplitEmbeddings], checkpoints) -> SplitEmbedding
         total = scores if total is None else total + scores
     mean = (total / len(splits)).float()
     return SplitEmbeddings(np.eye(len(first.images), dtype=np.float32), mean.T.contiguous().numpy(),
-                           first.caption_image, first.image_rows, first.caption_rows, "cosine", pairwise=True)
+                           first.caption_image, first.image_rows, first.caption_rows, "cosine", pairwise=True,
+                           ensemble=sum(emb.ensemble for emb in splits))
 
 
 def relevance_for_cache(path, cache: FeatureCache):

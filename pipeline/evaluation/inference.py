@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,7 @@ class SplitEmbeddings:
     caption_rows: np.ndarray   # (M,) caption indices of the cache
     similarity: str
     pairwise: bool = False     # images = I_N, captions = Sᵀ (a pairwise network's scores)
+    ensemble: int = 1          # how many networks' scores they hold (``ensemble_size``; averages sum)
 
 
 def read_image_features(cache: FeatureCache, rows: np.ndarray, split: str) -> np.ndarray:
@@ -195,8 +197,9 @@ def embed_rc_checkpoint(checkpoint, dataset_kind: str, root, split: str, device:
                          dataset_options=dataset_options, grid=bool(state["backbone"].get("grid")))
     model = model_of_checkpoint(state, checkpoint, source.backbone).to(device)
     captions = checkpoint_captions(state, source.index.captions, root, checkpoint=checkpoint)
-    return encode_split(model, source.index, captions, split, device, max_images=max_images,
-                        batch_size=batch_size, amp=amp)
+    emb = encode_split(model, source.index, captions, split, device, max_images=max_images,
+                       batch_size=batch_size, amp=amp)
+    return dataclasses.replace(emb, ensemble=ensemble_size(state))
 
 
 def ensemble_size(state: dict) -> int:
