@@ -76,6 +76,23 @@ def vse(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
+def extract_tiny(root, out, *extra):
+    """`vse extract` of a Flickr8k-layout folder with the tiny backbone (torch engine, one process)."""
+    result = vse("extract", "--dataset", "flickr8k", "--root", root, "--backbone", "tiny", "--out", out,
+                 "--workers", 0, "--device", "cpu", "--engine", "torch", "--quiet", *extra)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def train_tiny(cache, run, *extra, loss: str = "sh", epochs: int = 1):
+    """`vse train` of a tiny run (16-d) on ``cache``; its best.pt."""
+    result = vse("train", "--features", cache, "--run-dir", run, "--loss", loss, "--epochs", epochs,
+                 "--embed-dim", 16, "--word-dim", 8, "--batch-size", 8, "--min-word-count", 1,
+                 "--val-every", 0, "--workers", 0, "--device", "cpu", *extra)
+    assert result.exit_code == 0, result.output
+    return Path(run) / "best.pt"
+
+
 def train(features, run_dir, *extra):
     """`vse train` of a tiny VSE0 run, one epoch."""
     return vse("train", "--features", features, "--run-dir", run_dir, "--loss", "sh", "--epochs", 1,

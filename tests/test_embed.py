@@ -10,25 +10,10 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from conftest import vse
+from conftest import extract_tiny, train_tiny, vse
 from test_bad_inputs import assert_one_error_line, flickr8k_layout
 
 TOLERANCE = 1e-5  # the issue's bound: the same features through the same head, other batches
-
-
-def _extract(root: Path, out: Path, *extra) -> Path:
-    result = vse("extract", "--dataset", "flickr8k", "--root", root, "--backbone", "tiny", "--out", out,
-                 "--workers", 0, "--device", "cpu", "--engine", "torch", "--quiet", *extra)
-    assert result.exit_code == 0, result.output
-    return out
-
-
-def _train(cache: Path, run: Path, *extra) -> Path:
-    result = vse("train", "--features", cache, "--run-dir", run, "--loss", "sh", "--epochs", 1,
-                 "--embed-dim", 16, "--word-dim", 8, "--batch-size", 8, "--min-word-count", 1,
-                 "--val-every", 0, "--workers", 0, "--device", "cpu", *extra)
-    assert result.exit_code == 0, result.output
-    return run / "best.pt"
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +22,11 @@ def made(tmp_path_factory):
     on the first and a GPO set model on the second."""
     base = tmp_path_factory.mktemp("embed")
     root = flickr8k_layout(base / "f8k", 15)
-    vectors = _extract(root, base / "c.h5")
-    grid = _extract(root, base / "g.h5", "--grid")
+    vectors = extract_tiny(root, base / "c.h5")
+    grid = extract_tiny(root, base / "g.h5", "--grid")
     return {"root": root, "cache": vectors, "grid": grid, "base": base,
-            "gru": _train(vectors, base / "gru"),
-            "gpo": _train(grid, base / "gpo", "--image-pool", "gpo", "--text-pool", "gpo")}
+            "gru": train_tiny(vectors, base / "gru"),
+            "gpo": train_tiny(grid, base / "gpo", "--image-pool", "gpo", "--text-pool", "gpo")}
 
 
 def _evaluate_embeddings(checkpoint: Path, cache: Path):

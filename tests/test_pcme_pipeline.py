@@ -14,35 +14,20 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from conftest import vse
+from conftest import extract_tiny, train_tiny, vse
 from test_bad_inputs import assert_one_error_line, flickr8k_layout
 
 TOLERANCE = 1e-5  # the same features through the same heads, other batches (as test_embed)
-
-
-def _extract(root, out, *extra):
-    result = vse("extract", "--dataset", "flickr8k", "--root", root, "--backbone", "tiny", "--out", out,
-                 "--workers", 0, "--device", "cpu", "--engine", "torch", "--quiet", *extra)
-    assert result.exit_code == 0, result.output
-    return out
-
-
-def _train(cache, run, loss, *extra):
-    result = vse("train", "--features", cache, "--run-dir", run, "--loss", loss, "--epochs", 2,
-                 "--embed-dim", 16, "--word-dim", 8, "--batch-size", 8, "--min-word-count", 1,
-                 "--val-every", 0, "--workers", 0, "--device", "cpu", *extra)
-    assert result.exit_code == 0, result.output
-    return run / "best.pt"
 
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
     base = tmp_path_factory.mktemp("pcme")
     root = flickr8k_layout(base / "f8k", 15)
-    vectors, grid = _extract(root, base / "c.h5"), _extract(root, base / "g.h5", "--grid")
+    vectors, grid = extract_tiny(root, base / "c.h5"), extract_tiny(root, base / "g.h5", "--grid")
     return {"root": root, "vectors": vectors, "grid": grid,
-            "pcmepp": _train(vectors, base / "pcmepp", "pcmepp"),
-            "pcme": _train(grid, base / "pcme", "pcme", "--network", "vse-infty")}
+            "pcmepp": train_tiny(vectors, base / "pcmepp", loss="pcmepp", epochs=2),
+            "pcme": train_tiny(grid, base / "pcme", "--network", "vse-infty", loss="pcme", epochs=2)}
 
 
 def _split(checkpoint, cache):
