@@ -42,7 +42,7 @@
 #                      (bench/results/f8k_noisy/)
 #   make f8k-tuned   — the same methods at 0/20/50% caption noise, each tuned on dev with one budget
 #                      (TUNE_BUDGET), then 3 seeds on test beside the default-options table
-#                      (experiments/f8k_tune.yaml, bench/tune_table.py; bench/results/f8k_tuned/)
+#                      (experiments/f8k_tune.yaml, experiments/tune_table.py; bench/results/f8k_tuned/)
 #   make f8k-noisy-sgr — SGR at 20% image-level noise: mh, rcl, ncr, 3 seeds, a small size
 #                      (experiments/f8k_noisy_sgr.yaml; bench/results/f8k_noisy_sgr/; then the claims)
 #   make f8k-text-pool — VSE++'s GRU vs VSE∞'s BiGRU + GPO caption encoder, one seed
@@ -321,7 +321,7 @@ f8k-noisy: $(F8K_FEATURES) $(F8K_TEXT)
 TUNE_BUDGET ?= 6x2
 
 f8k-tuned: $(F8K_FEATURES) $(F8K_TEXT)
-	$(PY) bench/tune_table.py experiments/f8k_tune.yaml --budget $(TUNE_BUDGET) --jobs 2 \
+	$(PY) experiments/tune_table.py experiments/f8k_tune.yaml --budget $(TUNE_BUDGET) --jobs 2 \
 	  --runs-dir $(F8K_RUNS) --judgments $(JUDGMENTS)
 
 f8k-noisy-sgr: $(F8K_GRID) $(F8K_TOKENS)

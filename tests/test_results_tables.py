@@ -39,13 +39,12 @@ OTHER_REPORTS = {
 }
 
 # Tables not rendered from a committed CSV alone, and why.
+TUNED_LABELS = "experiments/tune_table.py: each label's '(tuned B)' is read from the run folders"
 NOT_FROM_A_CSV = {
-    "f8k_tuned/table_noisy.md": "bench/tune_table.py: each label's '(tuned B)' is read from the run folders",
-    "f8k_tuned/table_human.md": "bench/tune_table.py: each label's '(tuned B)' is read from the run folders",
-    "f8k_tuned_pilot/table_noisy.md": "bench/tune_table.py: each label's '(tuned B)' is read from the run "
-                                      "folders",
-    "f8k_tuned_pilot/table_human.md": "bench/tune_table.py: each label's '(tuned B)' is read from the run "
-                                      "folders",
+    "f8k_tuned/table_noisy.md": TUNED_LABELS,
+    "f8k_tuned/table_human.md": TUNED_LABELS,
+    "f8k_tuned_pilot/table_noisy.md": TUNED_LABELS,
+    "f8k_tuned_pilot/table_human.md": TUNED_LABELS,
     "precision_saf_cpu/table.md": "bench/precision_table.py, from runs/*.json (no results CSV); "
                                   "tests/test_precision_arms.py checks it",
 }

@@ -1,4 +1,4 @@
-"""bench/tune_table.py: the equal-tuning protocol end to end on the tiny cache (tune, export, seeds,
+"""experiments/tune_table.py: the equal-tuning protocol end to end on the tiny cache (tune, export, seeds,
 evaluate, tables, the side-by-side table and the claims compared), a rerun that skips every
 finished step, and its refusals."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
 pytest.importorskip("optuna")
 

@@ -9,7 +9,7 @@ An MkDocs hook (mkdocs.yml ``hooks:``) and a small command:
 
   ``<!-- vse:table FILE columns="Model|rsum" -->``  a results table (``vse report``'s Markdown
       output, e.g. bench/results/f8k_fast/table_recall.md) with its footer, whole or some columns;
-  ``<!-- vse:claims FILE -->``  the claims of a ``vse claims`` or ``bench/tune_table.py``
+  ``<!-- vse:claims FILE -->``  the claims of a ``vse claims`` or ``experiments/tune_table.py``
       JSON file, one row each, with their p-values and verdicts;
   ``<!-- vse:make TARGET -->``  the recipe of a Makefile target, variables expanded: the exact
       commands that made a table;
@@ -132,7 +132,7 @@ def _arm(value, metric: str = "") -> str:
 
 def claims_table(name: str) -> str:
     """The claims of ``name``: a claims.json (`vse claims`) or a claims_compare.json
-    (bench/tune_table.py), one row per claim."""
+    (experiments/tune_table.py), one row per claim."""
     data = json.loads(_path(name).read_text(encoding="utf-8"))
     claims = data.get("claims") if isinstance(data, dict) else None
     if not claims:

@@ -1,7 +1,7 @@
 """Equal tuning of the noisy-pairs methods, and what it changes in the default-options table
 (issue 42): one command, resumable. `make f8k-tuned` runs
 
-    python bench/tune_table.py experiments/f8k_tune.yaml --budget 6x2 --jobs 2
+    python experiments/tune_table.py experiments/f8k_tune.yaml --budget 6x2 --jobs 2
 
 The spec file (experiments/f8k_tune.yaml) states the base, the noise levels, the methods and each
 one's search once; a study is one method at one noise level (``NOISE-METHOD``). Under
@@ -44,7 +44,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.core.errors import VseError  # noqa: E402
