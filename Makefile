@@ -37,9 +37,9 @@
 #   make f8k-vsrn-short — MH vs LSEH (svd) on VSRN (embed 256, no caption branch), 3 seeds: one epoch,
 #                      and two with a summed-hinge warm-up (best.pt and last.pt)
 #                      (experiments/f8k_vsrn_short.yaml; bench/results/f8k_vsrn_short/)
-#   make f8k-noisy   — training on noisy pairs, the fast loop: mh, csn, infonce, siglip, rcl, decl, ncr
-#                      without noise and at 20/50% caption- and image-level noise, 3 seeds
-#                      (bench/results/f8k_noisy/)
+#   make f8k-noisy   — training on noisy pairs, the fast loop: mh, csn, infonce, siglip, rcl, decl, ncr,
+#                      crcl, bicro without noise and at 20/50% caption- and image-level noise, 3 seeds;
+#                      the co-trained at equal ensemble size too (bench/results/f8k_noisy/)
 #   make f8k-tuned   — the same methods at 0/20/50% caption noise, each tuned on dev with one budget
 #                      (TUNE_BUDGET), then 3 seeds on test beside the default-options table
 #                      (experiments/f8k_tune.yaml, experiments/tune_table.py; bench/results/f8k_tuned/)
@@ -257,16 +257,16 @@ PRECISION_FAST_OUT = bench/results/precision_fast_cpu
 
 f8k-precision: $(F8K_GRID) $(F8K_TOKENS)
 	for arm in $(PRECISION_ARMS); do for seed in 0 1 2; do test -f $(PRECISION_OUT)/runs/$$arm-s$$seed.json || \
-	  PYTHONPATH=. $(PY) bench/precision_arms.py --arm $$arm --seed $$seed --out $(PRECISION_OUT)/runs \
+	  PYTHONPATH=. $(PY) experiments/precision_arms.py --arm $$arm --seed $$seed --out $(PRECISION_OUT)/runs \
 	    --runs-dir $(RUNS)/precision || exit 1; done; done
-	PYTHONPATH=. $(PY) bench/precision_table.py $(PRECISION_OUT)
+	PYTHONPATH=. $(PY) experiments/precision_table.py $(PRECISION_OUT)
 
 f8k-precision-fast: $(F8K_FEATURES) $(F8K_TEXT) $(CACHE)/f8k_svd.h5
 	$(VSE) sweep experiments/precision_fast.yaml --runs-dir $(F8K_RUNS)
 	$(VSE) evaluate --runs '$(F8K_RUNS)/precision_fast/*' --split test --judgments $(JUDGMENTS) \
 	  --out $(PRECISION_FAST_OUT)/results.csv
 	$(VSE) report $(PRECISION_FAST_OUT)/results.csv --columns recall | tee $(PRECISION_FAST_OUT)/table_recall.md
-	PYTHONPATH=. $(PY) bench/precision_table.py --fast $(PRECISION_FAST_OUT)
+	PYTHONPATH=. $(PY) experiments/precision_table.py --fast $(PRECISION_FAST_OUT)
 
 PRECISION_SGRAF_OUT  = bench/results/precision_sgraf_cpu
 PRECISION_SGRAF_RUNS = $(RUNS)/precision
@@ -290,8 +290,8 @@ f8k-precision-sgraf: $(F8K_GRID) $(F8K_TOKENS) $(CACHE)/f8k_svd.h5
 	  $(VSE) report $(PRECISION_SGRAF_OUT)/results_$$prec.csv --columns recall --epochs-to-best \
 	    | tee $(PRECISION_SGRAF_OUT)/table_recall_$$prec.md && \
 	  $(VSE) claims experiments/claims/precision_sgraf_$$prec.yaml || exit 1; done
-	PYTHONPATH=. $(PY) bench/precision_table.py --fast $(PRECISION_SGRAF_OUT)
-	$(PY) bench/dev_curves.py '$(PRECISION_SGRAF_RUNS)/s*_fp32/*' '$(PRECISION_SGRAF_RUNS)/s*_bf16/*' \
+	PYTHONPATH=. $(PY) experiments/precision_table.py --fast $(PRECISION_SGRAF_OUT)
+	$(PY) experiments/dev_curves.py '$(PRECISION_SGRAF_RUNS)/s*_fp32/*' '$(PRECISION_SGRAF_RUNS)/s*_bf16/*' \
 	  | tee $(PRECISION_SGRAF_OUT)/dev_rsum.md
 
 VSRN_SHORT_OUT = bench/results/f8k_vsrn_short
@@ -310,11 +310,26 @@ f8k-vsrn-short: $(F8K_GRID) $(CACHE)/f8k_svd.h5
 NOISY_OUT     = bench/results/f8k_noisy
 NOISY_SGR_OUT = bench/results/f8k_noisy_sgr
 
+# At equal ensemble size (docs/PROTOCOL.md, "Ensemble size"; experiments/claims/noisy_equal_size.yaml):
+# each co-trained run's network 0 gets a row of its own (--member 0), and mh's seeds 3-5 pair with its
+# seeds 0-2 (seed s with s+3: no seed in two pairs) into 2-seed ensembles, set beside ncr's and bicro's
+# two networks.
+NOISY_PAIRS = $(F8K_RUNS)/noisy_mh_pairs
+
 f8k-noisy: $(F8K_FEATURES) $(F8K_TEXT)
 	$(VSE) sweep experiments/f8k_noisy.yaml --runs-dir $(F8K_RUNS) --jobs 2
-	$(VSE) evaluate --runs '$(F8K_RUNS)/noisy/*' --split test --judgments $(JUDGMENTS) --out $(NOISY_OUT)/results.csv
+	$(VSE) sweep experiments/f8k_noisy.yaml --only method=mh --seeds 3-5 --runs-dir $(F8K_RUNS) --jobs 2
+	$(VSE) evaluate --runs '$(F8K_RUNS)/noisy/*seed=[012]' --member 0 --split test --judgments $(JUDGMENTS) \
+	  --out $(NOISY_OUT)/results.csv --keep-evaluated
+	mkdir -p $(NOISY_PAIRS) && for run in $(F8K_RUNS)/noisy/*method=mh,seed=[345]; do \
+	  name=$$(basename "$$run"); seed=$${name##*seed=}; \
+	  ln -sfn "$$(cd "$$run" && pwd)" "$(NOISY_PAIRS)/$${name%seed=*}seed=$$((seed - 3))"; done
+	$(VSE) evaluate --runs '$(F8K_RUNS)/noisy/*method=mh,seed=[012]' --average-with-runs $(NOISY_PAIRS) \
+	  --split test --judgments $(JUDGMENTS) --out $(NOISY_OUT)/results_pairs.csv
 	$(VSE) report $(NOISY_OUT)/results.csv --columns noisy | tee $(NOISY_OUT)/table_noisy.md
 	$(VSE) report $(NOISY_OUT)/results.csv --columns human | tee $(NOISY_OUT)/table_human.md
+	$(VSE) claims experiments/claims/noisy.yaml
+	$(VSE) claims experiments/claims/noisy_equal_size.yaml
 
 # Equal tuning (experiments/f8k_tune.yaml says what a budget can and cannot settle on 2 cores): one
 # `vse tune` study per method × noise with the same budget, two at a time; resumable step by step.

@@ -45,10 +45,13 @@ def slurm_given(options: dict) -> dict:
               "edited plug-in file, another vse); refused without it.")
 @click.option("--seeds", default=None, callback=lambda ctx, param, value: _int_list(value),
               help="Repeat every grid point with these seeds, e.g. 0,1,2,3,4 (or 0-4).")
+@click.option("--only", multiple=True, metavar="KEY=VALUE",
+              help="Only the runs whose names have KEY=VALUE (repeatable: all of them), e.g. --only "
+              "method=mh --seeds 3-5: one method's extra seeds.")
 @train_options(exclude=("run_dir",))
 @click.pass_context
 def sweep_command(ctx, config, jobs, resume, runs_dir, name, dry_run, launcher, show_status, overwrite, seeds,
-                  loss_option, **options):
+                  only, loss_option, **options):
     """Train the grid of CONFIG (YAML: base: + grid:), skipping finished runs.
 
     Training options given here override the file's base: for every run (not a grid axis)."""
@@ -58,7 +61,7 @@ def sweep_command(ctx, config, jobs, resume, runs_dir, name, dry_run, launcher, 
         raise click.UsageError("--jobs must be at least 1")
     given_slurm = slurm_given(options)
     overrides, _ = given_values(ctx, options, loss_option)
-    sweep = load_sweep(config, runs_dir, seeds, overrides=overrides, name=name)
+    sweep = load_sweep(config, runs_dir, seeds, overrides=overrides, name=name, only=only)
     if show_status:
         from pipeline.training.launchers import status_lines
 

@@ -74,6 +74,23 @@ def test_name_sweeps_one_grid_again_beside_the_first(tmp_path, tiny_cache):
     assert bad.exit_code == 1 and "sweep name '../x' may hold only" in bad.output
 
 
+def test_only_keeps_the_runs_with_every_value_and_refuses_a_filter_that_matches_none(tmp_path, tiny_cache):
+    """--only method=mh --seeds 3-5: one method's extra seeds from the table's own file, with the same
+    run names (and so the same folders) as the file's own seeds."""
+    path = _sweep_file(tmp_path, tiny_cache, "  method:\n    - {name: vse0, loss: sh}\n"
+                       "    - {name: vsepp, loss: mh}\n  margin: [0.1, 0.2]\n")
+    runs = load_sweep(path, seeds=[3, 4], only=["method=vsepp", "margin=0.2"]).runs
+    assert [r.name for r in runs] == ["method=vsepp,margin=0.2,seed=3", "method=vsepp,margin=0.2,seed=4"]
+    assert runs[0].run_dir == tmp_path / "runs" / "grid" / "method=vsepp,margin=0.2,seed=3"
+    out = CliRunner().invoke(cli, ["sweep", str(path), "--dry-run", "--only", "method=vse0"])
+    assert out.exit_code == 0 and out.output.count("new ") == 2 and "vsepp" not in out.output
+    none = CliRunner().invoke(cli, ["sweep", str(path), "--dry-run", "--only", "method=vse"])
+    assert none.exit_code == 1 and "--only 'method=vse' matches no run (its values: method=vse0, " \
+        "method=vsepp)" in none.output and str(path) in none.output
+    bad = CliRunner().invoke(cli, ["sweep", str(path), "--dry-run", "--only", "vsepp"])
+    assert bad.exit_code == 1 and "expected KEY=VALUE" in bad.output
+
+
 def test_param_strings_are_safe_folder_names():
     assert (param_string({"relevance": "cache/rel svd.h5", "margin": 0.2})
             == "relevance=cache_rel_svd.h5,margin=0.2")

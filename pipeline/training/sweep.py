@@ -83,7 +83,7 @@ class Sweep:
         return self.runs_dir / self.name
 
 
-def load_sweep(path, runs_dir=None, seeds=None, overrides=None, name=None) -> Sweep:
+def load_sweep(path, runs_dir=None, seeds=None, overrides=None, name=None, only=None) -> Sweep:
     """Parse a sweep file and expand its grid (VseError naming the file when it is wrong).
 
     ``seeds`` (or the file's ``seeds:`` list) repeats every grid point with each seed: the
@@ -91,7 +91,9 @@ def load_sweep(path, runs_dir=None, seeds=None, overrides=None, name=None) -> Sw
     their mean ± std. ``overrides`` (training options, e.g. the command line's) replace the
     file's ``base:`` values (their loss options merge into base's); they may not set a grid axis.
     ``name`` replaces the file's ``name:`` (the sweep's folder), so one grid can be swept again with
-    an override, e.g. another network, beside the first."""
+    an override, e.g. another network, beside the first. ``only`` ("KEY=VALUE" strings, as the run
+    names write them, e.g. "method=mh") keeps the runs that have every one of them: one method's
+    extra seeds without a second file that copies the first's base:."""
     path = Path(path)
     spec = read_yaml_mapping(path, "sweep file", "base: and grid:")
     unknown = sorted(set(spec) - set(SWEEP_KEYS))
@@ -133,6 +135,24 @@ def load_sweep(path, runs_dir=None, seeds=None, overrides=None, name=None) -> Sw
         run_name = param_string(values)
         config["run_dir"] = str(sweep.root / run_name)
         sweep.runs.append(SweepRun(run_name, sweep.root / run_name, config))
+    return select_runs(sweep, only or ())
+
+
+def select_runs(sweep: Sweep, only) -> Sweep:
+    """The sweep's runs whose names have every "KEY=VALUE" of ``only`` (VseError naming the file and
+    the filter when one is malformed or matches no run)."""
+    for item in only:
+        key, sep, value = item.partition("=")
+        if not (sep and key and value):
+            raise VseError(f"--only {item!r}: expected KEY=VALUE as the run names write it, e.g. method=mh",
+                           sweep.path)
+        kept = [run for run in sweep.runs if item in run.name.split(",")]
+        if not kept:
+            seen = sorted({part for run in sweep.runs for part in run.name.split(",")
+                           if part.partition("=")[0] == key})
+            raise VseError(f"--only {item!r} matches no run (its values: {', '.join(seen) or 'no such key'})",
+                           sweep.path)
+        sweep.runs = kept
     return sweep
 
 
