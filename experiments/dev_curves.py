@@ -1,6 +1,6 @@
 """The validation rsum of each epoch, over seeds: did a method recover later, or collapse later?
 
-    python bench/dev_curves.py 'runs/precision/saf_fp32/*' 'runs/precision/sgr_fp32/*' > dev_rsum.md
+    python experiments/dev_curves.py 'runs/precision/saf_fp32/*' 'runs/precision/sgr_fp32/*' > dev_rsum.md
 
 Reads each run's metrics.jsonl (the records `vse train` writes at each validation) and groups the
 runs by folder and run name without its seed (``saf_fp32/method=mh``); a row per group, a column per

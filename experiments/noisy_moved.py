@@ -3,7 +3,7 @@ table before (a results.csv of the earlier readings, e.g. ``git show REV:bench/r
 results.csv``) against the same configuration's rows now, per metric: mean ± std over seeds and
 Welch's two-sided t-test (moved beyond the seed noise: p < 0.05).
 
-    python bench/noisy_moved.py OLD.csv NEW.csv --methods rcl,decl,ncr > moved.json
+    python experiments/noisy_moved.py OLD.csv NEW.csv --methods rcl,decl,ncr > moved.json
 """
 
 from __future__ import annotations

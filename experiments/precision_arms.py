@@ -19,11 +19,11 @@ hardest negatives tie, and the gradient norm before clipping:
                          splits it evenly among tied maxima
     fp32-scores-bf16-max1  fp32-scores-bf16 with the authors' max
 
-    PYTHONPATH=. python bench/precision_arms.py --arm fp32 --seed 0 --out bench/results/precision_saf_cpu \
-        --config experiments/precision_saf.yaml
+    PYTHONPATH=. python experiments/precision_arms.py --arm fp32 --seed 0 \
+        --out bench/results/precision_saf_cpu --config experiments/precision_saf.yaml
 
 Writes ``OUT/runs/ARM-sSEED.json`` (the run's options, its validation, the per-step series) and
-prints its summary line; ``bench/precision_table.py`` makes the table. The run folder goes under
+prints its summary line; ``experiments/precision_table.py`` makes the table. The run folder goes under
 ``--runs-dir`` (ignored by git).
 """
 

@@ -1,4 +1,4 @@
-"""The precision ablation's table (issue 53), from the runs ``bench/precision_arms.py`` wrote.
+"""The precision ablation's table (issue 53), from the runs ``experiments/precision_arms.py`` wrote.
 
 Per arm, over its seeds: dev rsum after the epoch (mean ± std, n), the share of steps whose loss sits
 within 1% of MH's collapse value (2 · margin · batch), the share of hinge-active queries whose
@@ -8,7 +8,7 @@ its first 50 steps. Welch one-sided p-values against the two controls, and the g
 seed by seed (an arm's run of seed k starts from the controls' initialisation and batch order), say
 whether an arm behaves like fp32 or like bf16.
 
-    PYTHONPATH=. python bench/precision_table.py bench/results/precision_saf_cpu
+    PYTHONPATH=. python experiments/precision_table.py bench/results/precision_saf_cpu
 
 Writes DIR/table.md and DIR/summary.json. ``--fast DIR`` reads DIR/results*.csv instead (`vse
 evaluate --runs` of experiments/precision_fast.yaml's or precision_sgraf.yaml's sweeps) and writes

@@ -3,8 +3,8 @@ each measured over sizes and distributions: the library's function against the a
 (their dtype, their random state, their formula), on the CPU. Writes, per difference, the grid and
 its worst case (value, size, distribution) to bench/results/protocol_differences.json.
 
-    taskset -c 0 env OMP_NUM_THREADS=1 .venv/bin/python bench/protocol_differences.py   # ~2 min
-    ... bench/protocol_differences.py --tiny --out /tmp/pd.json   # seconds (the test's grid)
+    taskset -c 0 env OMP_NUM_THREADS=1 .venv/bin/python experiments/protocol_differences.py   # ~2 min
+    ... experiments/protocol_differences.py --tiny --out /tmp/pd.json   # seconds (the test's grid)
 
 Measured: NCR's GMM on float64 losses (theirs float32) and its random state (theirs numpy's global
 state), with the clean set's seed noise from bench/results/f8k_noisy beside them; RCL's 1 − p;

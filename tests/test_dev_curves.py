@@ -1,4 +1,4 @@
-"""bench/dev_curves.py: each epoch's validation rsum over seeds, from hand-made metrics.jsonl files."""
+"""experiments/dev_curves.py: each epoch's validation rsum over seeds, from hand-made metrics.jsonl files."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
 import dev_curves  # noqa: E402
 

@@ -460,7 +460,7 @@ if __name__ == "__main__":  # docs/img/command-page.png: python tests/test_docs.
 
 
 def test_a_table_with_a_caption_gives_each_row_once_after_its_caption(tmp_path):
-    """A table file with a caption line above its rows (bench/precision_table.py writes one):
+    """A table file with a caption line above its rows (experiments/precision_table.py writes one):
     the caption, then every row exactly once, then the footer; two tables in one file refused."""
     docs = hook_module()
     table = tmp_path / "table.md"

@@ -1,6 +1,6 @@
-"""The precision ablation's tools (bench/precision_arms.py, bench/precision_table.py): the rounding
-each arm applies is the one it names, the products' rounding reaches the backward pass, and the
-table pairs the arms with the controls seed by seed."""
+"""The precision ablation's tools (experiments/precision_arms.py, experiments/precision_table.py):
+the rounding each arm applies is the one it names, the products' rounding reaches the backward pass,
+and the table pairs the arms with the controls seed by seed."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
 import precision_arms  # noqa: E402
 import precision_table  # noqa: E402

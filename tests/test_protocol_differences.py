@@ -1,4 +1,4 @@
-"""bench/protocol_differences.py (the numerical differences from the authors' code that
+"""experiments/protocol_differences.py (the numerical differences from the authors' code that
 docs/PROTOCOL.md states with a size): its tiny grid runs and writes every difference with its worst
 case and grid, and the worst cases PROTOCOL states are those of the committed JSON."""
 
@@ -17,7 +17,7 @@ DIFFERENCES = ("ncr_gmm_dtype", "ncr_gmm_random_state", "ncr_seed_noise", "rcl_o
 
 
 def bench():
-    path = ROOT / "bench" / "protocol_differences.py"
+    path = ROOT / "experiments" / "protocol_differences.py"
     spec = importlib.util.spec_from_file_location("protocol_differences", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

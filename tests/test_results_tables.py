@@ -45,7 +45,7 @@ NOT_FROM_A_CSV = {
     "f8k_tuned/table_human.md": TUNED_LABELS,
     "f8k_tuned_pilot/table_noisy.md": TUNED_LABELS,
     "f8k_tuned_pilot/table_human.md": TUNED_LABELS,
-    "precision_saf_cpu/table.md": "bench/precision_table.py, from runs/*.json (no results CSV); "
+    "precision_saf_cpu/table.md": "experiments/precision_table.py, from runs/*.json (no results CSV); "
                                   "tests/test_precision_arms.py checks it",
 }
 
