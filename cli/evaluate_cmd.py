@@ -8,8 +8,8 @@ import click
 
 from cli.dataset_root import csv_options, root_option
 from cli.judgment_options import judgment_options
-from cli.train_options import parse_key_values
-from pipeline.core.registry import IMAGE_DATASET_KINDS, RESCORERS
+from cli.rescore_options import rescore_options
+from pipeline.core.registry import IMAGE_DATASET_KINDS
 from pipeline.data.readers.csv_layout import CsvLayout
 
 
@@ -73,29 +73,15 @@ def _parse_ks(ctx, param, value):
               help="--runs: which checkpoint of each run.")
 @judgment_options
 @click.option("--overwrite", is_flag=True, help="--out: replace a file that is not a vse results table.")
-@click.option("--rescore", "rescore_names", multiple=True, metavar="NAME",
-              help="--checkpoint or --runs: also evaluate the scores re-scored against hubness by NAME "
-                   f"({', '.join(RESCORERS.names)}), repeatable, each its own row (docs/PROTOCOL.md, "
-                   "'Re-scoring at test time').")
-@click.option("--rescore-option", "rescore_option", multiple=True, callback=parse_key_values,
-              metavar="NAME.KEY=VALUE",
-              help="--rescore: a method's option (JSON value), repeatable; KEY=VALUE with one method.")
-@click.option("--rescore-bank-split", default=None,
-              help="--rescore: the split whose embeddings form the reference bank (default: the training "
-                   "split; never the evaluated split without --transductive).")
-@click.option("--rescore-bank-size", type=click.IntRange(min=1), default=None,
-              help="--rescore: the bank's first N images of its split and their captions (default: all).")
-@click.option("--transductive", is_flag=True,
-              help="--rescore: allow corrections that read the test queries themselves (dsl, or a bank of "
-                   "the evaluated split); recorded with the result.")
+@rescore_options("--checkpoint or --runs: also evaluate the scores re-scored against hubness by NAME, each "
+                 "its own row")
 @click.option("--keep-evaluated", is_flag=True,
               help="--out: a run whose row there has the same checkpoint bytes and evaluation options "
                    "keeps it (not evaluated again), e.g. after adding seeds to a sweep.")
 def evaluate_command(embeddings, checkpoint, average_with, member, shortlist, shortlist_features, shortlist_k,
                      run_patterns, average_with_runs, features, root, dataset_kind, dataset_options,
                      text_features, split, protocol, order, relevance, cs_ks, device, amp, as_json, out,
-                     checkpoint_name, judgments, overwrite, keep_evaluated, rescore_names, rescore_option,
-                     rescore_bank_split, rescore_bank_size, transductive):
+                     checkpoint_name, judgments, overwrite, keep_evaluated, rescore):
     """Recall@K, median/mean rank and rsum (docs/PROTOCOL.md), both directions."""
     from pipeline.core.runtime import resolve_device
 
@@ -111,14 +97,16 @@ def evaluate_command(embeddings, checkpoint, average_with, member, shortlist, sh
     if average_with_runs and not run_patterns:
         raise click.UsageError("--average-with-runs goes with --runs")
     if member is not None and (embeddings or average_with or average_with_runs or shortlist or root
-                               or rescore_names):
+                               or rescore):
         raise click.UsageError("--member goes with --checkpoint (on --features) or --runs, without "
                                "--average-with(-runs), --shortlist, --root or --rescore")
     if keep_evaluated and (not (run_patterns and out) or average_with_runs):
         raise click.UsageError("--keep-evaluated goes with --runs and --out, without --average-with-runs")
-    rescore = _rescore_plan(rescore_names, rescore_option, split, rescore_bank_split, rescore_bank_size,
-                            transductive, embeddings or shortlist or root or protocol == "5fold"
-                            or (run_patterns and (keep_evaluated or average_with_runs)))
+    elsewhere = embeddings or shortlist or root or protocol == "5fold" or (
+        run_patterns and (keep_evaluated or average_with_runs))
+    rescore = rescore.plan(split, refused=elsewhere and (
+        "--rescore goes with --checkpoint on --features (single or 5k protocol, --average-with too) or "
+        "--runs (without --keep-evaluated and --average-with-runs)"))
     if shortlist:
         alone = not (average_with or root or relevance or judgments or protocol == "5fold")
         if not (checkpoint and features and alone):
@@ -182,23 +170,6 @@ def evaluate_command(embeddings, checkpoint, average_with, member, shortlist, sh
     click.echo(evaluation.render(as_json))
     for line in evaluation.notes if not as_json else ():  # at the end: a small split, a result at chance
         _note(line)                                        # (--json: the object alone, for a program)
-
-
-def _rescore_plan(names, options, split, bank_split, bank_size, transductive, elsewhere):
-    """The checked plan of --rescore (pipeline.evaluation.rescore.plan_rescore), or None without it."""
-    if not names:
-        if options or bank_size or bank_split or transductive:
-            raise click.UsageError("--rescore-option, --rescore-bank-split, --rescore-bank-size and "
-                                   "--transductive go with --rescore NAME")
-        return None
-    if elsewhere:
-        raise click.UsageError("--rescore goes with --checkpoint on --features (single or 5k protocol, "
-                               "--average-with too) or --runs (without --keep-evaluated and "
-                               "--average-with-runs)")
-    from pipeline.evaluation.rescore import BANK_SPLIT, plan_rescore
-
-    return plan_rescore(names, options, split=split, bank_split=bank_split or BANK_SPLIT, bank_size=bank_size,
-                        transductive=transductive)
 
 
 def _note(message: str) -> None:

@@ -16,6 +16,14 @@ or code identities are refused unless pooled on purpose (``across_precision``, `
 Both forms refuse to compare results that average different numbers of networks' scores (ncr's two
 co-trained networks against one network; docs/PROTOCOL.md "Ensemble size") unless ``across_ensemble``;
 ``member`` compares a co-trained run by its network of that index alone (a run of one network as it is).
+
+A correction against hubness (docs/PROTOCOL.md, "Re-scoring at test time"): ``compare_rescored`` is one
+run's re-scored ranks (``RUN + METHOD``) against its raw ones, the same paired permutation test over the
+test queries; ``compare_groups(..., rescore=plan)`` evaluates each run's re-scored rows too, and one
+group is then compared with its own re-scored groups (``GROUP + METHOD`` against ``GROUP``, Welch and
+paired by seed), or, with ``baseline``, every configuration, re-scored ones included, with the baseline.
+A transductive row (it read the test queries) is never compared with an inductive one unless
+``across_transduction``, as precisions are not.
 """
 
 from __future__ import annotations
@@ -37,6 +45,32 @@ from pipeline.training.factories import run_schedule_note
 from pipeline.training.run_folder import run_names
 
 COMPARED = (*metric_keys("recall"), "rsum")  # what the paired test over queries covers
+
+
+def row_transductive(row: dict) -> bool:
+    """Whether a results row's numbers read the evaluated queries: its ``rescore`` column ends as
+    ``rescore.RescorePlan.label`` ends a transductive correction's."""
+    return str(row.get("rescore") or "").endswith(", transductive")
+
+
+def mixed_transduction(transductive: dict) -> str | None:
+    """None when every one of ``transductive`` (name → bool) is alike, else the line naming which read
+    the test queries (as ``report.mixed_ensembles`` says it of ensembles)."""
+    if len(set(transductive.values())) < 2:
+        return None
+    read = [str(name) for name, t in transductive.items() if t]
+    other = [str(name) for name, t in transductive.items() if not t]
+    return (f"{', '.join(read)} read the test queries (transductive), {', '.join(other)} did not: not one "
+            "protocol (--across-transduction compares them anyway)")
+
+
+def refuse_transduction(plan, plain: str, where=None) -> None:
+    """VseError when a correction of ``plan`` is transductive: ``PLAIN + METHOD`` would be compared with
+    the raw ``plain``."""
+    for method in plan.methods:
+        if line := mixed_transduction({f"{plain} {plan.row_name(method)}": plan.is_transductive(method),
+                                       plain: False}):
+            raise VseError(line, where)
 
 
 def compare_runs(run_a, run_b, *, device: torch.device, split: str = "test", features=None,
@@ -83,6 +117,50 @@ def compare_runs(run_a, run_b, *, device: torch.device, split: str = "test", fea
             "schedule": [run_schedule_note(Path(run)) for run in (run_a, run_b)]}
 
 
+
+def compare_rescored(run, plan, *, device: torch.device, split: str = "test", features=None,
+                     checkpoint: str = "best.pt", permutations: int = DEFAULT_PERMUTATIONS, seed: int = 0,
+                     across_transduction: bool = False) -> dict:
+    """{"comparisons": [...]}: each correction of ``plan`` (``rescore.RescorePlan``) of one run against
+    its raw scores, as ``compare_runs`` compares two runs (A = ``RUN + METHOD``, B = ``RUN``; the paired
+    permutation test over the test queries of the ranks of the corrected and the raw matrices), with
+    ``rescore``: what A's correction saw (its ``label`` and ``RescorePlan.record``), B's None. A
+    transductive correction is refused before anything is embedded unless ``across_transduction``."""
+    from pipeline.evaluation.command import checkpoint_banks, rescored_metrics
+    from pipeline.evaluation.metrics import score_ranks
+    from pipeline.evaluation.rescore import split_scores
+
+    [name] = run_names([run])
+    if not across_transduction:
+        refuse_transduction(plan, name, Path(run))
+    rows = [f"{name} {plan.row_name(m)}" for m in plan.methods]
+    state = load_checkpoint(Path(run) / checkpoint)
+    label, size = precision.label_of(state), ensemble_size(state)
+    with RunEvaluator(device, split, features=features) as evaluator:
+        emb, loaded, path, cache_path = evaluator.embed(run, checkpoint, state=state)
+        cache = evaluator.cache(cache_path)
+        bank_images = plan.check_bank(len(cache.split_rows(plan.bank_split)[0]))
+        banks = None
+        if plan.uses_bank:
+            banks = checkpoint_banks(path, cache, emb, plan, device, loaded=loaded,
+                                     captions=evaluator.captions(cache, loaded, path)).__getitem__
+        scores = split_scores(emb)
+        raw = score_ranks(scores, scores.T, emb.caption_image)
+        corrected = [rescored_metrics(scores, emb.caption_image, m, banks)[1] for m in plan.methods]
+    note = run_schedule_note(Path(run))
+    comparisons = []
+    for method, ranks, row in zip(plan.methods, corrected, rows):
+        metrics = paired_permutation_test(ranks, raw, permutations=permutations, seed=seed)
+        comparisons.append({
+            "runs": [row, name], "split": split, "permutations": permutations,
+            "queries": {"images": int(len(raw[0])), "captions": int(len(raw[1]))},
+            "metrics": {key: metrics[key] for key in COMPARED}, "precision": [label, label],
+            "ensemble": [size, size], "member": [None, None], "schedule": [note, note],
+            "rescore": [{"label": plan.label(method, bank_images), **plan.record(method, bank_images)},
+                        None]})
+    return {"comparisons": comparisons}
+
+
 def format_comparison(result: dict) -> str:
     a, b = result["runs"]
     lines = [f"A = {a}, B = {b}; {result['split']}: {result['queries']['images']} images, "
@@ -96,6 +174,8 @@ def format_comparison(result: dict) -> str:
         lines.append(f"{key:10s}{m['a']:9.1f}{m['b']:9.1f}{m['diff']:+9.1f}{m['p']:9.4f}{mark}")
     lines.append("* p < 0.05")
     lines += [f"{name}: {note}" for name, note in zip("AB", result.get("schedule") or ()) if note]
+    lines += [f"{name} re-scored: {seen['label']}" for name, seen in zip("AB", result.get("rescore") or ())
+              if seen]
     return "\n".join(lines)
 
 
@@ -127,14 +207,19 @@ def expand_runs(pattern) -> list[Path]:
 def compare_groups(patterns: dict, *, device: torch.device, baseline: str | None = None, split: str = "test",
                    features=None, checkpoint: str = "best.pt", results=None, judgments=None,
                    across_precision: bool = False, across_code: bool = False, across_ensemble: bool = False,
-                   member: int | None = None, echo=lambda _: None) -> dict:
+                   member: int | None = None, rescore=None, across_transduction: bool = False,
+                   echo=lambda _: None) -> dict:
     """Compare seed groups. ``patterns``: {group name: [pattern, ...]}, each group's runs one
     configuration (the two-group form, refused when its runs are several); or, with ``baseline``, one
     entry whose runs form any number of configurations (seed groups, ``report.seed_groups``), each
     compared with the one named ``baseline``. ``results``: a results.csv whose rows of unchanged
     checkpoints (the same bytes, the same evaluation) are used instead of evaluating them again.
     Groups of different ensemble sizes are refused unless ``across_ensemble``; ``member``: each
-    co-trained run stands in its group by its network ``member`` alone."""
+    co-trained run stands in its group by its network ``member`` alone. ``rescore``
+    (``rescore.RescorePlan``): each run's re-scored rows are evaluated too; with one group (no
+    ``baseline``) each of its re-scored groups (``NAME + METHOD``) is compared with it, with ``baseline``
+    they are configurations as any other. A transductive group is compared with an inductive one only
+    with ``across_transduction``."""
     from pipeline.reports.batch_eval import evaluate_runs
     from pipeline.reports.report import find_group, read_results, seed_groups
 
@@ -143,6 +228,11 @@ def compare_groups(patterns: dict, *, device: torch.device, baseline: str | None
     for name, found in runs.items():
         if not found:
             raise VseError(f"no run folders match {' '.join(map(str, patterns[name]))}")
+    if rescore is not None and baseline is None and len(patterns) != 1:
+        raise VseError("re-scoring compares one group with its own re-scored rows: give one group (or "
+                       "--runs ... --baseline NAME)")
+    if rescore is not None and not across_transduction:  # before any evaluation: each re-scored group is
+        refuse_transduction(rescore, baseline or next(iter(patterns)))  # compared with a raw one here
     if baseline is None:  # before any evaluation: each side one configuration, by its runs' configs
         for name, found in runs.items():
             _one_config_id(name, patterns[name], found)
@@ -152,24 +242,41 @@ def compare_groups(patterns: dict, *, device: torch.device, baseline: str | None
                        results)
     kept = read_results(results) if results else ()
     evaluated = evaluate_runs(everything, device=device, split=split, features=features,
-                              checkpoint=checkpoint, echo=echo, judgments=judgments, kept=kept, member=member)
+                              checkpoint=checkpoint, echo=echo, judgments=judgments, kept=kept, member=member,
+                              rescore=rescore)
     if evaluated.skipped:
         first = evaluated.skipped[0]
         raise VseError(f"could not be evaluated ({first.reason}): a group's seeds would be missing; "
                        "leave the run out of the pattern", first.run_dir)
-    by_checkpoint = {(str(row["checkpoint"]), row.get(MEMBER)): row for row in evaluated.rows}
+    by_checkpoint = {(str(row["checkpoint"]), row.get(MEMBER)): row for row in evaluated.rows
+                     if not row.get("rescore")}
+    by_name = {str(row["run"]): row for row in evaluated.rows}
 
     def row_of(run):  # its network ``member`` alone when it has one, else the run whole
         path = str(Path(run) / checkpoint)
         return by_checkpoint.get((path, member)) or by_checkpoint[(path, None)]
+
+    def rescored(row, method):  # a raw row's re-scored row (RunEvaluator.rescored_rows' name)
+        return by_name[f"{row['run']} {rescore.row_name(method)}"]
 
     rows = {name: [row_of(r) for r in found] for name, found in runs.items()}
     if baseline is None:
         groups = {name: _one_configuration(name, patterns[name], rows[name], across_precision, across_code)
                   for name in patterns}
         pairs = [tuple(groups)]
+        if rescore is not None:
+            [(name, raw)] = rows.items()
+            for method in rescore.methods:
+                corrected = f"{name} {rescore.row_name(method)}"
+                groups[corrected] = _one_configuration(corrected, patterns[name],
+                                                       [rescored(row, method) for row in raw],
+                                                       across_precision, across_code)
+            pairs = [(corrected, name) for corrected in groups if corrected != name]
     else:
         [name] = rows
+        if rescore is not None:
+            rows[name] = [r for row in rows[name]
+                          for r in (row, *(rescored(row, m) for m in rescore.methods))]
         found = seed_groups(rows[name])
         base = find_group(found, baseline)
         groups = {g.label + _distinct(g, found): g for g in found}
@@ -180,6 +287,9 @@ def compare_groups(patterns: dict, *, device: torch.device, baseline: str | None
         if not across_ensemble and (line := mixed_ensembles(sizes)):
             raise VseError(f"{line}: compare at equal size (--member K, or --across-ensemble compares them "
                            "anyway)")
+        modes = {a: row_transductive(groups[a].rows[0]), b: row_transductive(groups[b].rows[0])}
+        if not across_transduction and (line := mixed_transduction(modes)):
+            raise VseError(line)
     return {"split": split, "test": GROUP_TEST, "alpha": ALPHA,
             "groups": {n: _described(g) for n, g in groups.items()},
             "comparisons": [_compared(a, groups[a], b, groups[b]) for a, b in pairs]}
@@ -252,7 +362,8 @@ def _described(group) -> dict:
 
     return {"runs": [str(row["run"]) for row in group.rows], "seeds": [row.get("seed") for row in group.rows],
             "precision": sorted({row_precision(row) for row in group.rows}),
-            "ensemble": row_ensemble(group.rows[0])}
+            "ensemble": row_ensemble(group.rows[0]), "rescore": group.rows[0].get("rescore") or None,
+            "transductive": row_transductive(group.rows[0])}
 
 
 def _seed_values(group, key: str) -> dict:
