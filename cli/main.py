@@ -55,6 +55,7 @@ COMMANDS = {
     "train": "cli.train_cmd:train_command",
     "sweep": "cli.sweep_cmd:sweep_command",
     "tune": "cli.tune_cmd:tune_command",
+    "torchrun": "cli.torchrun_cmd:torchrun_command",
     "evaluate": "cli.evaluate_cmd:evaluate_command",
     "report": "cli.report_cmd:report_command",
     "compare": "cli.compare_cmd:compare_command",

@@ -1,0 +1,119 @@
+"""`vse torchrun` (pipeline/training/torchrun.py): torchrun's own agent running a vse command, and a
+rendezvous that cannot be reached as one line naming the endpoint, exit 1, no run folder (issue 62).
+
+Each case runs the real agent in its own process (`python -m cli.main torchrun …`), against a port
+of this machine: one nobody listens on, one this node hosts and no second node joins, and a host
+name that never resolves (.invalid, RFC 6761). The timeouts are short (--rdzv-conf) so a case takes
+seconds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import cluster_services
+import pytest
+from conftest import vse
+
+from pipeline.core.checkpoint import load_checkpoint
+
+pytestmark = pytest.mark.slow  # processes: `pytest -m "not slow"` skips them
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 3  # the rendezvous's read and join timeouts in these tests
+TINY = ["--loss", "sh", "--embed-dim", "8", "--word-dim", "8", "--batch-size", "8", "--min-word-count", "1",
+        "--val-every", "0", "--workers", "0", "--device", "cpu", "--seed", "0"]
+
+
+def torchrun(*arguments, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`vse torchrun ARGUMENTS` in a process of its own, as a shell runs it."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("TORCH_CPP_LOG_LEVEL", None)  # the agent's C++ log lines are hidden by vse, not by the test
+    return subprocess.run([sys.executable, "-m", "cli.main", "torchrun", *map(str, arguments)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    """Exit 1, nothing on stdout, and stderr exactly one line: the error."""
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-3000:]
+    assert result.stdout.strip() == "", result.stdout[-2000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("case", ["closed port", "no second node", "no such host"])
+def test_a_rendezvous_that_cannot_be_reached_is_one_line_naming_it_and_claims_no_run_folder(
+        case, tiny_cache, tmp_path):
+    port = cluster_services.free_port()
+    endpoint, conf, problem = {
+        # a client of a port nobody listens on (is_host=false: otherwise a local address is hosted)
+        "closed port": (f"127.0.0.1:{port}", "is_host=false", "cannot be reached"),
+        # this node hosts the store; --nnodes 2, and the second never comes
+        "no second node": (f"127.0.0.1:{port}", f"join_timeout={TIMEOUT_S}",
+                           f"not all of --nnodes 2 joined within the join timeout of {TIMEOUT_S} s"),
+        "no such host": ("nohost.invalid:29400", "", "cannot be reached"),
+    }[case]
+    conf = ",".join(filter(None, [conf, f"read_timeout={TIMEOUT_S}"]))
+    run = tmp_path / "run"
+    result = torchrun("--nnodes", 2, "--nproc-per-node", 1, "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                      endpoint, "--rdzv-id", "f8k", "--rdzv-conf", conf,
+                      "train", "--features", tiny_cache, "--run-dir", run, "--epochs", 1, *TINY)
+    line = one_error_line(result)
+    assert line.startswith(f"error: --rdzv-endpoint {endpoint}: the c10d rendezvous 'f8k' "), line
+    assert problem in line, line
+    assert not run.exists()  # no worker started: no run folder made, none claimed
+
+
+def test_a_reachable_rendezvous_runs_the_vse_command_on_every_process(tiny_cache, tmp_path):
+    """The same agent, reached: 2 processes train one run under DDP (the checkpoint says world size
+    2), rank 0 alone prints, and the run is done."""
+    run = tmp_path / "run"
+    result = torchrun("--nnodes", 1, "--nproc-per-node", 2, "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                      f"127.0.0.1:{cluster_services.free_port()}", "--rdzv-conf", f"join_timeout={60}",
+                      "train", "--features", tiny_cache, "--run-dir", run, "--epochs", 1, *TINY)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert load_checkpoint(run / "last.pt")["world_size"] == 2
+    assert (run / "best.pt").is_file()
+    assert len([line for line in result.stdout.splitlines() if line.startswith("done: ")]) == 1, result.stdout
+
+
+def test_a_worker_that_refused_its_input_says_so_once(tmp_path):
+    """A vse refusal inside the worker: its own line, exit 1, and nothing more from vse torchrun."""
+    result = torchrun("--standalone", "--nproc-per-node", 1, "train", "--features", tmp_path / "none.h5",
+                      "--run-dir", tmp_path / "run", *TINY)
+    assert result.returncode == 1, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "none.h5" in errors[0], result.stderr[-3000:]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_worker_killed_by_a_signal_is_one_line_naming_its_rank():
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from pipeline.training.torchrun import failed_workers_line
+
+    failures = {1: ProcessFailure(local_rank=1, pid=4242, exitcode=-9, error_file=""),
+                0: ProcessFailure(local_rank=0, pid=4241, exitcode=1, error_file="")}
+    line = failed_workers_line(ChildFailedError("cli.main", failures), "train")
+    assert line == "vse train under torchrun: rank 1 (pid 4242) was killed by SIGKILL; 2 of the ranks failed"
+    said_why = {0: ProcessFailure(local_rank=0, pid=4241, exitcode=1, error_file=""),  # vse's error line
+                1: ProcessFailure(local_rank=1, pid=4242, exitcode=2, error_file="")}  # click's usage error
+    assert failed_workers_line(ChildFailedError("cli.main", said_why), "train") is None
+
+
+@pytest.mark.parametrize(("arguments", "words"), [
+    (["--nnodes", "2", "frobnicate"], "'frobnicate' is not a vse command"),
+    (["--nnodes", "2"], "no vse command given"),
+    (["--nnodes", "2", "-m", "cli.main", "train"], "-m, --no-python and --run-path are not for"),
+    (["--nnodes", "2", "torchrun", "train"], "'torchrun' is not a vse command"),
+    (["--no-such-option", "1", "train"], "unrecognized arguments: --no-such-option"),
+])
+def test_what_is_not_torchrun_and_a_vse_command_is_one_line(arguments, words):
+    result = vse("torchrun", *arguments)
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: vse torchrun: "), result.output
+    assert words in lines[0], lines[0]
