@@ -67,17 +67,24 @@ def test_a_rendezvous_that_cannot_be_reached_is_one_line_naming_it_and_claims_no
     assert not run.exists()  # no worker started: no run folder made, none claimed
 
 
-def test_a_reachable_rendezvous_runs_the_vse_command_on_every_process(tiny_cache, tmp_path):
-    """The same agent, reached: 2 processes train one run under DDP (the checkpoint says world size
-    2), rank 0 alone prints, and the run is done."""
-    run = tmp_path / "run"
-    result = torchrun("--nnodes", 1, "--nproc-per-node", 2, "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                      f"127.0.0.1:{cluster_services.free_port()}", "--rdzv-conf", f"join_timeout={60}",
-                      "train", "--features", tiny_cache, "--run-dir", run, "--epochs", 1, *TINY)
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_a_reachable_rendezvous_runs_the_vse_command_on_every_node(tiny_cache, tmp_path):
+    """The same agent, reached: two `vse torchrun` invocations (two "nodes", one process each, the
+    first to come hosting the c10d store on 127.0.0.1) train one run under DDP (the checkpoint says
+    world size 2), rank 0 alone prints, and the run is done."""
+    run, port = tmp_path / "run", cluster_services.free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "cli.main", "torchrun", "--nnodes", "2", "--nproc-per-node", "1",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes",
+               "train", "--features", str(tiny_cache), "--run-dir", str(run), "--epochs", "1", *TINY]
+    nodes = [subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outputs = [node.communicate(timeout=300) for node in nodes]
+    for node, (_, stderr) in zip(nodes, outputs):
+        assert node.returncode == 0, stderr[-3000:]
     assert load_checkpoint(run / "last.pt")["world_size"] == 2
     assert (run / "best.pt").is_file()
-    assert len([line for line in result.stdout.splitlines() if line.startswith("done: ")]) == 1, result.stdout
+    done = [line for stdout, _ in outputs for line in stdout.splitlines() if line.startswith("done: ")]
+    assert len(done) == 1, outputs
 
 
 def test_a_worker_that_refused_its_input_says_so_once(tmp_path):
