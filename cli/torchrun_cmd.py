@@ -8,8 +8,14 @@ import sys
 import click
 
 
-@click.command("torchrun", options_metavar="", context_settings={"ignore_unknown_options": True,
-                                                                  "allow_interspersed_args": False})
+class TorchrunCommand(click.Command):
+    """Every argument after `vse torchrun` is torchrun's or the vse command's (but a first -h)."""
+
+    ignore_unknown_options = True
+    allow_interspersed_args = False
+
+
+@click.command("torchrun", cls=TorchrunCommand, options_metavar="")
 @click.argument("arguments", nargs=-1, type=click.UNPROCESSED, metavar="[TORCHRUN OPTIONS] COMMAND [ARGS]...")
 def torchrun_command(arguments):
     """torchrun's agent running a vse command on every process, across nodes.
