@@ -22,6 +22,19 @@ the tests' stand-in (random unit vectors keyed by the text, no model: the servic
 search cost alone) unless ``--checkpoint CKPT --service-index INDEX`` name a real model and
 an index of its embeddings.
 
+Corrected indexes (issue 61; ``--rescore-methods``, default nnn and qbnorm, each with its defaults):
+per dimension and kind, over ``--rescore-n`` items (default 100,000), `vse index --rescore METHOD`
+is built in a child with a fixed bank (the file's ``captions`` group: the ``--tune-queries`` vectors),
+and a child searches the ``--eval-queries`` held-out vectors with it (``SearchIndex``: the stored
+correction applied) and compares them with the corrected exhaustive ranking: the method's own code
+(``pipeline.evaluation.rescore``) fitted on the same bank and applied to the exact float32 scores of
+every item. Recorded: recall@10 against it (1.0 expected of flat: the index is exact), how much the
+correction changes the exact top 10 (``changed_at_10``: 1 − recall of the raw exhaustive top 10
+against the corrected one; 0 would make the recall say nothing), qbnorm's share of corrected queries
+(their raw top-1 in its activation set), batched queries/s. It goes to the ``rescore`` key of
+``--out``; ``--rescore-only`` runs this part alone and replaces only that key (the rest of the file
+kept), e.g. ``--rescore-only --rescore-n 20000 --dims 256 --kinds flat,hnsw``.
+
 Generator (``generate``): a mixture of ``CLUSTERS`` = 1,000 Gaussian clusters in a
 ``LATENT`` = 64-d space (centres N(0, I), spread ``SPREAD`` = 1.0 around them, so clusters
 overlap), mapped by a fixed random orthonormal 64 × D basis into D dimensions, plus isotropic
@@ -34,6 +47,7 @@ Prints one JSON object and writes it to ``--out`` (bench/results/search.json). N
 and n × D × 4 × 1.3 bytes of memory per child. Run it on a quiet machine (``machine.loadavg``).
 
     python bench/search.py [--n 1000000] [--dims 1024,256] [--kinds flat,auto]
+    python bench/search.py --rescore-only [--rescore-n 100000] [--rescore-methods nnn,qbnorm]
 """
 
 from __future__ import annotations
@@ -62,6 +76,7 @@ from benchkit import write_report  # noqa: E402
 
 CLUSTERS, LATENT, SPREAD, NOISE, BASIS_SEED = 1000, 64, 1.0, 0.7, 1234
 GEN_CHUNK = 65536
+RECALL_K = 10  # the corrected indexes' recall@K (the raw part's is the index's own, recall_at's k)
 ITEMS_SEED, TUNE_SEED, EVAL_SEED = 0, 1, 2
 
 
@@ -122,7 +137,8 @@ def write_embeddings_file(path: Path, n: int, dim: int, tune_queries: int, check
 def child_build(args) -> dict:
     from pipeline.search.faiss_index import IndexOptions, build_index
 
-    result = build_index(args.embeddings, args.index, IndexOptions(kind=args.kind), overwrite=True)
+    options = IndexOptions(kind=args.kind, rescore=args.rescore or None)
+    result = build_index(args.embeddings, args.index, options, overwrite=True)
     meta = result.meta
     return {"kind": meta["kind"], "kind_requested": args.kind, "params": meta["params"],
             "seconds": round(result.seconds, 2), "add_seconds": meta["build"]["seconds"],
@@ -161,6 +177,66 @@ def child_query(args) -> dict:
         out["recall_at_10"] = 1.0
     out["peak_rss_mb"] = peak_rss_mb()
     return out
+
+
+def child_rescore_query(args) -> dict:
+    """A corrected index (``--rescore``) searching the held-out queries, against the corrected
+    exhaustive ranking: the method fitted on the file's bank by its own code, applied to exact scores."""
+    import torch
+
+    from pipeline.evaluation.rescore import build_rescorer
+    from pipeline.search.faiss_index import SearchIndex, recall_at
+
+    queries = generate(args.eval_queries, args.dim, EVAL_SEED)
+    items = torch.from_numpy(generate(args.n, args.dim, ITEMS_SEED)).T  # as write_embeddings_file wrote them
+    method = build_rescorer(args.rescore)
+    bank = torch.from_numpy(generate(args.tune_queries, args.dim, TUNE_SEED))  # the file's captions
+    correction = method.fit(bank @ items, items.shape[1])
+    raw = torch.from_numpy(queries) @ items
+    truth = method.apply(raw, correction).topk(RECALL_K, dim=1).indices.numpy()
+    index = SearchIndex(args.index)
+    index.search(queries[:8], RECALL_K)  # warm-up
+    started = time.perf_counter()
+    _, rows = index.search(queries, RECALL_K)
+    batched = time.perf_counter() - started
+    out = {"recall_at_10": round(recall_at(rows, truth), 4),
+           "changed_at_10": round(1 - recall_at(raw.topk(RECALL_K, dim=1).indices.numpy(), truth), 4),
+           "batched_queries": len(queries), "batched_qps": round(len(queries) / batched, 1),
+           "bank": int(correction.bank_size), "index_recall_at_build": index.meta["recall"]}
+    if correction.active is not None:  # qbnorm: the queries whose raw top-1 is in the activation set
+        out["corrected_queries"] = round(float(correction.active[raw.argmax(dim=1)].float().mean()), 4)
+    out["peak_rss_mb"] = peak_rss_mb()
+    return out
+
+
+def bench_rescore(args, dims: list[int], kinds: list[str], workdir: Path, checkpoint: Path) -> dict:
+    """The corrected indexes' recall (``child_rescore_query``) per dimension, method and kind."""
+    import faiss
+
+    methods = [m for m in args.rescore_methods.split(",") if m]
+    load_start, rows = os.getloadavg(), []
+    for dim in dims:
+        embeddings = workdir / f"rescore_{dim}.h5"
+        write_embeddings_file(embeddings, args.rescore_n, dim, args.tune_queries, checkpoint)
+        for method in methods:
+            for kind in kinds:
+                index = workdir / f"rescore_{dim}_{method}_{kind}"
+                build = run_child("build", embeddings=embeddings, index=index, kind=kind, rescore=method)
+                query = run_child("rescore_query", index=index, dim=dim, n=args.rescore_n, rescore=method,
+                                  tune_queries=args.tune_queries, eval_queries=args.eval_queries)
+                print(f"{dim}-d {method} {build['kind']}: {query}", file=sys.stderr)
+                rows.append({"n": args.rescore_n, "dim": dim, "method": method, "kind": build["kind"],
+                             "params": build["params"], "build_seconds": build["seconds"], **query})
+                shutil.rmtree(index)
+        embeddings.unlink()
+    return {"methods": methods, "options": "each method's defaults (pipeline/evaluation/rescore.py)",
+            "bank": f"fixed: the file's captions group ({args.tune_queries} vectors)", "recall_at": RECALL_K,
+            "truth": "the corrected exhaustive ranking (bench/search.py, 'Corrected indexes')",
+            "eval_queries": args.eval_queries, "results": rows,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "machine": {"cpu": _cpu_name(), "faiss_threads": faiss.omp_get_max_threads(),
+                        "loadavg_start": [round(x, 2) for x in load_start],
+                        "loadavg_end": [round(x, 2) for x in os.getloadavg()]}}
 
 
 def child_serve(args) -> None:
@@ -314,8 +390,13 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, help="its model (else the stand-in embedder)")
     parser.add_argument("--workdir", type=Path, help="[default: a temporary folder, removed]")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "search.json")
+    parser.add_argument("--rescore-methods", default="nnn,qbnorm", help="corrected indexes ('': none)")
+    parser.add_argument("--rescore-n", type=int, default=100_000, help="items of the corrected indexes")
+    parser.add_argument("--rescore-only", action="store_true",
+                        help="only the corrected indexes, into --out's rescore key (the rest kept)")
     # children
-    parser.add_argument("--child", choices=("build", "query", "serve"))
+    parser.add_argument("--child", choices=("build", "query", "rescore_query", "serve"))
+    parser.add_argument("--rescore", default="", help="child: the index's correction")
     parser.add_argument("--embeddings", type=Path)
     parser.add_argument("--index", type=Path)
     parser.add_argument("--kind")
@@ -334,6 +415,9 @@ def main() -> None:
     if args.child == "query":
         print(json.dumps(child_query(args)))
         return
+    if args.child == "rescore_query":
+        print(json.dumps(child_rescore_query(args)))
+        return
     if args.child == "serve":
         child_serve(args)
         return
@@ -346,9 +430,22 @@ def main() -> None:
     checkpoint = workdir / "synthetic-model.pt"
     checkpoint.write_bytes(b"synthetic model: its sha256 is the identity the index records")
     kinds = args.kinds.split(",")
-    results, targets, service_index = [], {}, None
+    dims = [int(d) for d in args.dims.split(",") if d]
+    if args.rescore_only:
+        try:
+            part = bench_rescore(args, dims, kinds, workdir, checkpoint)
+        finally:
+            if args.workdir is None:
+                shutil.rmtree(workdir, ignore_errors=True)
+        report = json.loads(args.out.read_text()) if args.out.is_file() else {"bench": "search"}
+        report["rescore"] = part
+        print(json.dumps(part, indent=1))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+        return
+    results, targets, service_index, corrected = [], {}, None, None
     try:
-        for dim in (int(d) for d in args.dims.split(",") if d):  # --dims '': the service alone
+        for dim in dims:  # --dims '': the service alone
             embeddings = workdir / f"embeddings_{dim}.h5"
             started = time.perf_counter()
             write_embeddings_file(embeddings, args.n, dim, args.tune_queries, checkpoint)
@@ -400,6 +497,8 @@ def main() -> None:
                                                         args.checkpoint if args.service_index else None,
                                                         args.clients, args.service_seconds, http))
                     service = {"vse": service, "rounds": rounds}
+        if args.rescore_methods:
+            corrected = bench_rescore(args, dims, kinds, workdir, checkpoint)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -410,7 +509,7 @@ def main() -> None:
                       "description": __doc__.split("Generator (``generate``): ")[1].split("\n\n")[0]
                       .replace("\n", " ")},
         "results": results, "target": "recall@10 >= 0.95 at >= 10x flat's queries/s (single and batched)",
-        "targets": targets, "service": service,
+        "targets": targets, "service": service, "rescore": corrected,
         "machine": {"cpu": _cpu_name(), "cpus": os.cpu_count(),
                     "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30, 1),
                     "faiss": faiss.__version__, "faiss_threads": faiss.omp_get_max_threads(),
