@@ -64,6 +64,8 @@ from pipeline.training.tune_storage import (  # noqa: F401  (re-exported)
 TRIAL_FILE = "tune.json"       # in each trial folder, and in the folder an exported sweep fills
 EXPORT_TAG = "# vse tune export"
 SAMPLER = "TPE"
+TPE_STARTUP_TRIALS = 10       # TPE draws at random until the study has this many COMPLETE + PRUNED trials
+DRAWN = ("random", "TPE", "re-run")  # how a trial's values were drawn (tune.json's "drawn")
 MEDIAN_STARTUP_TRIALS = 3      # the median pruner prunes from the 4th trial on, from its 1st epoch
 RETRIES = 1                    # a killed trial is re-run this many times with its parameters
 UNCLAIMED_GRACE_S = 60         # a RUNNING trial that never named its host is stale after this
@@ -190,7 +192,7 @@ def sampler_for(study, settings: Settings):
 
     number = len(study.get_trials(deepcopy=False))
     seed = (settings.sampler_seed * 1_000_003 + number) % 2**32
-    return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+    return optuna.samplers.TPESampler(seed=seed, constant_liar=True, n_startup_trials=TPE_STARTUP_TRIALS)
 
 
 # ---------------------------------------------------------------------------- running trials
@@ -324,10 +326,12 @@ class _Objective:
             if counts(study)["counted"] + len(earlier) >= self.settings.budget.trials:
                 trial.set_user_attr("surplus", True)
                 raise SurplusTrial(f"trial {trial.number}: the budget's trials are taken")
+            drawn = _drawn(study, trial)
+            trial.set_user_attr("drawn", drawn)
             values = {p.key: p.suggest(trial) for p in self.tune.params}
             config = self.tune.trial_config(values, folder)
-            _write_json(folder / TRIAL_FILE, _trial_record(self.tune, self.settings, trial.number, values,
-                                                           "RUNNING", None, {}))
+            _write_json(folder / TRIAL_FILE, {**_trial_record(self.tune, self.settings, trial.number, values,
+                                                              "RUNNING", None, {}), "drawn": drawn})
             self.echo(f"trial {trial.number}: " + ", ".join(f"{k}={_short(v)}" for k, v in values.items()))
             return self._train(trial, config, folder)
         finally:
@@ -364,10 +368,23 @@ class _Objective:
         steps = {str(i): r[self.settings.metric] for i, r in enumerate(records, 1)}
         record = _trial_record(self.tune, self.settings, trial.number, dict(trial.params), state, value,
                                steps)
-        _write_json(folder / TRIAL_FILE, {**record, **({"reason": reason} if reason else {})})
+        _write_json(folder / TRIAL_FILE, {**record, "drawn": trial.user_attrs.get("drawn"),
+                                          **({"reason": reason} if reason else {})})
         if state == "PRUNED":
             self.echo(f"trial {trial.number}: pruned after {len(records)} validation(s)"
                       + (f" ({reason.split(': ', 1)[-1]})" if reason else ""))
+
+
+def _drawn(study, trial) -> str:
+    """How the trial's values are drawn (one of DRAWN): a failed trial's queued again ("re-run"),
+    TPE's start-up ("random": fewer than TPE_STARTUP_TRIALS COMPLETE + PRUNED trials, the count
+    TPESampler reads), else "TPE"."""
+    from optuna.trial import TrialState
+
+    if "failed_trial" in study._storage.get_trial(trial._trial_id).system_attrs:  # queue_again's mark
+        return DRAWN[2]
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    return DRAWN[0] if len(done) < TPE_STARTUP_TRIALS else DRAWN[1]
 
 
 def _trial_trainer(config: TrainConfig, trial, metric: str):
