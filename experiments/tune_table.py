@@ -190,19 +190,28 @@ def _entries(entries, key: str, path) -> list[dict]:
     return [{**e, "name": str(e["name"])} for e in entries]
 
 
-def _tune_config(spec: dict, noise: dict, method: dict, root: Path, name: str) -> dict:
-    """A study's tune file: the spec's base with the noise level's and the method's options (their
-    loss_options merged), searching the spec's search: and the method's."""
-    base = dict(spec["base"])
-    for entry in (noise, {k: v for k, v in method.items() if k != "search"}):
+def merged_base(base: dict, *entries: dict) -> dict:
+    """``base`` with each entry's options over it (a noise level's, a method's: their loss_options
+    merged; their name: and search: left out)."""
+    base = dict(base)
+    for entry in entries:
         for key, value in entry.items():
-            if key == "name":
+            if key in ("name", "search"):
                 continue
             if key == "loss_options":
                 base["loss_options"] = {**(base.get("loss_options") or {}), **(value or {})}
             else:
                 base[key] = value
-    folder = root / "tune_files"  # where the study's file lies: its paths are written as from there
+    return base
+
+
+def _tune_config(spec: dict, noise: dict, method: dict, root: Path, name: str,
+                 folder: Path | None = None) -> dict:
+    """A study's tune file: the spec's base with the noise level's and the method's options (their
+    loss_options merged), searching the spec's search: and the method's. Its paths are written as
+    from ``folder``, where the file lies (default ROOT/tune_files)."""
+    base = merged_base(spec["base"], noise, method)
+    folder = folder or root / "tune_files"
     return {"name": name, "runs_dir": paths_for_file({"runs_dir": str(root)}, folder)["runs_dir"],
             "base": paths_for_file(base, folder),
             "search": {**spec["search"], **(method.get("search") or {})}}
@@ -357,6 +366,11 @@ def fresh(outputs: list[Path], inputs: list[Path]) -> bool:
 
 def evaluated(spec: Spec, results: Path) -> bool:
     """results.csv holds one row per seed run, each written after the run's best.pt."""
+    return holds_runs(results, [s.seed_run(seed) for s in spec.studies for seed in spec.seeds])
+
+
+def holds_runs(results: Path, runs: list[Path]) -> bool:
+    """results.csv holds rows of exactly ``runs``, written after each run's best.pt."""
     from pipeline.reports.report import read_results
 
     if not results.is_file():
@@ -365,7 +379,7 @@ def evaluated(spec: Spec, results: Path) -> bool:
         rows = read_results(results)
     except VseError:
         return False
-    runs = {s.seed_run(seed).resolve() for s in spec.studies for seed in spec.seeds}
+    runs = {Path(run).resolve() for run in runs}
     have = {Path(str(r.get("checkpoint"))).parent.resolve() for r in rows}
     return have == runs and fresh([results], [run / "best.pt" for run in runs])
 
