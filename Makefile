@@ -43,6 +43,11 @@
 #   make f8k-tuned   — the same methods at 0/20/50% caption noise, each tuned on dev with one budget
 #                      (TUNE_BUDGET), then 3 seeds on test beside the default-options table
 #                      (experiments/f8k_tune.yaml, experiments/tune_table.py; bench/results/f8k_tuned/)
+#   make f8k-reality — the reality check: every loss of the fast loop tuned alike (30 trials of the 6-epoch
+#                      schedule, TPE, median pruner; 3 losses unpruned too), its tuned and default options
+#                      5 seeds each on test, the papers' claims (experiments/f8k_reality.yaml,
+#                      experiments/reality_check.py; bench/results/f8k_reality/; many hours on 2 cores,
+#                      resumable: `$(PY) experiments/reality_check.py --dry-run` says what is left and its cost)
 #   make f8k-noisy-sgr — SGR at 20% image-level noise: mh, rcl, ncr, 3 seeds, a small size
 #                      (experiments/f8k_noisy_sgr.yaml; bench/results/f8k_noisy_sgr/; then the claims)
 #   make f8k-text-pool — VSE++'s GRU vs VSE∞'s BiGRU + GPO caption encoder, one seed
@@ -60,7 +65,7 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
 .PHONY: install demo test docs bench f8k-vsepp f8k-losses f8k-fast f8k-sets f8k-vse-infty f8k-text-pool f8k-sgraf \
-	f8k-saf-short f8k-saf-short-bf16 f8k-sgraf-short f8k-sgraf-bf16 f8k-vsrn-short f8k-noisy f8k-tuned f8k-noisy-sgr \
+	f8k-saf-short f8k-saf-short-bf16 f8k-sgraf-short f8k-sgraf-bf16 f8k-vsrn-short f8k-noisy f8k-tuned f8k-reality f8k-noisy-sgr \
 	f8k-precision f8k-precision-fast f8k-precision-sgraf clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
@@ -338,6 +343,12 @@ TUNE_BUDGET ?= 6x2
 f8k-tuned: $(F8K_FEATURES) $(F8K_TEXT)
 	$(PY) experiments/tune_table.py experiments/f8k_tune.yaml --budget $(TUNE_BUDGET) --jobs 2 \
 	  --runs-dir $(F8K_RUNS) --judgments $(JUDGMENTS)
+
+# The reality check (issue 60): each loss's search and the budget stated once in its YAML; two studies
+# at a time; every step resumable and skipped when its files exist.
+f8k-reality: $(F8K_FEATURES) $(F8K_TEXT) $(CACHE)/f8k_svd.h5 $(CACHE)/f8k_bert.h5 $(CACHE)/f8k_cbowbert.h5
+	$(PY) experiments/reality_check.py experiments/f8k_reality.yaml --jobs 2 --runs-dir $(F8K_RUNS) \
+	  --judgments $(JUDGMENTS)
 
 f8k-noisy-sgr: $(F8K_GRID) $(F8K_TOKENS)
 	$(VSE) sweep experiments/f8k_noisy_sgr.yaml --runs-dir $(F8K_RUNS) --jobs 2
