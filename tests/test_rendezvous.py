@@ -27,9 +27,12 @@ TINY = ["--loss", "sh", "--embed-dim", "8", "--word-dim", "8", "--batch-size", "
         "--val-every", "0", "--workers", "0", "--device", "cpu", "--seed", "0"]
 
 
-def torchrun(*arguments, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`vse torchrun ARGUMENTS` in a process of its own, as a shell runs it."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def torchrun(*arguments, timeout: float = 300, threads: str | None = "1") -> subprocess.CompletedProcess:
+    """`vse torchrun ARGUMENTS` in a process of its own, as a shell runs it (``threads``: its
+    OMP_NUM_THREADS, None for none set)."""
+    env = {**os.environ, "OMP_NUM_THREADS": threads}
+    if threads is None:
+        del env["OMP_NUM_THREADS"]
     env.pop("TORCH_CPP_LOG_LEVEL", None)  # the agent's C++ log lines are hidden by vse, not by the test
     return subprocess.run([sys.executable, "-m", "cli.main", "torchrun", *map(str, arguments)], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=timeout)
@@ -48,19 +51,21 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
 def test_a_rendezvous_that_cannot_be_reached_is_one_line_naming_it_and_claims_no_run_folder(
         case, tiny_cache, tmp_path):
     port = cluster_services.free_port()
-    endpoint, conf, problem = {
+    endpoint, conf, problem, processes = {
         # a client of a port nobody listens on (is_host=false: otherwise a local address is hosted)
-        "closed port": (f"127.0.0.1:{port}", "is_host=false", "cannot be reached"),
-        # this node hosts the store; --nnodes 2, and the second never comes
+        "closed port": (f"127.0.0.1:{port}", "is_host=false", "cannot be reached", 1),
+        # this node hosts the store; --nnodes 2, and the second never comes. 2 processes, no
+        # OMP_NUM_THREADS and a --node-rank: torchrun's notes on them, held and dropped
         "no second node": (f"127.0.0.1:{port}", f"join_timeout={TIMEOUT_S}",
-                           f"not all of --nnodes 2 joined within the join timeout of {TIMEOUT_S} s"),
-        "no such host": ("nohost.invalid:29400", "", "cannot be reached"),
+                           f"not all of --nnodes 2 joined within the join timeout of {TIMEOUT_S} s", 2),
+        "no such host": ("nohost.invalid:29400", "", "cannot be reached", 1),
     }[case]
     conf = ",".join(filter(None, [conf, f"read_timeout={TIMEOUT_S}"]))
     run = tmp_path / "run"
-    result = torchrun("--nnodes", 2, "--nproc-per-node", 1, "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                      endpoint, "--rdzv-id", "f8k", "--rdzv-conf", conf,
-                      "train", "--features", tiny_cache, "--run-dir", run, "--epochs", 1, *TINY)
+    result = torchrun("--nnodes", 2, "--nproc-per-node", processes, "--node-rank", processes - 1,
+                      "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "f8k",
+                      "--rdzv-conf", conf, "train", "--features", tiny_cache, "--run-dir", run, "--epochs", 1,
+                      *TINY, threads=None if processes > 1 else "1")
     line = one_error_line(result)
     assert line.startswith(f"error: --rdzv-endpoint {endpoint}: the c10d rendezvous 'f8k' "), line
     assert problem in line, line
@@ -70,14 +75,14 @@ def test_a_rendezvous_that_cannot_be_reached_is_one_line_naming_it_and_claims_no
 def test_a_reachable_rendezvous_runs_the_vse_command_on_every_node(tiny_cache, tmp_path):
     """The same agent, reached: two `vse torchrun` invocations (two "nodes", one process each, the
     first to come hosting the c10d store on 127.0.0.1) train one run under DDP (the checkpoint says
-    world size 2), rank 0 alone prints, and the run is done."""
+    world size 2), rank 0 alone prints, the run is done, and torchrun's own notes are shown."""
     run, port = tmp_path / "run", cluster_services.free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "cli.main", "torchrun", "--nnodes", "2", "--nproc-per-node", "1",
                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes",
                "train", "--features", str(tiny_cache), "--run-dir", str(run), "--epochs", "1", *TINY]
-    nodes = [subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
+    nodes = [subprocess.Popen([*command[:4], "--node-rank", str(node), *command[4:]], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in range(2)]
     outputs = [node.communicate(timeout=300) for node in nodes]
     for node, (_, stderr) in zip(nodes, outputs):
         assert node.returncode == 0, stderr[-3000:]
@@ -85,6 +90,8 @@ def test_a_reachable_rendezvous_runs_the_vse_command_on_every_node(tiny_cache, t
     assert (run / "best.pt").is_file()
     done = [line for stdout, _ in outputs for line in stdout.splitlines() if line.startswith("done: ")]
     assert len(done) == 1, outputs
+    # torchrun's note on an option (held while the nodes met), shown once they had
+    assert "node_rank is only used for static rdzv_backend" in outputs[1][1], outputs[1][1][-2000:]
 
 
 def test_a_worker_that_refused_its_input_says_so_once(tmp_path):

@@ -13,6 +13,8 @@ every try) are hidden unless ``TORCH_CPP_LOG_LEVEL`` is set; the workers keep th
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 from collections.abc import Collection
 
@@ -23,6 +25,12 @@ WORKER_MODULE = "cli.main"  # what each worker runs: python -u -m cli.main COMMA
 # a worker's exit statuses that come with its own words on stderr: 1, vse's one-line error (or a
 # traceback); 2, click's usage error
 SAID_WHY = (1, 2)
+# torchrun's notes on its options (OMP_NUM_THREADS set to 1 for each process, --node-rank ignored
+# with c10d, …), logged before the rendezvous: held until the agent logs that the nodes have met
+# (at INFO, which the agent's logger is opened to for that record alone), dropped if they never do
+RUN_LOGGER = "torch.distributed.run"
+AGENT_LOGGER = "torch.distributed.elastic.agent.server.api"
+RENDEZVOUS_DONE = "Rendezvous complete"
 
 
 def _import_torchrun():
@@ -118,6 +126,40 @@ def failed_workers_line(error, command: str) -> str | None:
             f"{f'; {len(failures)} of the ranks failed' if len(failures) > 1 else ''}")
 
 
+@contextlib.contextmanager
+def notes_held_until_rendezvous():
+    """Hold torchrun's own log records until the rendezvous completes; yields the held list (a
+    failed rendezvous clears it). Whatever is still held at the end is shown then."""
+    run_logger, agent_logger = logging.getLogger(RUN_LOGGER), logging.getLogger(AGENT_LOGGER)
+    agent_level, shown = agent_logger.level, agent_logger.getEffectiveLevel()
+    held: list[logging.LogRecord] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        held.append(record)
+        return False
+
+    def release() -> None:
+        run_logger.removeFilter(hold)
+        for record in held:
+            run_logger.handle(record)
+        held.clear()
+
+    def watch(record: logging.LogRecord) -> bool:
+        if RENDEZVOUS_DONE in str(record.msg):
+            release()
+        return record.levelno >= shown  # the agent's own records as its level says
+
+    run_logger.addFilter(hold)
+    agent_logger.addFilter(watch)
+    agent_logger.setLevel(min(shown, logging.INFO))
+    try:
+        yield held
+    finally:
+        agent_logger.setLevel(agent_level)
+        agent_logger.removeFilter(watch)
+        release()
+
+
 def launch(arguments: list[str], commands: Collection[str]) -> int:
     """Run torchrun's elastic agent on ``arguments`` (torchrun's options, then a vse command and its
     arguments) until every worker is done: 0, or 1 when workers failed and printed why themselves; a
@@ -129,13 +171,15 @@ def launch(arguments: list[str], commands: Collection[str]) -> int:
     from torch.distributed.elastic.rendezvous import RendezvousError
 
     command = args.training_script_args[0]
-    try:
-        torchrun.run(args)
-        return 0
-    except (RendezvousError, DistNetworkError) as error:
-        raise VseError(rendezvous_line(error, args, torchrun)) from None
-    except ChildFailedError as error:
-        line = failed_workers_line(error, command)
-        if line is None:
-            return 1
-        raise VseError(line) from None
+    with notes_held_until_rendezvous() as notes:
+        try:
+            torchrun.run(args)
+            return 0
+        except (RendezvousError, DistNetworkError) as error:
+            notes.clear()  # the one line says it all
+            raise VseError(rendezvous_line(error, args, torchrun)) from None
+        except ChildFailedError as error:
+            line = failed_workers_line(error, command)
+            if line is None:
+                return 1
+            raise VseError(line) from None
