@@ -1,0 +1,257 @@
+"""The hubness measurement (issue 61): every test-time correction against hubness (``isf``, ``csls``,
+``qbnorm``, ``nnn``, and ``dsl``, transductive) on trained networks, over their seeds.
+
+    PYTHONPATH=. python experiments/hubness.py [--out bench/results/f8k_hubness] [--device auto]
+    PYTHONPATH=. python experiments/hubness.py --dry-run      # each step and its state, nothing run
+
+Runs (``SOURCES``): the fast loop's mh and infonce (experiments/f8k_fast.yaml, its 5 seeds) and the
+noisy table's mh at caption 50% (experiments/f8k_noisy.yaml, its 3 seeds), where hubs should be
+worst; each source is a sweep file and the KEY=VALUE its runs' names hold (the seeds are the file's),
+or ``--sweep FILE:KEY=VALUE,...`` / ``--runs GLOB`` instead. A run not finished yet (no
+sweep-done.json, last.pt short of its epochs) is left for a later call.
+
+Steps, each skipped when its file exists and is newer than what it is made from:
+
+1. ``OUT/runs/RUN.csv``, one per run: `vse evaluate --runs RUN --split test --rescore isf --rescore
+   csls --rescore qbnorm --rescore dsl --rescore nnn --transductive --judgments J` (the library
+   call of that command): the plain row, with the human-judged metrics (``--judgments``, default the
+   Flickr8k CrowdFlower file), and one row per method, named ``RUN + METHOD``; each method with its
+   authors' defaults and the protocol's bank (the whole training split; docs/PROTOCOL.md,
+   "Re-scoring at test time"). ``--transductive`` only lets dsl run: the other methods' bank is the
+   training split, so their rows stay inductive; dsl's says ``(transductive)``.
+2. ``OUT/results.csv``: the runs' rows together.
+3. ``OUT/claims.json``: experiments/claims/hubness.yaml's claims ("METHOD helps NETWORK": the
+   re-scored group against the plain group, Welch one-sided over seeds) on ``OUT/results.csv``.
+4. ``OUT/table.md``: per configuration, mean ± std (n) over seeds of R@1/5/10 both ways, rsum,
+   mAP@R (human; the plain rows alone: re-scored rows carry no human metrics), the hubness (the
+   skewness of N_10, both ways), the verdict of its rsum claim, and the cost of its correction
+   (``COST``: the extra time of a re-scored row, bank scores included, over one evaluation, measured
+   by bench/rescore.py on a synthetic 5K × 25K split).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from pipeline.core.errors import VseError  # noqa: E402
+
+SOURCES = (("experiments/f8k_fast.yaml", ("method=mh",)),
+           ("experiments/f8k_fast.yaml", ("method=infonce",)),
+           ("experiments/f8k_noisy.yaml", ("noise=caption50", "method=mh")))
+OUT = ROOT / "bench" / "results" / "f8k_hubness"
+CLAIMS = ROOT / "experiments" / "claims" / "hubness.yaml"
+JUDGMENTS = ROOT.parent / "shared" / "data" / "flickr8k" / "CrowdFlowerAnnotations.txt"
+COST, COST_KEY = ROOT / "bench" / "results" / "rescore_cost.json", "with_bank_scores_over_evaluation"
+SPLIT = "test"
+
+
+# ---------------------------------------------------------------------------- inputs
+
+def source_runs(sweeps=(), patterns=()) -> list[Path]:
+    """The run folders of ``sweeps`` ("FILE:KEY=VALUE,...", FILE relative to the repository) and
+    ``patterns`` (globs); ``SOURCES`` when neither is given. VseError when two share a folder name
+    (the table names a run by its folder)."""
+    from pipeline.training.run_folder import find_runs
+    from pipeline.training.sweep import load_sweep
+
+    given = [(file, tuple(filter(None, only.split(",")))) for file, _, only in
+             (s.partition(":") for s in sweeps)] if sweeps or patterns else list(SOURCES)
+    runs = [run.run_dir for file, only in given for run in load_sweep(ROOT / file, only=only).runs]
+    runs += find_runs(patterns) if patterns else []
+    runs = list(dict.fromkeys(Path(r).resolve() for r in runs))
+    names = {}
+    for run in runs:
+        if run.name in names:
+            raise VseError(f"two runs are named {run.name} ({names[run.name]} and {run}): the table names a "
+                           "run by its folder; evaluate them in two --out folders")
+        names[run.name] = run
+    return runs
+
+
+def finished(run_dir: Path) -> bool:
+    """Whether a run has finished training: its sweep marked it done, or last.pt holds its last epoch."""
+    from pipeline.core.checkpoint import load_checkpoint
+    from pipeline.core.config import TrainConfig
+    from pipeline.training.run_folder import RunFolder, read_config
+
+    if not (run_dir / "best.pt").is_file():
+        return False
+    if RunFolder(run_dir).done() is not None:
+        return True
+    last = run_dir / "last.pt"
+    epochs = int(read_config(run_dir).get("epochs") or TrainConfig.default("epochs"))
+    return last.is_file() and int(load_checkpoint(last).get("epoch", -1)) >= epochs
+
+
+def rescore_plan(options=None):
+    """Every registered method with its defaults (``options``: NAME.KEY=VALUE overrides, as
+    --rescore-option; recorded in each row's rescore column), the protocol's bank (``plan_rescore``'s
+    defaults), dsl allowed by name."""
+    from pipeline.evaluation.rescore import RESCORE_NAMES, plan_rescore
+
+    return plan_rescore(RESCORE_NAMES, options, split=SPLIT, transductive=True)
+
+
+def stale(target: Path, sources) -> bool:
+    """Whether ``target`` is missing or older than one of ``sources`` (those that exist)."""
+    if not target.is_file():
+        return True
+    return any(s.is_file() and s.stat().st_mtime > target.stat().st_mtime for s in sources)
+
+
+# ---------------------------------------------------------------------------- the steps
+
+def evaluate(run_dir: Path, target: Path, device, judgments, plan, echo) -> None:
+    """Step 1 for one run: `vse evaluate --runs RUN --rescore ... --judgments J --out TARGET`."""
+    from pipeline.reports.runs_command import evaluate_run_folders
+
+    names = " ".join(f"--rescore {m.name}" for m in plan.methods)
+    echo(f"$ vse evaluate --runs {run_dir} --split {SPLIT} {names} --transductive"
+         + (f" --judgments {judgments.path}" if judgments else "") + f" --out {target}")
+    evaluate_run_folders([str(run_dir)], device, split=SPLIT, out=target, judgments=judgments, rescore=plan,
+                         echo=echo)
+
+
+def merge(files: list[Path], target: Path) -> list[dict]:
+    """Step 2: the runs' rows, one table."""
+    from pipeline.reports.report import read_results, write_results
+
+    rows = [row for f in files for row in read_results(f)]
+    write_results(rows, target)
+    return rows
+
+
+def claims(results: Path, target: Path, claims_file: Path = CLAIMS) -> dict:
+    """Step 3: the claims of ``claims_file`` on ``results`` (its own results: key replaced), written
+    to ``target``."""
+    from pipeline.core.fsutil import guard_output, write_atomic
+    from pipeline.reports.claims import CLAIMS_FORMAT, claims_json, load_claims, run_claims
+
+    spec = dataclasses.replace(load_claims(claims_file), results=[results], out=target)
+    guard_output(target, CLAIMS_FORMAT, "a vse claims file", False)
+    result = run_claims(spec, target)
+    write_atomic(target, claims_json(result).encode("utf-8"))
+    return result
+
+
+TABLE_KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum", "human_i2t_map@r",
+              "human_t2i_map@r", "i2t_hubness", "t2i_hubness")
+
+
+def table(rows: list[dict], verdicts: dict, plan, claims_file: Path = CLAIMS, cost_file: Path = COST) -> str:
+    """Step 4: the markdown table, one line per configuration (plain, then its corrections)."""
+    from pipeline.evaluation.metrics import metric_of
+    from pipeline.reports.claims import load_claims
+    from pipeline.reports.report import format_cell, seed_groups
+
+    cost = json.loads(cost_file.read_text())["methods"] if cost_file.is_file() else {}
+    by_claim = {(c.better, c.metric): v for c, v in zip(load_claims(claims_file).claims, verdicts["claims"])}
+    direction = {"i2t": "image→text", "t2i": "text→image", "both": ""}
+    heads = [f"{metric_of(k).label} {direction[metric_of(k).direction]}".strip() for k in TABLE_KEYS]
+    lines = ["| configuration | " + " | ".join(heads) + " | rsum claim | cost |",
+             "|---|" + "---:|" * len(heads) + "---|---:|"]
+    for group in seed_groups(rows):
+        method = next((m for m in plan.methods if group.label.endswith(" " + plan.row_name(m))), None)
+        verdict = by_claim.get((group.label, "rsum"), {}).get("verdict", "") if method else ""
+        spent = cost.get(method.name, {}).get(COST_KEY) if method else None
+        cells = [format_cell(k, group, "md") for k in TABLE_KEYS]
+        lines.append(f"| {group.label} | " + " | ".join(cells) + f" | {verdict} | "
+                     + ("" if spent is None else f"{spent:.2f}×") + " |")
+    lines += ["", "Each cell: mean ± std (n seeds). mAP@R: human judgments, measured on the raw scores alone "
+              "(a re-scored row carries R@K, rsum and hubness). Hubness: the skewness of N_10 (lower: fewer "
+              "hubs). rsum claim: the re-scored group against the plain one, Welch one-sided over seeds "
+              f"({claims_file.name}). Cost: {cost_file.name}'s {COST_KEY} (bench/rescore.py: a re-scored "
+              "row's extra time, bank scores included, over one evaluation, on a synthetic 5K × 25K split)."]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------- the driver
+
+def run(out: Path = OUT, *, sweeps=(), patterns=(), judgments=JUDGMENTS, device: str = "auto",
+        claims_file: Path = CLAIMS, options=None, dry_run: bool = False, echo=print) -> dict:
+    """Every step whose file is missing or stale; returns what it did: ``evaluated`` and ``waiting``
+    (run names), ``written`` (files). ``options``: the methods' options other than their defaults."""
+    plan = rescore_plan(options)
+    runs = source_runs(sweeps, patterns)
+    done = {"evaluated": [], "waiting": [], "written": []}
+    todo = [r for r in runs if not (out / "runs" / f"{r.name}.csv").is_file()]
+    ready = [r for r in todo if finished(r)]
+    done["waiting"] = [r.name for r in todo if r not in ready]
+    if dry_run:
+        for r in runs:
+            state = "evaluated" if r not in todo else "to evaluate" if r in ready else "not finished training"
+            echo(f"{r.name}: {state}")
+        return done
+    for name in done["waiting"]:
+        echo(f"{name}: not finished training: left for a later call")
+    if ready:
+        from pipeline.core.runtime import resolve_device
+        from pipeline.evaluation.judgments import JudgmentOptions
+
+        judged = JudgmentOptions(str(judgments)) if judgments else None  # the format's defaults
+        for run_dir in ready:
+            target = out / "runs" / f"{run_dir.name}.csv"
+            evaluate(run_dir, target, resolve_device(device), judged, plan, echo)
+            done["evaluated"].append(run_dir.name)
+    files = [out / "runs" / f"{r.name}.csv" for r in runs if (out / "runs" / f"{r.name}.csv").is_file()]
+    if not files:
+        echo("no run evaluated yet: nothing to tabulate")
+        return done
+    results, verdicts, table_md = out / "results.csv", out / "claims.json", out / "table.md"
+    from pipeline.reports.report import read_results
+
+    if stale(results, files) or len(read_results(results)) != sum(len(read_results(f)) for f in files):
+        merge(files, results)
+        done["written"].append(results)
+    if stale(verdicts, [results, claims_file]):
+        claims(results, verdicts, claims_file)
+        done["written"].append(verdicts)
+    if stale(table_md, [results, verdicts, COST]):
+        table_md.write_text(table(read_results(results), json.loads(verdicts.read_text()), plan, claims_file))
+        done["written"].append(table_md)
+    for path in done["written"]:
+        echo(f"wrote {path}")
+    if not done["evaluated"] and not done["written"]:
+        echo("nothing to do: every file is up to date")
+    return done
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--sweep", action="append", default=[], metavar="FILE:KEY=VALUE,...",
+                        help="a sweep file's runs having every KEY=VALUE (repeatable; replaces the defaults)")
+    parser.add_argument("--runs", action="append", default=[], metavar="GLOB",
+                        help="run folders (repeatable; replaces the defaults)")
+    parser.add_argument("--judgments", default=str(JUDGMENTS),
+                        help="Flickr8k CrowdFlower judgments ('' for none)")
+    parser.add_argument("--claims", type=Path, default=CLAIMS)
+    parser.add_argument("--rescore-option", action="append", default=[], metavar="NAME.KEY=VALUE",
+                        help="a method's option other than its default (repeatable; JSON value)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dry-run", action="store_true")
+    args = parser.parse_args(argv)
+    import click
+
+    from cli.train_options import parse_key_values  # --rescore-option's parsing, as vse's
+
+    try:
+        options = parse_key_values(None, None, args.rescore_option)
+        run(args.out, sweeps=args.sweep, patterns=args.runs, judgments=args.judgments or None,
+            device=args.device, claims_file=args.claims, options=options, dry_run=args.dry_run)
+    except (VseError, click.ClickException) as exc:
+        print(f"error: {getattr(exc, 'message', exc)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
