@@ -47,27 +47,36 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("case", ["closed port", "no second node", "no such host"])
+@pytest.mark.parametrize("case", ["closed port", "no second node", "no such host", "static, closed port"])
 def test_a_rendezvous_that_cannot_be_reached_is_one_line_naming_it_and_claims_no_run_folder(
         case, tiny_cache, tmp_path):
     port = cluster_services.free_port()
-    endpoint, conf, problem, processes = {
+    local, read = f"127.0.0.1:{port}", f"read_timeout={TIMEOUT_S}"
+    c10d = ["--rdzv-backend", "c10d", "--rdzv-id", "f8k", "--rdzv-endpoint"]
+    local_c10d = f"--rdzv-endpoint {local}: the c10d rendezvous 'f8k' "
+    options, begins, problem, processes = {
         # a client of a port nobody listens on (is_host=false: otherwise a local address is hosted)
-        "closed port": (f"127.0.0.1:{port}", "is_host=false", "cannot be reached", 1),
+        "closed port": ([*c10d, local, "--rdzv-conf", f"is_host=false,{read}"], local_c10d,
+                        "cannot be reached", 1),
         # this node hosts the store; --nnodes 2, and the second never comes. 2 processes, no
         # OMP_NUM_THREADS and a --node-rank: torchrun's notes on them, held and dropped
-        "no second node": (f"127.0.0.1:{port}", f"join_timeout={TIMEOUT_S}",
+        "no second node": ([*c10d, local, "--rdzv-conf", f"join_timeout={TIMEOUT_S},{read}"], local_c10d,
                            f"not all of --nnodes 2 joined within the join timeout of {TIMEOUT_S} s", 2),
-        "no such host": ("nohost.invalid:29400", "", "cannot be reached", 1),
+        "no such host": ([*c10d, "nohost.invalid:29400", "--rdzv-conf", read],
+                         "--rdzv-endpoint nohost.invalid:29400: the c10d rendezvous 'f8k' ",
+                         "cannot be reached", 1),
+        # torchrun's static rendezvous (--master-addr, --master-port), a node that is not rank 0
+        "static, closed port": (["--master-addr", "127.0.0.1", "--master-port", port, "--rdzv-conf",
+                                 f"timeout={TIMEOUT_S},{read}"],
+                                f"--master-addr 127.0.0.1 --master-port {port}: the static rendezvous ",
+                                f"while trying to connect to (127.0.0.1, {port})", 2),
     }[case]
-    conf = ",".join(filter(None, [conf, f"read_timeout={TIMEOUT_S}"]))
     run = tmp_path / "run"
-    result = torchrun("--nnodes", 2, "--nproc-per-node", processes, "--node-rank", processes - 1,
-                      "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "f8k",
-                      "--rdzv-conf", conf, "train", "--features", tiny_cache, "--run-dir", run, "--epochs", 1,
-                      *TINY, threads=None if processes > 1 else "1")
+    result = torchrun("--nnodes", 2, "--nproc-per-node", processes, "--node-rank", processes - 1, *options,
+                      "train", "--features", tiny_cache, "--run-dir", run, "--epochs", 1, *TINY,
+                      threads=None if processes > 1 else "1")
     line = one_error_line(result)
-    assert line.startswith(f"error: --rdzv-endpoint {endpoint}: the c10d rendezvous 'f8k' "), line
+    assert line.startswith(f"error: {begins}"), line
     assert problem in line, line
     assert not run.exists()  # no worker started: no run folder made, none claimed
 

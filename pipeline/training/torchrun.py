@@ -73,8 +73,10 @@ def parse(arguments: list[str], commands: Collection[str]):
 
 
 def endpoint_of(args, torchrun) -> str:
-    """The rendezvous endpoint as torchrun resolved it (static: --master-addr:--master-port)."""
-    return torchrun.get_rdzv_endpoint(args) or "(none given)"
+    """The options that name the rendezvous endpoint, with the values torchrun resolved."""
+    if args.rdzv_backend == "static" and not args.rdzv_endpoint:
+        return f"--master-addr {args.master_addr} --master-port {args.master_port}"
+    return f"--rdzv-endpoint {torchrun.get_rdzv_endpoint(args)}"
 
 
 def _join_timeout(args, torchrun) -> str:
@@ -95,7 +97,7 @@ def rendezvous_line(error: BaseException, args, torchrun) -> str:
     )
 
     named = f" {args.rdzv_id!r}" if args.rdzv_id != "none" else ""  # torchrun's default id: "none"
-    where = f"--rdzv-endpoint {endpoint_of(args, torchrun)}: the {args.rdzv_backend} rendezvous{named}"
+    where = f"{endpoint_of(args, torchrun)}: the {args.rdzv_backend} rendezvous{named}"
     cause = error.__cause__ if error.__cause__ is not None else error
     lines = str(cause).strip().splitlines()
     detail = lines[0].rstrip(".") if lines else type(cause).__name__
