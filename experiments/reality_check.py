@@ -577,8 +577,8 @@ def default_vs_tuned(spec: Spec, rows: dict, summary: dict) -> str:
             f"{trials['random']} + {trials['tpe']}", f"{study['minutes']:.1f}",
             ", ".join("" if m is None else f"{m:.1f}" for m in minutes)]) + " |")
     cost = summary["minutes"]
-    lines += ["", f"Test rsum, mean ± std (n seeds {', '.join(map(str, spec.seeds))}), {spec.epochs} "
-              "epochs; default: the loss's default options; tuned: its study's best trial on dev (budget "
+    lines += ["", f"Test rsum, mean ± std (n seeds {', '.join(map(str, spec.seeds))}), a {spec.epochs}-epoch "
+              "schedule; default: the loss's default options; tuned: its study's best trial on dev (budget "
               f"{spec.budget}: {spec.budget.trials} trials of the whole schedule, TPE after "
               f"{TPE_STARTUP_TRIALS} random start-up trials, sampler seed {spec.sampler_seed}, "
               f"{spec.pruner} pruner). Δ = tuned − default; p: Welch's two-sided t-test over the seeds. "

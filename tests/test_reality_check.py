@@ -27,13 +27,17 @@ STEPS = rc.STEPS
 
 def _spec(tmp_path, cache, **changes) -> Path:
     """sh and mh, budget 3x1 with the median pruner, mh tuned again unpruned, seeds 0-1; the repository's
-    claim set (reality: mh-best against sh-best is measured here, the others are not)."""
+    claim set (reality: mh-best against sh-best is measured here, the others are not); a second regime of
+    sh and the best other loss of the first."""
     losses = [{"name": "sh", "loss": "sh", "search": {"loss_options.margin": {"uniform": [0.05, 0.5]}}},
               {"name": "mh", "loss": "mh", "search": {"loss_options.margin": {"uniform": [0.05, 0.5]}}}]
     spec = {"name": "reality", "runs_dir": str(tmp_path / "runs"), "budget": "3x1", "pruner": "median",
             "seeds": [0, 1], "unpruned": ["mh"], "out": str(tmp_path / "out"), "claims": "reality",
             "base": {"features": str(cache), **TINY}, "search": {"lr": {"log_uniform": [1e-3, 2e-2]}},
-            "losses": losses, **changes}
+            "losses": losses, "second_regime": {"name": "grid", "out": str(tmp_path / "out_grid"),
+                                                "budget": "2x1", "base": {"features": str(cache), **TINY},
+                                                "losses": ["sh"], "best_of_fast": 1},
+            **changes}
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
@@ -135,6 +139,13 @@ def test_every_step_runs_then_a_rerun_trains_nothing(tmp_path, tiny_cache, capsy
     assert "[tune] mh-unpruned: 3/3 trials" in dry and "[evaluate] " in dry and ": done (" in dry
     assert "ahead: about 0 min" in dry, dry
 
+    # the second regime: sh, and the best of the others on the first regime's tuned test rsum
+    assert rc.main([str(spec_path), "--second-regime", "--dry-run"]) == 0
+    second = capsys.readouterr().out
+    assert [line.split(":")[0] for line in second.splitlines() if line.startswith("[tune]")] == \
+        ["[tune] sh", "[tune] mh"], second
+    assert "0/2 trials" in second and not (tmp_path / "runs" / "grid").exists()
+
 
 def test_a_dry_run_writes_nothing_and_says_nothing_is_measured(tmp_path, tiny_cache, capsys):
     assert rc.main([str(_spec(tmp_path, tiny_cache)), "--dry-run"]) == 0
@@ -142,6 +153,8 @@ def test_a_dry_run_writes_nothing_and_says_nothing_is_measured(tmp_path, tiny_ca
     assert "[files] 5 to write: 3 tune files, 2 sweep files" in out
     assert "[tune] mh-unpruned: 0/3 trials" in out and "nothing measured yet" in out
     assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()
+    assert rc.main([str(_spec(tmp_path, tiny_cache)), "--second-regime", "--dry-run"]) == 1
+    assert "best_of_fast: 1: the fast loop has no results yet" in capsys.readouterr().err
 
 
 def test_a_co_trained_run_is_read_as_its_one_network(tmp_path, tiny_cache):
@@ -183,7 +196,7 @@ def test_a_bad_spec_is_one_line_naming_the_file_before_anything_runs(tmp_path, t
 
 def test_a_search_a_run_refuses_stops_before_any_file(tmp_path, tiny_cache, capsys):
     losses = [{"name": "mh", "loss": "mh", "search": {"loss_options.margn": {"uniform": [0.05, 0.5]}}}]
-    assert rc.main([str(_spec(tmp_path, tiny_cache, losses=losses, unpruned=[]))]) == 1
+    assert rc.main([str(_spec(tmp_path, tiny_cache, losses=losses, unpruned=[], second_regime=None))]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "losses: mh: " in err and "margn" in err, err
     assert not (tmp_path / "runs").exists()
