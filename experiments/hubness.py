@@ -1,7 +1,7 @@
 """The hubness measurement (issue 61): every test-time correction against hubness (``isf``, ``csls``,
 ``qbnorm``, ``nnn``, and ``dsl``, transductive) on trained networks, over their seeds.
 
-    PYTHONPATH=. python experiments/hubness.py [--out bench/results/f8k_hubness] [--device auto]
+    PYTHONPATH=. python experiments/hubness.py [--runs-dir runs/f8k] [--judgments FILE] [--device auto]
     PYTHONPATH=. python experiments/hubness.py --dry-run      # each step and its state, nothing run
 
 Runs (``SOURCES``): the fast loop's mh and infonce (experiments/f8k_fast.yaml, its 5 seeds) and the
@@ -55,16 +55,18 @@ SPLIT = "test"
 
 # ---------------------------------------------------------------------------- inputs
 
-def source_runs(sweeps=(), patterns=()) -> list[Path]:
-    """The run folders of ``sweeps`` ("FILE:KEY=VALUE,...", FILE relative to the repository) and
-    ``patterns`` (globs); ``SOURCES`` when neither is given. VseError when two share a folder name
-    (the table names a run by its folder)."""
+def source_runs(sweeps=(), patterns=(), runs_dir=None) -> list[Path]:
+    """The run folders of ``sweeps`` ("FILE:KEY=VALUE,...", FILE relative to the repository; their
+    runs under ``runs_dir`` when given, as `vse sweep --runs-dir`, else the file's) and ``patterns``
+    (globs); ``SOURCES`` when neither is given. VseError when two share a folder name (the table
+    names a run by its folder)."""
     from pipeline.training.run_folder import find_runs
     from pipeline.training.sweep import load_sweep
 
     given = [(file, tuple(filter(None, only.split(",")))) for file, _, only in
              (s.partition(":") for s in sweeps)] if sweeps or patterns else list(SOURCES)
-    runs = [run.run_dir for file, only in given for run in load_sweep(ROOT / file, only=only).runs]
+    runs = [run.run_dir for file, only in given
+            for run in load_sweep(ROOT / file, runs_dir=runs_dir, only=only).runs]
     runs += find_runs(patterns) if patterns else []
     runs = list(dict.fromkeys(Path(r).resolve() for r in runs))
     names = {}
@@ -176,11 +178,11 @@ def table(rows: list[dict], verdicts: dict, plan, claims_file: Path = CLAIMS, co
 # ---------------------------------------------------------------------------- the driver
 
 def run(out: Path = OUT, *, sweeps=(), patterns=(), judgments=JUDGMENTS, device: str = "auto",
-        claims_file: Path = CLAIMS, options=None, dry_run: bool = False, echo=print) -> dict:
+        claims_file: Path = CLAIMS, options=None, runs_dir=None, dry_run: bool = False, echo=print) -> dict:
     """Every step whose file is missing or stale; returns what it did: ``evaluated`` and ``waiting``
     (run names), ``written`` (files). ``options``: the methods' options other than their defaults."""
     plan = rescore_plan(options)
-    runs = source_runs(sweeps, patterns)
+    runs = source_runs(sweeps, patterns, runs_dir)
     done = {"evaluated": [], "waiting": [], "written": []}
     todo = [r for r in runs if not (out / "runs" / f"{r.name}.csv").is_file()]
     ready = [r for r in todo if finished(r)]
@@ -229,6 +231,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--sweep", action="append", default=[], metavar="FILE:KEY=VALUE,...",
                         help="a sweep file's runs having every KEY=VALUE (repeatable; replaces the defaults)")
+    parser.add_argument("--runs-dir", default=None, help="the sweeps' runs folder (default: each file's)")
     parser.add_argument("--runs", action="append", default=[], metavar="GLOB",
                         help="run folders (repeatable; replaces the defaults)")
     parser.add_argument("--judgments", default=str(JUDGMENTS),
@@ -246,7 +249,8 @@ def main(argv=None) -> int:
     try:
         options = parse_key_values(None, None, args.rescore_option)
         run(args.out, sweeps=args.sweep, patterns=args.runs, judgments=args.judgments or None,
-            device=args.device, claims_file=args.claims, options=options, dry_run=args.dry_run)
+            device=args.device, claims_file=args.claims, options=options, runs_dir=args.runs_dir,
+            dry_run=args.dry_run)
     except (VseError, click.ClickException) as exc:
         print(f"error: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 1
