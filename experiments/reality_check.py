@@ -63,7 +63,14 @@ from pipeline.training.sweep import (  # noqa: E402
     resolve_paths,
     resolved_path,
 )
-from pipeline.training.tune import DRAWN, PRUNERS, TPE_STARTUP_TRIALS, load_tune, parse_budget  # noqa: E402
+from pipeline.training.tune import (  # noqa: E402
+    DRAWN,
+    PRUNERS,
+    TPE_STARTUP_TRIALS,
+    check_schedules,
+    load_tune,
+    parse_budget,
+)
 
 SPEC_KEYS = ("name", "runs_dir", "budget", "pruner", "sampler_seed", "seeds", "member", "unpruned", "out",
              "judgments", "cs_relevance", "claims", "base", "search", "losses", "second_regime")
@@ -257,7 +264,8 @@ def _spec(raw: dict, path: Path, losses: list[dict], runs_dir, judgments) -> Spe
 
 def check_searches(spec: Spec) -> None:
     """Each study's tune file read and checked by `vse tune`'s own rules (its ranges tried at their
-    ends) before anything is written or trained: written to a temporary folder, paths as from there."""
+    ends; every trial of the budget's epochs reaches its method) before anything is written or
+    trained: written to a temporary folder, paths as from there."""
     import yaml
 
     with tempfile.TemporaryDirectory() as folder:
@@ -267,7 +275,9 @@ def check_searches(spec: Spec) -> None:
             path = Path(folder) / f"{study.name}.yaml"
             path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
             try:
-                load_tune(path)
+                tune = load_tune(path)
+                tune.base["epochs"] = spec.budget.epochs  # as `vse tune --budget` sets it
+                check_schedules(tune)  # no trial trains another method under its loss's name
             except VseError as exc:
                 raise VseError(f"losses: {study.method}: {str(exc).replace(str(path) + ': ', '')}",
                                spec.path) from None
