@@ -93,13 +93,14 @@ def finished(run_dir: Path) -> bool:
     return last.is_file() and int(load_checkpoint(last).get("epoch", -1)) >= epochs
 
 
-def rescore_plan(options=None):
+def rescore_plan(options=None, bank_size: int | None = None):
     """Every registered method with its defaults (``options``: NAME.KEY=VALUE overrides, as
-    --rescore-option; recorded in each row's rescore column), the protocol's bank (``plan_rescore``'s
-    defaults), dsl allowed by name."""
+    --rescore-option), the protocol's bank (the training split; ``bank_size``: its first N images, as
+    --rescore-bank-size, e.g. for a pairwise network, which scores every bank pair), dsl allowed by
+    name; what differs from the defaults is recorded in each row's rescore column."""
     from pipeline.evaluation.rescore import RESCORE_NAMES, plan_rescore
 
-    return plan_rescore(RESCORE_NAMES, options, split=SPLIT, transductive=True)
+    return plan_rescore(RESCORE_NAMES, options, split=SPLIT, bank_size=bank_size, transductive=True)
 
 
 def stale(target: Path, sources) -> bool:
@@ -117,7 +118,9 @@ def evaluate(run_dir: Path, target: Path, device, judgments, plan, echo) -> None
 
     names = " ".join(f"--rescore {m.name}" for m in plan.methods)
     echo(f"$ vse evaluate --runs {run_dir} --split {SPLIT} {names} --transductive"
-         + (f" --judgments {judgments.path}" if judgments else "") + f" --out {target}")
+         + (f" --rescore-bank-size {plan.bank_size}" if plan.bank_size else "")
+         + (f" --judgments {judgments.path}" if judgments else "") + f" --out {target}"
+         + " (each method's options: its rows' rescore column)")
     evaluate_run_folders([str(run_dir)], device, split=SPLIT, out=target, judgments=judgments, rescore=plan,
                          echo=echo)
 
@@ -178,10 +181,11 @@ def table(rows: list[dict], verdicts: dict, plan, claims_file: Path = CLAIMS, co
 # ---------------------------------------------------------------------------- the driver
 
 def run(out: Path = OUT, *, sweeps=(), patterns=(), judgments=JUDGMENTS, device: str = "auto",
-        claims_file: Path = CLAIMS, options=None, runs_dir=None, dry_run: bool = False, echo=print) -> dict:
+        claims_file: Path = CLAIMS, options=None, bank_size: int | None = None, runs_dir=None,
+        dry_run: bool = False, echo=print) -> dict:
     """Every step whose file is missing or stale; returns what it did: ``evaluated`` and ``waiting``
     (run names), ``written`` (files). ``options``: the methods' options other than their defaults."""
-    plan = rescore_plan(options)
+    plan = rescore_plan(options, bank_size)
     runs = source_runs(sweeps, patterns, runs_dir)
     done = {"evaluated": [], "waiting": [], "written": []}
     todo = [r for r in runs if not (out / "runs" / f"{r.name}.csv").is_file()]
@@ -239,6 +243,8 @@ def main(argv=None) -> int:
     parser.add_argument("--claims", type=Path, default=CLAIMS)
     parser.add_argument("--rescore-option", action="append", default=[], metavar="NAME.KEY=VALUE",
                         help="a method's option other than its default (repeatable; JSON value)")
+    parser.add_argument("--rescore-bank-size", type=int, default=None, metavar="N",
+                        help="the bank: the training split's first N images (default: all)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args(argv)
@@ -249,7 +255,8 @@ def main(argv=None) -> int:
     try:
         options = parse_key_values(None, None, args.rescore_option)
         run(args.out, sweeps=args.sweep, patterns=args.runs, judgments=args.judgments or None,
-            device=args.device, claims_file=args.claims, options=options, runs_dir=args.runs_dir,
+            device=args.device, claims_file=args.claims, options=options,
+            bank_size=args.rescore_bank_size, runs_dir=args.runs_dir,
             dry_run=args.dry_run)
     except (VseError, click.ClickException) as exc:
         print(f"error: {getattr(exc, 'message', exc)}", file=sys.stderr)
