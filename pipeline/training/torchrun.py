@@ -1,14 +1,16 @@
 """`vse torchrun`: torchrun's own elastic agent (``torch.distributed.run``) running a vse command on
 every process, its failures in one line.
 
-The agent, its rendezvous and its workers are torchrun's, untouched (no rendezvous of vse's): this module
-parses torchrun's own options with torchrun's own parser, points the workers at ``python -m cli.main
-COMMAND …`` and calls ``torch.distributed.run.run``. What it adds is what a failure prints: a
-rendezvous that cannot be reached (no such host, a closed port, a peer that never joins within the
-join timeout) is one ``VseError`` line naming the endpoint, raised before any worker starts, so no
-run folder is made, let alone claimed; a worker that fails is summed up in one line unless it said
-why itself (``SAID_WHY``). The agent's C++ log lines (a retried connection, with a C++ stack, on
-every try) are hidden unless ``TORCH_CPP_LOG_LEVEL`` is set; the workers keep their own setting.
+The agent, its rendezvous and its workers are torchrun's, untouched (vse has no rendezvous of its
+own): this module parses torchrun's own options with torchrun's own parser, points the workers at
+``python -m cli.main COMMAND …`` and calls ``torch.distributed.run.run``. What it adds is what a
+failure prints: a rendezvous that cannot be reached (no such host, a closed port, a peer that never
+joins within the join timeout) is one ``VseError`` line naming the endpoint, raised before any
+worker starts, so no run folder is made, let alone claimed; a worker that fails is summed up in one
+line unless it said why itself (``SAID_WHY``). torchrun's own notes on its options are shown once
+the nodes have met, and dropped when they never do. The agent's C++ log lines (a retried connection,
+with a C++ stack, on every try) are hidden unless ``TORCH_CPP_LOG_LEVEL`` is set; the workers keep
+their own setting.
 """
 
 from __future__ import annotations
