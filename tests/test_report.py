@@ -335,3 +335,6 @@ def test_an_exported_sweeps_seed_folders_group_under_the_study():
     groups = seed_groups(rows)
     assert [g.label for g in groups] == ["mh_clean-best", "noise=clean,method=mh"]
     assert groups[0].samples["rsum"] == [300.0, 301.0, 302.0]
+    # a co-trained study's network-0 rows (`vse evaluate --member 0`): one group too, beside the ensemble's
+    members = [{"run": f"ncr_clean-best/seed={s},member=0", "member": 0, "rsum": 290.0 + s} for s in range(2)]
+    assert [(g.label, len(g.rows)) for g in seed_groups(members)] == [("ncr_clean-best,member=0", 2)]

@@ -270,7 +270,7 @@ def without_seed(name: str) -> str:
     """A run name without its ``seed=N`` part; an average of runs ("A + B") without each one's."""
     if " + " in name:
         return " + ".join(map(without_seed, name.split(" + ")))
-    name = re.sub(r"/seed=\d+$", "", name)  # an exported sweep's STUDY-best/seed=N
+    name = re.sub(r"/seed=\d+(?=$|,)", "", name)  # an exported sweep's STUDY-best/seed=N(,member=K)
     parts = [p for p in name.split(",") if not re.fullmatch(r"seed=\d+", p.strip())]
     return ",".join(parts) or name
 
