@@ -207,11 +207,24 @@ def _same(new, old, where="") -> list[str]:
     return [] if new == old else [where]
 
 
+# Claim sets whose table is not measured yet (their driver writes the results): no claims.json may be
+# committed for them, and `vse claims` refuses in one line naming the missing table. Measured: take the
+# set out of here, and the test below holds it to its CSV.
+NOT_MEASURED = ("reality",)  # experiments/reality_check.py (issue 60)
+
+
 @pytest.mark.parametrize("claims_file", sorted(CLAIMS_DIR.glob("*.yaml")), ids=lambda p: p.stem)
-def test_each_committed_claims_json_is_what_its_claims_file_makes_of_its_csv(claims_file):
+def test_each_committed_claims_json_is_what_its_claims_file_makes_of_its_csv(claims_file, tmp_path):
     """Stale claims fail here: `vse claims experiments/claims/NAME.yaml` regenerates them."""
     spec = load_claims(claims_file)
     out = output_path(spec)
+    if claims_file.stem in NOT_MEASURED:
+        assert not out.exists() and not any(Path(r).exists() for r in spec.results), \
+            f"{claims_file.stem} is measured now: take it out of NOT_MEASURED"
+        refused = vse("claims", str(claims_file), "--out", str(tmp_path / "claims.json"))
+        assert refused.exit_code == 1 and len(refused.output.strip().splitlines()) == 1, refused.output
+        assert Path(spec.results[0]).name in refused.output and not (tmp_path / "claims.json").exists()
+        return
     assert out.is_file(), f"{claims_file.name} names {out}, which is not committed"
     committed = json.loads(out.read_text(encoding="utf-8"))
     assert _same(run_claims(spec, out), committed) == [], f"{out} is stale: vse claims {claims_file}"
