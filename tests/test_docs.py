@@ -56,7 +56,8 @@ PLACEHOLDERS = {"...", "…"}
 
 def _segments(line: str) -> list[list[str]]:
     """The `vse` invocations of one shell line: split at pipes and lists, comments dropped;
-    ``torchrun … -m cli.main ARGS`` counts as ``vse ARGS``."""
+    ``torchrun … -m cli.main ARGS`` counts as ``vse ARGS``, and ``vse torchrun OPTIONS COMMAND ARGS`` as
+    itself (torchrun's options) and ``vse COMMAND ARGS``."""
     try:
         lexer = shlex.shlex(line, posix=True, punctuation_chars="|&;")
         lexer.whitespace_split = True
@@ -74,7 +75,12 @@ def _segments(line: str) -> list[list[str]]:
             current.append(token)
     found = []
     for segment in segments:
-        if segment[0] == "vse":
+        if segment[:2] == ["vse", "torchrun"]:  # torchrun's own options, then a vse command: both checked
+            inner = next((i for i, token in enumerate(segment[2:], 2) if _command(token) is not None), None)
+            found.append(segment[1:inner])
+            if inner is not None:
+                found.append(segment[inner:])
+        elif segment[0] == "vse":
             found.append(segment[1:])
         elif segment[0] == "torchrun" and "cli.main" in segment:
             found.append(segment[segment.index("cli.main") + 1:])
