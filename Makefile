@@ -52,6 +52,9 @@
 #                      (experiments/f8k_noisy_sgr.yaml; bench/results/f8k_noisy_sgr/; then the claims)
 #   make f8k-text-pool — VSE++'s GRU vs VSE∞'s BiGRU + GPO caption encoder, one seed
 #                      (experiments/f8k_text_pool.yaml; bench/results/f8k_text_pool/)
+#   make f8k-hubness — every test-time correction against hubness (isf, csls, qbnorm, nnn; dsl,
+#                      transductive) on the fast loop's mh and infonce and the noisy table's mh at
+#                      caption 50%, over their seeds (experiments/hubness.py; bench/results/f8k_hubness/)
 
 PYTHON  ?= python3
 VENV    ?= .venv
@@ -65,7 +68,7 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 
 .PHONY: install demo test docs bench f8k-vsepp f8k-losses f8k-fast f8k-sets f8k-vse-infty f8k-text-pool f8k-sgraf \
-	f8k-saf-short f8k-saf-short-bf16 f8k-sgraf-short f8k-sgraf-bf16 f8k-vsrn-short f8k-noisy f8k-tuned f8k-reality f8k-noisy-sgr \
+	f8k-saf-short f8k-saf-short-bf16 f8k-sgraf-short f8k-sgraf-bf16 f8k-vsrn-short f8k-noisy f8k-tuned f8k-reality f8k-noisy-sgr f8k-hubness \
 	f8k-precision f8k-precision-fast f8k-precision-sgraf clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
@@ -357,6 +360,10 @@ f8k-noisy-sgr: $(F8K_GRID) $(F8K_TOKENS)
 	$(VSE) report $(NOISY_SGR_OUT)/results.csv --columns noisy | tee $(NOISY_SGR_OUT)/table_noisy.md
 	$(VSE) claims experiments/claims/noisy.yaml
 	$(VSE) claims experiments/claims/noisy_sgr.yaml
+
+# Its runs are those of f8k-fast (mh, infonce) and f8k-noisy (mh at caption 50%): trained there.
+f8k-hubness: $(F8K_FEATURES) $(F8K_TEXT)
+	PYTHONPATH=. $(PY) experiments/hubness.py --runs-dir $(F8K_RUNS) --judgments $(JUDGMENTS)
 
 f8k-text-pool: $(F8K_FEATURES)
 	$(VSE) sweep experiments/f8k_text_pool.yaml --runs-dir $(F8K_RUNS)
