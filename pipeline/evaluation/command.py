@@ -137,13 +137,15 @@ def evaluate_checkpoint(checkpoint, device, *, features=None, root=None, dataset
     named = " + ".join([checkpoint, *average_with]) + (" (scores averaged)" if average_with else "")
     title = (f"{named}{ensemble_title(ensemble, member)} on {root or features} "
              f"[{split}, {len(emb.images)} images, {protocol}]")
+    matched = None
     if judgments:
-        metrics.update(_judge_split(emb, judgments, features, root, dataset_kind, device, dataset_options,
-                                    echo))
+        judged, matched = _judge_split(emb, judgments, features, root, dataset_kind, device, dataset_options,
+                                       echo)
+        metrics.update(judged)
     notes = evaluation_notes(metrics["rsum"], len(emb.images), len(emb.captions), split, protocol)
     footer, extra = None, {}
     if rescore:
-        footer, extra = rescored_evaluation(emb, rescore, banks, bank_images, metrics)
+        footer, extra = rescored_evaluation(emb, rescore, banks, bank_images, metrics, matched, device)
     recorded = {"ensemble": ensemble, **({"member": member} if member is not None else {})}
     return Evaluation(metrics, title, json_extra={**recorded, **extra}, footer=footer, notes=notes)
 
@@ -155,11 +157,14 @@ def ensemble_title(ensemble: int, member: int | None = None) -> str:
     return f" ({ensemble} networks' scores averaged)" if ensemble > 1 else ""
 
 
-def rescored_evaluation(emb, plan, banks, bank_images: int, raw: dict) -> tuple[str, dict]:
+def rescored_evaluation(emb, plan, banks, bank_images: int, raw: dict, matched=None,
+                        device=None) -> tuple[str, dict]:
     """Each correction of ``plan`` on the split's scores: its table (the raw row's name ``+ METHOD``),
-    hubness and its paired permutation test against the raw scores over the test queries (rsum's
-    difference and two-sided p); and the same in JSON (``rescore``: one entry per method with what it
-    saw, ``Rescorer.record`` and the bank)."""
+    hubness, its human-judgment metrics when the raw row has them (``matched``: the judged pairs the
+    raw row was judged on) and its paired permutation test against the raw scores over the test
+    queries (rsum's difference and two-sided p); and the same in JSON (``rescore``: one entry per
+    method with what it saw, ``Rescorer.record`` and the bank)."""
+    from pipeline.evaluation.judgments.metrics import format_human
     from pipeline.evaluation.metrics import score_ranks
     from pipeline.evaluation.stats import DEFAULT_PERMUTATIONS, paired_permutation_test
 
@@ -167,10 +172,11 @@ def rescored_evaluation(emb, plan, banks, bank_images: int, raw: dict) -> tuple[
     raw_ranks = score_ranks(scores, scores.T, emb.caption_image)
     lines, entries = [hubness_line(raw)], []
     for method in plan.methods:
-        metrics, ranks = rescored_metrics(scores, emb.caption_image, method, banks)
+        metrics, ranks = rescored_metrics(scores, emb.caption_image, method, banks, matched, device)
         test = paired_permutation_test(ranks, raw_ranks)["rsum"]
         label = plan.label(method, bank_images)
-        lines += ["", format_table(metrics, f"+ {label}"), hubness_line(metrics),
+        human = format_human(metrics)
+        lines += ["", format_table(metrics, f"+ {label}"), *([human] if human else []), hubness_line(metrics),
                   f"against the raw scores: rsum {test['diff']:+.1f}, p = {test['p']:.4f} (paired "
                   f"permutation test over the test queries, {DEFAULT_PERMUTATIONS} sign flips, two-sided)"]
         entries.append({"row": plan.row_name(method), **plan.record(method, bank_images),
@@ -179,11 +185,15 @@ def rescored_evaluation(emb, plan, banks, bank_images: int, raw: dict) -> tuple[
     return "\n".join(lines), {"rescore": entries}
 
 
-def rescored_metrics(scores, caption_image, method: Rescorer, banks=None) -> tuple[dict, tuple]:
+def rescored_metrics(scores, caption_image, method: Rescorer, banks=None, matched=None,
+                     device=None) -> tuple[dict, tuple]:
     """The retrieval metrics and hubness of ``scores`` (N images × M captions) re-scored by ``method``
     in each direction on its own (image→text: ``scores``, text→image: its transpose), and the ranks
     ``(i2t, t2i)`` (for the paired test against the raw scores). ``banks(direction)``: the reference
-    bank of an inductive method, ``"i2t"`` reference images × M, ``"t2i"`` reference captions × N."""
+    bank of an inductive method, ``"i2t"`` reference images × M, ``"t2i"`` reference captions × N.
+    ``matched`` (``judgments.MatchedJudgments`` of the split): the human-judgment metrics too, of the
+    two corrected matrices (``human_metrics_of_scores``, as the raw row's of the raw ones; on ``device``)."""
+    from pipeline.evaluation.judgments.metrics import human_metrics_of_scores
     from pipeline.evaluation.metrics import retrieval_metrics, score_ranks
 
     scores = torch.as_tensor(scores)
@@ -193,7 +203,10 @@ def rescored_metrics(scores, caption_image, method: Rescorer, banks=None) -> tup
         i2t = method.apply(scores, method.fit(banks("i2t"), scores.shape[1]))
         t2i = method.apply(scores.T, method.fit(banks("t2i"), scores.shape[0]))
     ranks = score_ranks(i2t, t2i, caption_image)
-    return {**retrieval_metrics(*ranks), **hubness_metrics(i2t, t2i)}, ranks
+    metrics = {**retrieval_metrics(*ranks), **hubness_metrics(i2t, t2i)}
+    if matched is not None:
+        metrics.update(human_metrics_of_scores(i2t, t2i, caption_image, matched, device=device))
+    return metrics, ranks
 
 
 def hubness_line(metrics: dict) -> str:
@@ -292,8 +305,10 @@ def evaluate_shortlist(checkpoint, features, shortlist, device, *, shortlist_fea
                       footer=scored)
 
 
-def _judge_split(emb, judgments, features, root, dataset_kind, device, dataset_options, echo: Echo) -> dict:
-    """Human-judgment metrics of a checkpoint's split embeddings; caption keys are rebuilt from
+def _judge_split(emb, judgments, features, root, dataset_kind, device, dataset_options,
+                 echo: Echo) -> tuple[dict, object]:
+    """Human-judgment metrics of a checkpoint's split embeddings, and the judged pairs matched to the
+    split (``MatchedJudgments``: a re-scored row is judged on them too); caption keys are rebuilt from
     the cache (or dataset) order and checked against Flickr8k.token.txt when it is at hand."""
     from pipeline.evaluation.evaluate import judge_split
     from pipeline.evaluation.judgments import token_file_near
@@ -303,10 +318,11 @@ def _judge_split(emb, judgments, features, root, dataset_kind, device, dataset_o
         from pipeline.data.readers import load_dataset
 
         index = load_dataset(dataset_kind, root, **(dataset_options or {})).select()[1]
-        return _report_matched(*judge_split(emb, index, loaded, device, token_file_near(root)), echo)
-    with FeatureCache(features) as cache:
-        token_file = token_file_near(cache.attrs.get("dataset_root"))
-        return _report_matched(*judge_split(emb, cache, loaded, device, token_file), echo)
+        judged = judge_split(emb, index, loaded, device, token_file_near(root))
+    else:
+        with FeatureCache(features) as cache:
+            judged = judge_split(emb, cache, loaded, device, token_file_near(cache.attrs.get("dataset_root")))
+    return _report_matched(*judged, echo), judged[1]
 
 
 def _report_matched(metrics: dict, matched, echo: Echo) -> dict:

@@ -118,16 +118,21 @@ class RunEvaluator:
         return self._relevance[key]
 
     def judge(self, cache: FeatureCache, emb) -> dict:
-        """Human-judgment metrics; the judged pairs are matched to a cache's split once."""
-        from pipeline.evaluation.judgments import human_metrics, match_split, token_file_near
+        """Human-judgment metrics of split embeddings (``matched``'s pairs)."""
+        from pipeline.evaluation.judgments import human_metrics
+
+        return human_metrics(emb.images, emb.captions, emb.caption_image, self.matched(cache, emb),
+                             similarity=emb.similarity, device=self.device)
+
+    def matched(self, cache: FeatureCache, emb):
+        """The judged pairs matched to a cache's split (``MatchedJudgments``), once per cache."""
+        from pipeline.evaluation.judgments import match_split, token_file_near
 
         key = cache.path.resolve()
         if key not in self._matched:
             token_file = token_file_near(cache.attrs.get("dataset_root"))
-            matched = match_split(emb, cache, self.judgments, token_file)
-            self._matched[key] = matched
-        return human_metrics(emb.images, emb.captions, emb.caption_image, self._matched[key],
-                             similarity=emb.similarity, device=self.device)
+            self._matched[key] = match_split(emb, cache, self.judgments, token_file)
+        return self._matched[key]
 
     def fingerprint(self, path) -> str | None:
         """The identity of an input file's content, computed once per evaluator (``input_fingerprint``)."""
@@ -237,8 +242,9 @@ class RunEvaluator:
     def rescored_rows(self, embedded, row: dict) -> list[dict]:
         """One row per correction of ``self.rescore`` (``embed``'s four values and the run's raw
         row): named ``RUN + METHOD``, its ``rescore`` column saying what it saw, the run's columns,
-        the retrieval metrics and hubness of the re-scored scores (the raw row's other metrics, CS@K
-        and human judgments, are the raw scores' and are not carried over)."""
+        the retrieval metrics, hubness and (with judgments) the human-judgment metrics of the
+        re-scored scores, each direction's from its corrected matrix (``command.rescored_metrics``);
+        the raw row's CS@K is the raw scores' and is not carried over."""
         from pipeline.evaluation.command import checkpoint_banks, rescored_metrics
         from pipeline.evaluation.metrics import is_metric, metric_of
         from pipeline.evaluation.rescore import split_scores
@@ -253,9 +259,10 @@ class RunEvaluator:
                                      captions=captions).__getitem__
         described = {k: v for k, v in row.items() if not is_metric(k) or metric_of(k).group == "training"}
         scores = split_scores(emb)
+        matched = self.matched(cache, emb) if self.judgments is not None else None
         rows = []
         for method in plan.methods:
-            metrics, _ = rescored_metrics(scores, emb.caption_image, method, banks)
+            metrics, _ = rescored_metrics(scores, emb.caption_image, method, banks, matched, self.device)
             rows.append({**described, "run": f"{row['run']} {plan.row_name(method)}",
                          "rescore": plan.label(method, bank_images),
                          **{k: float(v) for k, v in metrics.items()}})

@@ -87,33 +87,68 @@ def plausible_ranks(scores: torch.Tensor, match: torch.Tensor) -> tuple[torch.Te
 
 def human_metrics(images, captions, caption_image, matched: MatchedJudgments, *, similarity: str = "cosine",
                   device=None, recall_ks=RECALL_KS, ndcg_ks=NDCG_KS, block: int = 1024) -> dict:
-    """Agreement of a model's scores with the judged pairs (docs/PROTOCOL.md, "Human
-    judgments"): keys ``human_{i2t,t2i}_{tau,ndcg@K,r@K,rprec,map@r}``, ``human_spearman`` and
-    counts (``human_pairs``, ``human_unmatched``, ``human_{dir}_queries``, ``human_{dir}_tau_queries``)."""
+    """``human_metrics_of_scores`` of split embeddings: image→text scores ``image_caption_scores``,
+    text→image ``caption_image_scores`` (``similarity``), each computed a block of judged queries at a
+    time on ``device``."""
     device = torch.device("cpu") if device is None else torch.device(device)
     images = torch.as_tensor(np.asarray(images, dtype=np.float32), device=device)
     captions = torch.as_tensor(np.asarray(captions, dtype=np.float32), device=device)
+    i2t = _ScoreRows(lambda q: image_caption_scores(images[q], captions, similarity), len(images), device)
+    t2i = _ScoreRows(lambda q: caption_image_scores(captions[q], images, similarity), len(captions), device)
+    return human_metrics_of_scores(i2t, t2i, caption_image, matched, device=device, recall_ks=recall_ks,
+                                   ndcg_ks=ndcg_ks, block=block)
+
+
+class _ScoreRows:
+    """A score matrix whose rows are computed when indexed (``rows(q)``, ``q`` a tensor of row ids,
+    moved to ``device``)."""
+
+    def __init__(self, rows, length: int, device: torch.device):
+        self.rows, self.length, self.device = rows, length, device
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, q):
+        return self.rows(q.to(self.device))
+
+
+def human_metrics_of_scores(i2t, t2i, caption_image, matched: MatchedJudgments, *, device=None,
+                            recall_ks=RECALL_KS, ndcg_ks=NDCG_KS, block: int = 1024) -> dict:
+    """Agreement of a model's scores with the judged pairs (docs/PROTOCOL.md, "Human judgments"):
+    ``i2t`` the N images × M captions score matrix, ``t2i`` the M × N one (for plain scores its
+    transpose; a re-scored row's corrected text→image matrix, ``pipeline.evaluation.command.
+    rescored_metrics``), anything whose rows a tensor of row ids indexes (a tensor, an array); read a
+    block of judged queries at a time, as float32 on ``device``. Each direction's ranks, tau and NDCG
+    come from its own matrix (its judged pairs' scores, read in its rows), ``human_spearman`` from
+    the image→text one. Keys ``human_{i2t,t2i}_{tau,ndcg@K,r@K,rprec,map@r}``, ``human_spearman`` and
+    counts (``human_pairs``, ``human_unmatched``, ``human_{dir}_queries``, ``human_{dir}_tau_queries``)."""
+    device = torch.device("cpu") if device is None else torch.device(device)
+    i2t, t2i = (torch.from_numpy(m) if isinstance(m, np.ndarray) else m for m in (i2t, t2i))
     caption_image = torch.as_tensor(np.asarray(caption_image, dtype=np.int64), device=device)
-    pair_scores = np.empty(len(matched.image))
+    images, captions = len(i2t), len(t2i)
     result: dict = {}
     accepted_image = torch.as_tensor(matched.image[matched.accepted], device=device)
     accepted_caption = torch.as_tensor(matched.caption[matched.accepted], device=device)
-    for direction, queries in (("i2t", matched.image), ("t2i", matched.caption)):
+    spearman_scores = None
+    for direction, queries, gallery in (("i2t", matched.image, matched.caption),
+                                        ("t2i", matched.caption, matched.image)):
         ids = np.unique(queries)
+        pair_scores = np.empty(len(queries))
         acc_q, acc_c = ((accepted_image, accepted_caption) if direction == "i2t"
                         else (accepted_caption, accepted_image))
-        local = torch.full((len(images) if direction == "i2t" else len(captions),), -1,
-                           dtype=torch.int64, device=device)
+        local = torch.full((images if direction == "i2t" else captions,), -1, dtype=torch.int64,
+                           device=device)
         ranks, rprec, map_r = [], [], []
         for a in range(0, len(ids), block):
-            q = torch.as_tensor(ids[a:a + block], device=device)
+            q = torch.as_tensor(ids[a:a + block])
             with torch.no_grad():
+                scores = torch.as_tensor((i2t if direction == "i2t" else t2i)[q]).to(device).float()
+                q = q.to(device)
                 if direction == "i2t":
-                    scores = image_caption_scores(images[q], captions, similarity).float()
                     match = caption_image[None, :] == q[:, None]
                 else:
-                    scores = caption_image_scores(captions[q], images, similarity).float()
-                    match = torch.arange(len(images), device=device)[None, :] == caption_image[q][:, None]
+                    match = torch.arange(images, device=device)[None, :] == caption_image[q][:, None]
                 local.fill_(-1)
                 local[q] = torch.arange(len(q), device=device)
                 inside = local[acc_q] >= 0
@@ -122,10 +157,9 @@ def human_metrics(images, captions, caption_image, matched: MatchedJudgments, *,
             ranks.append(r.cpu().numpy())
             rprec.append(p.cpu().numpy())
             map_r.append(m.cpu().numpy())
-            if direction == "i2t":
-                in_block = np.isin(matched.image, ids[a:a + block])
-                rows = np.searchsorted(ids[a:a + block], matched.image[in_block])
-                pair_scores[in_block] = scores.cpu().numpy()[rows, matched.caption[in_block]]
+            in_block = np.isin(queries, ids[a:a + block])
+            rows = np.searchsorted(ids[a:a + block], queries[in_block])
+            pair_scores[in_block] = scores.cpu().numpy()[rows, gallery[in_block]]
         ranks, rprec, map_r = np.concatenate(ranks), np.concatenate(rprec), np.concatenate(map_r)
         for k in recall_ks:
             result[f"human_{direction}_r@{k}"] = 100.0 * float(np.mean(ranks < k))
@@ -138,7 +172,9 @@ def human_metrics(images, captions, caption_image, matched: MatchedJudgments, *,
             result[f"human_{direction}_ndcg@{k}"] = mean_defined(per_query)
         result[f"human_{direction}_queries"] = len(ids)
         result[f"human_{direction}_tau_queries"] = int((~np.isnan(taus)).sum())
-    result["human_spearman"] = spearman(pair_scores, matched.grades)
+        if spearman_scores is None:
+            spearman_scores = pair_scores
+    result["human_spearman"] = spearman(spearman_scores, matched.grades)
     result["human_pairs"] = len(matched.image)
     result["human_unmatched"] = matched.unmatched
     return result
