@@ -14,16 +14,18 @@ Steps, each skipped when its file exists and is newer than what it is made from:
 
 1. ``OUT/runs/RUN.csv``, one per run: `vse evaluate --runs RUN --split test --rescore isf --rescore
    csls --rescore qbnorm --rescore dsl --rescore nnn --transductive --judgments J` (the library
-   call of that command): the plain row, with the human-judged metrics (``--judgments``, default the
-   Flickr8k CrowdFlower file), and one row per method, named ``RUN + METHOD``; each method with its
-   authors' defaults and the protocol's bank (the whole training split; docs/PROTOCOL.md,
-   "Re-scoring at test time"). ``--transductive`` only lets dsl run: the other methods' bank is the
-   training split, so their rows stay inductive; dsl's says ``(transductive)``.
+   call of that command): the plain row and one row per method, named ``RUN + METHOD``, each with
+   the human-judged metrics of its own scores (``--judgments``, default the Flickr8k CrowdFlower
+   file; a re-scored row's from its corrected matrices); each method with its authors' defaults and
+   the protocol's bank (the whole training split; docs/PROTOCOL.md, "Re-scoring at test time").
+   ``--transductive`` only lets dsl run: the other methods' bank is the training split, so their rows
+   stay inductive; dsl's says ``(transductive)``. A run's file written before re-scored rows were
+   judged (its re-scored rows without mAP@R) is evaluated again when judgments are given.
 2. ``OUT/results.csv``: the runs' rows together.
 3. ``OUT/claims.json``: experiments/claims/hubness.yaml's claims ("METHOD helps NETWORK": the
    re-scored group against the plain group, Welch one-sided over seeds) on ``OUT/results.csv``.
 4. ``OUT/table.md``: per configuration, mean ± std (n) over seeds of R@1/5/10 both ways, rsum,
-   mAP@R (human; the plain rows alone: re-scored rows carry no human metrics), the hubness (the
+   mAP@R (human-judged, both ways; a re-scored row's of its corrected scores), the hubness (the
    skewness of N_10, both ways), the verdict of its rsum claim, and the cost of its correction
    (``COST``: the extra time of a re-scored row, bank scores included, over one evaluation, measured
    by bench/rescore.py on a synthetic 5K × 25K split).
@@ -103,6 +105,14 @@ def rescore_plan(options=None, bank_size: int | None = None):
     return plan_rescore(RESCORE_NAMES, options, split=SPLIT, bank_size=bank_size, transductive=True)
 
 
+def all_judged(target: Path) -> bool:
+    """Whether every row of a run's file has the human-judged mAP@R (a file written before re-scored
+    rows were judged has it on its plain row alone)."""
+    from pipeline.reports.report import read_results
+
+    return all(row.get(key) is not None for row in read_results(target) for key in MAP_KEYS)
+
+
 def stale(target: Path, sources) -> bool:
     """Whether ``target`` is missing or older than one of ``sources`` (those that exist)."""
     if not target.is_file():
@@ -147,8 +157,9 @@ def claims(results: Path, target: Path, claims_file: Path = CLAIMS) -> dict:
     return result
 
 
-TABLE_KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum", "human_i2t_map@r",
-              "human_t2i_map@r", "i2t_hubness", "t2i_hubness")
+MAP_KEYS = ("human_i2t_map@r", "human_t2i_map@r")
+TABLE_KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum", *MAP_KEYS,
+              "i2t_hubness", "t2i_hubness")
 
 
 def table(rows: list[dict], verdicts: dict, plan, claims_file: Path = CLAIMS, cost_file: Path = COST) -> str:
@@ -170,8 +181,8 @@ def table(rows: list[dict], verdicts: dict, plan, claims_file: Path = CLAIMS, co
         cells = [format_cell(k, group, "md") for k in TABLE_KEYS]
         lines.append(f"| {group.label} | " + " | ".join(cells) + f" | {verdict} | "
                      + ("" if spent is None else f"{spent:.2f}×") + " |")
-    lines += ["", "Each cell: mean ± std (n seeds). mAP@R: human judgments, measured on the raw scores alone "
-              "(a re-scored row carries R@K, rsum and hubness). Hubness: the skewness of N_10 (lower: fewer "
+    lines += ["", "Each cell: mean ± std (n seeds). mAP@R: human judgments, of each row's own scores (a "
+              "re-scored row's of its corrected matrices). Hubness: the skewness of N_10 (lower: fewer "
               "hubs). rsum claim: the re-scored group against the plain one, Welch one-sided over seeds "
               f"({claims_file.name}). Cost: {cost_file.name}'s {COST_KEY} (bench/rescore.py: a re-scored "
               "row's extra time, bank scores included, over one evaluation, on a synthetic 5K × 25K split)."]
@@ -188,7 +199,8 @@ def run(out: Path = OUT, *, sweeps=(), patterns=(), judgments=JUDGMENTS, device:
     plan = rescore_plan(options, bank_size)
     runs = source_runs(sweeps, patterns, runs_dir)
     done = {"evaluated": [], "waiting": [], "written": []}
-    todo = [r for r in runs if not (out / "runs" / f"{r.name}.csv").is_file()]
+    todo = [r for r in runs if not (out / "runs" / f"{r.name}.csv").is_file()
+            or (judgments and not all_judged(out / "runs" / f"{r.name}.csv"))]
     ready = [r for r in todo if finished(r)]
     done["waiting"] = [r.name for r in todo if r not in ready]
     if dry_run:

@@ -1,7 +1,8 @@
 """experiments/hubness.py (issue 61) on tiny runs named as the fast loop names its runs: every step's
-file (each run's rows, the plain row with human judgments and one row per correction; results.csv;
-claims.json with a verdict for each claim the runs measure; table.md), a run not finished left for a
-later call, and a second call doing nothing."""
+file (each run's rows, the plain row and one row per correction, each with human judgments; results.csv;
+claims.json with a verdict for each claim the runs measure; table.md with every row's mAP@R), a run not
+finished left for a later call, a second call doing nothing, and a run's file whose re-scored rows have
+no human metrics (written before they were judged) evaluated again."""
 
 from __future__ import annotations
 
@@ -75,8 +76,8 @@ def test_each_run_gets_its_plain_row_and_one_row_per_correction(first_call):
         rows = read_results(out / "runs" / f"{name}.csv")
         assert [r["run"] for r in rows] == [name, *(f"{name} + {m}" for m in ("isf", "csls", "qbnorm")),
                                             f"{name} + dsl (transductive)", f"{name} + nnn"]
-        assert rows[0]["human_i2t_map@r"] is not None and rows[0].get("rescore") is None
-        assert all(r.get("human_i2t_map@r") is None and r["rescore"] for r in rows[1:])
+        assert rows[0].get("rescore") is None and all(r["rescore"] for r in rows[1:])
+        assert all(r[k] is not None for r in rows for k in hubness.MAP_KEYS)  # re-scored rows too
         assert rows[2]["rescore"] == "csls k=3, bank train:24" and rows[5]["rescore"].startswith("nnn k=5")
     assert len(read_results(out / "results.csv")) == 4 * 6
 
@@ -112,6 +113,9 @@ def test_the_table_has_a_line_per_configuration_with_its_verdict_and_cost(first_
     assert f" | {rsum['verdict']} | " in qbnorm
     plain = next(line for line in lines if line.startswith("| method=mh |"))
     assert plain.endswith(" |  |  |")  # no claim, no cost: the raw scores
+    # every line has its mAP@R cells (both directions), re-scored lines included
+    at = [i for i, head in enumerate(text.splitlines()[0].split(" | ")) if head.startswith("mAP@R")]
+    assert len(at) == 2 and all(line.split(" | ")[i].strip() for line in lines for i in at)
 
 
 def test_a_second_call_does_nothing(first_call, fast, judgments):
@@ -124,3 +128,19 @@ def test_a_second_call_does_nothing(first_call, fast, judgments):
     assert done["evaluated"] == [] and done["written"] == []
     assert {p: p.stat().st_mtime_ns for p in sorted(p for p in out.rglob("*") if p.is_file())} == before
     assert "nothing to do: every file is up to date" in lines
+
+
+def test_a_file_without_the_rescored_rows_human_metrics_is_evaluated_again(first_call, fast, judgments,
+                                                                              tmp_path):
+    from pipeline.reports.report import write_results
+
+    out = tmp_path / "f8k_hubness"
+    shutil.copytree(first_call[0], out)
+    old = out / "runs" / "method=mh,seed=0.csv"
+    rows = read_results(old)
+    write_results([r if not r.get("rescore") else {k: v for k, v in r.items() if not k.startswith("human_")}
+                   for r in rows], old)
+    done = hubness.run(out, patterns=[f"{fast}/*"], judgments=judgments, device="cpu", options=OPTIONS,
+                       echo=lambda _: None)
+    assert done["evaluated"] == ["method=mh,seed=0"] and out / "table.md" in done["written"]
+    assert all(r[k] is not None for r in read_results(old) for k in hubness.MAP_KEYS)
