@@ -112,6 +112,17 @@ def test_rescored_rows_carry_the_human_metrics_of_the_corrected_scores(judged_ru
     assert _human(rows["mh"]) == pytest.approx(plain, abs=TOLERANCE, nan_ok=True)
     for name in METHODS:
         assert _human(rows[f"mh + {name}"]) == pytest.approx(expected[name], abs=TOLERANCE, nan_ok=True)
+    # vse compare RUN --rescore isf --judgments: the seed-group comparison (one seed here) has the
+    # human columns of both sides, A - B from the corrected and the raw scores
+    compared = vse("compare", checkpoint.parent, "--rescore", "isf", "--judgments", judgments,
+                   "--judgments-format", "csv", "--device", "cpu", "--json")
+    assert compared.exit_code == 0, compared.output
+    [comparison] = json.loads(compared.stdout)["comparisons"]
+    assert (comparison["a"], comparison["b"]) == (f"{checkpoint.parent} + isf", str(checkpoint.parent))
+    for direction in ("i2t", "t2i"):
+        entry = comparison["metrics"][f"human_{direction}_map@r"]
+        assert entry["diff"] == pytest.approx(expected["isf"][f"human_{direction}_map@r"]
+                                              - plain[f"human_{direction}_map@r"], abs=2 * TOLERANCE)
 
 
 def test_a_correction_that_keeps_every_ranking_keeps_the_human_metrics(corrected):
