@@ -17,12 +17,16 @@ for qbnorm its activation set ``active``) so that a search index can store it an
 fixed bank qbnorm's is per item too: a search answers a query with one raw search (its top-1) and,
 when that item is in the activation set, one corrected one.
 
-The k nearest neighbours over a bank are ``torch.topk`` over row blocks, merged as the blocks
-stream (one pass over the bank; a bank may be an iterable of row blocks, never held whole), not
-FAISS: the input is a score matrix, which a pairwise network has without embeddings; the scores
-are already computed, so a FAISS index would only re-compute them, in float32 (the golden tests
-compare in float64). A dual network's bank can stream from its embeddings, a block of reference
-queries at a time, so a training split of any size is never one matrix. The corrected
+A bank is a score matrix (a pairwise network's, averaged checkpoints'), an iterable of its row
+blocks (never held whole), or, for a dual network whose score is an inner product, its vectors
+(``VectorBank``: the reference queries' and the gallery's embeddings; ``reference_bank`` chooses).
+The k nearest reference queries of each gallery item (csls, nnn) are then an exact FAISS search
+(``IndexFlatIP`` over the bank's vectors, FAISS's own threads), the bank × gallery scores never
+materialised; what needs every score (isf's and qbnorm's log-sum-exp, qbnorm's activation set from
+the same pass) reads them a block of reference queries at a time. A score matrix's k largest are
+``torch.topk`` over row blocks, merged as the blocks stream (one pass over the bank). Which path a
+bank takes is ``_bank_topk_mean``'s choice alone: float64 stays on the torch path (FAISS is float32;
+the golden tests compare in float64). The corrected
 matrix is one output array (``out=scores`` corrects in place), written a block of rows at a time,
 in place in the output (no temporary matrix per block but one reused buffer).
 
@@ -67,6 +71,54 @@ class ItemCorrection:
     bias: torch.Tensor                  # (G,) float64 (computed in the bank's precision)
     active: torch.Tensor | None = None  # (G,) bool, qbnorm's activation set
     bank_size: int = 0                  # the reference queries it was fitted on
+
+
+@dataclass(frozen=True)
+class VectorBank:
+    """A dual network's reference bank as vectors: its scores are ``queries @ gallery.T`` (Nb × G,
+    the inner products of the reference queries' and the gallery's embeddings), never formed whole:
+    a bank's k-NN is a FAISS search, anything else reads ``blocks``. Float64 vectors give float64
+    blocks, anything else float32 (as a score matrix's)."""
+
+    queries: torch.Tensor  # (Nb, d) the reference queries' embeddings
+    gallery: torch.Tensor  # (G, d) the evaluated gallery's embeddings
+
+    def __post_init__(self):  # numpy arrays as tensors (views)
+        object.__setattr__(self, "queries", torch.as_tensor(self.queries))
+        object.__setattr__(self, "gallery", torch.as_tensor(self.gallery))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (len(self.queries), len(self.gallery))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.queries.dtype
+
+    def blocks(self, block: int) -> Iterator[torch.Tensor]:
+        """The scores, ``block`` reference queries at a time, each (block, G) contiguous."""
+        dtype = _compute_dtype(self)
+        gallery = self.gallery.to(dtype).T
+        for start in range(0, len(self.queries), block):
+            yield self.queries[start:start + block].to(dtype) @ gallery
+
+
+def reference_bank(queries, gallery, similarity, direction: str = "i2t"):
+    """A dual network's bank of ``direction`` from embeddings: ``queries`` the reference queries
+    (``"i2t"``: bank images, ``"t2i"``: bank captions), ``gallery`` the evaluated gallery (captions,
+    images). The one place choosing the bank's form: a ``VectorBank`` when the similarity is the
+    inner product (cosine: FAISS's k-NN, no bank × gallery matrix), else the score matrix (order
+    embeddings, csd: ``pipeline.core.similarity``)."""
+    from pipeline.core.similarity import caption_image_scores, image_caption_scores, similarity_name
+
+    if direction not in ("i2t", "t2i"):
+        raise VseError(f"reference bank: direction must be i2t or t2i, got {direction!r}")
+    if similarity_name(similarity) == "cosine":
+        return VectorBank(queries, gallery)
+    queries, gallery = torch.as_tensor(queries), torch.as_tensor(gallery)
+    if direction == "i2t":
+        return image_caption_scores(queries, gallery, similarity)
+    return caption_image_scores(queries, gallery, similarity)
 
 
 class Rescorer:
@@ -167,7 +219,11 @@ class Rescorer:
         """The bank's row blocks (float64 stays float64, anything else float32), checked: 2-D,
         ``gallery`` columns, finite, non-empty, at least ``k`` rows (checked before the first block
         when the bank is a matrix, else once it has streamed)."""
-        blocks = _row_blocks(bank, block) if hasattr(bank, "shape") else iter(bank)
+        if isinstance(bank, VectorBank):
+            self._check_vectors(bank, gallery)
+            blocks = bank.blocks(block)
+        else:
+            blocks = _row_blocks(bank, block) if hasattr(bank, "shape") else iter(bank)
         if hasattr(bank, "shape") and len(bank.shape) == 2 and k is not None and 0 < bank.shape[0] < k:
             raise self._small_bank(k, bank.shape[0])
         rows = 0
@@ -186,6 +242,33 @@ class Rescorer:
             raise VseError(f"{self.owner}: the bank is empty")
         if k is not None and rows < k:
             raise self._small_bank(k, rows)
+
+    def _check_vectors(self, bank: VectorBank, gallery: int | None, k: int | None = None) -> None:
+        """A ``VectorBank``'s checks, those of a score matrix: 2-D vectors of one width, ``gallery``
+        items, finite (then so are their inner products), non-empty, at least ``k`` reference queries."""
+        queries, items = bank.queries, bank.gallery
+        if queries.ndim != 2 or items.ndim != 2 or queries.shape[1] != items.shape[1]:
+            raise VseError(f"{self.owner}: the bank's vectors must be reference queries × d and gallery "
+                           f"× d, got {tuple(queries.shape)} and {tuple(items.shape)}")
+        if gallery is not None and len(items) != gallery:
+            raise VseError(f"{self.owner}: the bank must be reference queries × {gallery} gallery items, "
+                           f"got {len(items)} gallery vectors")
+        if not (_finite(queries) and _finite(items)):
+            raise VseError(f"{self.owner}: the bank contains NaN or infinite values")
+        if len(queries) == 0:
+            raise VseError(f"{self.owner}: the bank is empty")
+        if k is not None and len(queries) < k:
+            raise self._small_bank(k, len(queries))
+
+    def _bank_topk_mean(self, bank, gallery: int | None, block: int, k: int) -> tuple[torch.Tensor, int]:
+        """The mean of each gallery item's k largest bank scores, and the bank's rows: the one place
+        choosing the path. A float32 ``VectorBank``: an exact FAISS search (``_faiss_topk``), no
+        bank × gallery matrix; anything else (a score matrix or its blocks, float64 vectors): the
+        streamed blocks' ``torch.topk`` (``_column_topk_mean``)."""
+        if isinstance(bank, VectorBank) and _compute_dtype(bank) == torch.float32:
+            self._check_vectors(bank, gallery, k)
+            return _faiss_topk(bank, k)[0].mean(dim=1), len(bank.queries)
+        return _column_topk_mean(self._bank_blocks(bank, gallery, block, k), k)
 
     def _small_bank(self, k: int, rows: int) -> VseError:
         return VseError(f"{self.owner}: k={k} is larger than the bank ({rows} reference queries)")
@@ -219,7 +302,7 @@ class CSLS(Rescorer):
                              "items, each item's k nearest reference queries.", low=1)
 
     def fit(self, bank, gallery=None, *, block=BLOCK) -> ItemCorrection:
-        mean, rows = _column_topk_mean(self._bank_blocks(bank, gallery, block, self.k), self.k)
+        mean, rows = self._bank_topk_mean(bank, gallery, block, self.k)
         if gallery is not None:
             self._check_gallery_k(gallery)
         return ItemCorrection(2.0, mean.to(torch.float64), bank_size=rows)
@@ -316,7 +399,7 @@ class NNN(Rescorer):
                                low=0)
 
     def fit(self, bank, gallery=None, *, block=BLOCK) -> ItemCorrection:
-        mean, rows = _column_topk_mean(self._bank_blocks(bank, gallery, block, self.k), self.k)
+        mean, rows = self._bank_topk_mean(bank, gallery, block, self.k)
         return ItemCorrection(1.0, self.alpha * mean.to(torch.float64), bank_size=rows)
 
 
@@ -484,6 +567,22 @@ def _column_topk_mean(blocks: Iterable[torch.Tensor], k: int) -> tuple[torch.Ten
         now[:, kept:] = part.T
         top = now.topk(min(k, width), dim=1, sorted=False).values
     return top.mean(dim=1), rows
+
+
+def _faiss_topk(bank: VectorBank, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(G, k) each gallery item's k largest scores over the bank's reference queries, and their rows:
+    an exact ``IndexFlatIP`` over the reference queries' vectors searched with the gallery's, in
+    float32, on FAISS's own threads (its BLAS blocks and a k-heap per item; no bank × gallery matrix).
+    Among scores tied at the k-th the rows FAISS keeps are its own choice; the values, and so their
+    mean, are the same whichever it keeps."""
+    import faiss
+
+    queries, items = (np.ascontiguousarray(vectors.detach().to(torch.float32).numpy())
+                      for vectors in (bank.queries, bank.gallery))
+    index = faiss.IndexFlatIP(queries.shape[1])
+    index.add(queries)
+    values, rows = index.search(items, k)
+    return torch.from_numpy(values), torch.from_numpy(rows)
 
 
 def _top_mask(rows: torch.Tensor, k: int) -> torch.Tensor:
