@@ -96,11 +96,15 @@ class VectorBank:
         return self.queries.dtype
 
     def blocks(self, block: int) -> Iterator[torch.Tensor]:
-        """The scores, ``block`` reference queries at a time, each (block, G) contiguous."""
+        """The scores, ``block`` reference queries at a time, each (block, G) contiguous, written into
+        one reused buffer (no new matrix per block): a block is valid until the next is drawn."""
         dtype = _compute_dtype(self)
-        gallery = self.gallery.to(dtype).T
+        gallery, buffer = self.gallery.to(dtype).T, None
         for start in range(0, len(self.queries), block):
-            yield self.queries[start:start + block].to(dtype) @ gallery
+            queries = self.queries[start:start + block].to(dtype)
+            shape = torch.empty((), dtype=dtype).expand(len(queries), len(self.gallery))  # no memory
+            buffer = _buffer(buffer, shape)
+            yield torch.matmul(queries, gallery, out=buffer)
 
 
 def reference_bank(queries, gallery, similarity, direction: str = "i2t"):
