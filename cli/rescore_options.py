@@ -1,7 +1,7 @@
 """The ``--rescore NAME --rescore-option NAME.KEY=VALUE --rescore-bank-split SPLIT --rescore-bank-size N
---transductive`` options, shared by `vse evaluate` and `vse compare`: one ``rescore`` argument
-(``RescoreArgs``), whose ``plan(split)`` is the checked plan (``pipeline.evaluation.rescore.plan_rescore``)
-or None without --rescore."""
+--rescore-index KIND --transductive`` options, shared by `vse evaluate` and `vse compare`: one
+``rescore`` argument (``RescoreArgs``), whose ``plan(split)`` is the checked plan
+(``pipeline.evaluation.rescore.plan_rescore``) or None without --rescore."""
 
 from __future__ import annotations
 
@@ -13,18 +13,19 @@ import click
 from cli.train_options import parse_key_values
 from pipeline.core.registry import RESCORERS
 
-OTHERS = "--rescore-option, --rescore-bank-split, --rescore-bank-size and --transductive"
+OTHERS = "--rescore-option, --rescore-bank-split, --rescore-bank-size, --rescore-index and --transductive"
 
 
 @dataclass(frozen=True)
 class RescoreArgs:
-    """The five options as given."""
+    """The six options as given."""
 
     names: tuple = ()
     options: dict = field(default_factory=dict)
     bank_split: str | None = None
     bank_size: int | None = None
     transductive: bool = False
+    index: str | None = None
 
     def __bool__(self) -> bool:
         return bool(self.names)
@@ -34,27 +35,28 @@ class RescoreArgs:
         then a usage error); ``refused``: the usage error to raise when --rescore is given (it does not
         go with the command's mode)."""
         if not self.names:
-            if self.options or self.bank_size or self.bank_split or self.transductive:
+            if self.options or self.bank_size or self.bank_split or self.transductive or self.index:
                 raise click.UsageError(f"{OTHERS} go with --rescore NAME")
             return None
         if refused:
             raise click.UsageError(refused)
-        from pipeline.evaluation.rescore import BANK_SPLIT, plan_rescore
+        from pipeline.evaluation.rescore import BANK_INDEX, BANK_SPLIT, plan_rescore
 
         return plan_rescore(self.names, self.options, split=split, bank_split=self.bank_split or BANK_SPLIT,
-                            bank_size=self.bank_size, transductive=self.transductive)
+                            bank_size=self.bank_size, transductive=self.transductive,
+                            index=self.index or BANK_INDEX)
 
 
 def rescore_options(help: str):
-    """Decorator: add the five options (``help``: what --rescore does in this command) and pass them on
+    """Decorator: add the six options (``help``: what --rescore does in this command) and pass them on
     as ``rescore=RescoreArgs(...)``."""
 
     def decorate(command):
         @functools.wraps(command)
         def wrapper(*args, rescore_names=(), rescore_option=(), rescore_bank_split=None,
-                    rescore_bank_size=None, transductive=False, **kwargs):
+                    rescore_bank_size=None, transductive=False, rescore_index=None, **kwargs):
             given = RescoreArgs(tuple(rescore_names), dict(rescore_option or ()), rescore_bank_split,
-                                rescore_bank_size, transductive)
+                                rescore_bank_size, transductive, rescore_index)
             return command(*args, rescore=given, **kwargs)
 
         for option in reversed([
@@ -71,6 +73,10 @@ def rescore_options(help: str):
             click.option("--rescore-bank-size", type=click.IntRange(min=1), default=None,
                          help="--rescore: the bank's first N images of its split and their captions "
                               "(default: all)."),
+            click.option("--rescore-index", default=None, metavar="KIND",
+                         help="--rescore: the FAISS index of csls's and nnn's k-NN over a dual network's "
+                              "bank (default: exact; the approximate ones, recorded with the result, and "
+                              "their parameters: docs/PROTOCOL.md, 'Cost')."),
             click.option("--transductive", is_flag=True,
                          help="--rescore: allow corrections that read the test queries themselves (dsl, or a "
                               "bank of the evaluated split); recorded with the result."),

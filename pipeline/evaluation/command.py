@@ -24,6 +24,7 @@ from functools import partial
 
 import torch
 
+from pipeline.core.errors import VseError
 from pipeline.data.cache import FeatureCache
 from pipeline.evaluation.chance import evaluation_notes
 from pipeline.evaluation.evaluate import (
@@ -37,7 +38,7 @@ from pipeline.evaluation.evaluate import (
 )
 from pipeline.evaluation.inference import embed_member
 from pipeline.evaluation.metrics import hubness_metrics
-from pipeline.evaluation.rescore import Rescorer, split_scores
+from pipeline.evaluation.rescore import BANK_INDEX, Rescorer, VectorBank, reference_bank, split_scores
 
 Echo = Callable[[str], None]
 
@@ -222,16 +223,19 @@ def checkpoint_banks(checkpoint, cache, member, plan, device, *, amp: bool = Fal
                      loaded=None, captions=None) -> dict:
     """One model's reference banks (``plan``: the first ``bank_size`` images of ``bank_split`` and their
     captions): ``i2t``, those images × the evaluated captions; ``t2i``, those captions × the evaluated
-    images. ``member``: the model's own split embeddings (a dual network's test embeddings are reused;
-    a pairwise network scores the pairs); ``loaded``/``captions``: the model and its caption side when
-    the caller has them."""
-    from pipeline.core.similarity import caption_image_scores, image_caption_scores
+    images. ``member``: the model's own split embeddings (a dual network's test embeddings are reused,
+    its bank ``rescore.reference_bank``'s: vectors for an inner product, searched with ``plan.index``;
+    a pairwise network scores the pairs, a score matrix: an approximate index refused);
+    ``loaded``/``captions``: the model and its caption side when the caller has them."""
     from pipeline.evaluation.inference import encode_split, load_model
     from pipeline.networks.network import network_kind
 
     loaded = loaded or load_model(checkpoint, device)
     captions = captions or loaded.captions(cache, text_features, checkpoint)
     if network_kind(loaded.model) == "pairwise":
+        if plan.index != BANK_INDEX:
+            raise VseError(f"--rescore-index {plan.index}: {checkpoint} is a pairwise network, its bank is "
+                           "a score matrix with no vector index (use the default, exact)")
         image_rows, caption_rows, _ = cache.split_rows(plan.bank_split, plan.bank_size)
         model = loaded.model
         return {"i2t": pair_scores(model, cache, captions, image_rows, member.caption_rows, device, amp),
@@ -239,14 +243,28 @@ def checkpoint_banks(checkpoint, cache, member, plan, device, *, amp: bool = Fal
     bank = encode_split(loaded.model, cache, captions, plan.bank_split, device, max_images=plan.bank_size,
                         amp=amp)
     images, texts = torch.from_numpy(bank.images), torch.from_numpy(bank.captions)
-    return {"i2t": image_caption_scores(images, torch.from_numpy(member.captions), bank.similarity),
-            "t2i": caption_image_scores(texts, torch.from_numpy(member.images), bank.similarity)}
+    gallery = {"i2t": torch.from_numpy(member.captions), "t2i": torch.from_numpy(member.images)}
+    return {"i2t": reference_bank(images, gallery["i2t"], bank.similarity, "i2t", plan.index),
+            "t2i": reference_bank(texts, gallery["t2i"], bank.similarity, "t2i", plan.index)}
 
 
 def _mean_banks(banks: list[dict]) -> Callable:
-    """``rescored_metrics``' ``banks``: the mean of several models' banks (one model: its own)."""
-    mean = {key: sum(bank[key].double() for bank in banks) / len(banks) if len(banks) > 1 else banks[0][key]
-            for key in ("i2t", "t2i")}
+    """``rescored_metrics``' ``banks``: the mean of several models' banks (one model: its own, vectors
+    or scores as ``checkpoint_banks`` gave it); averaged, their score matrices in float64 (a vector
+    bank's formed whole: the mean of inner products of several spaces has no vectors; an approximate
+    index refused)."""
+    if len(banks) == 1:
+        return banks[0].__getitem__
+
+    def scores(bank):
+        if isinstance(bank, VectorBank):
+            if bank.index != BANK_INDEX:
+                raise VseError(f"--rescore-index {bank.index}: averaged checkpoints' bank is the mean of "
+                               "their score matrices, with no vector index (use the default, exact)")
+            return bank.scores().double()
+        return bank.double()
+
+    mean = {key: sum(scores(bank[key]) for bank in banks) / len(banks) for key in ("i2t", "t2i")}
     return mean.__getitem__
 
 

@@ -60,6 +60,19 @@ from pipeline.core.values import declare
 BLOCK = 1024        # rows of a score matrix or a bank handled at once
 HUBNESS_K = 10      # N_10: the k of the k-occurrence whose skewness is the hubness
 
+# The bank's k-NN index (``--rescore-index``; csls and nnn, the methods whose fit is a k-NN): "flat" is
+# exact (IndexFlatIP), the others approximate, FAISS's own indexes as NNN's and QB-Norm's authors use
+# for large banks. The one place of the choice and of its parameters (docs/PROTOCOL.md, "Cost").
+BANK_INDEXES = ("flat", "hnsw", "ivf")
+BANK_INDEX = "flat"
+HNSW_M = 32                 # hnsw: neighbours per node (IndexHNSWFlat's M)
+HNSW_EF_CONSTRUCTION = 40   # hnsw: the build's beam (FAISS's default)
+HNSW_EF_SEARCH = 64         # hnsw: the search's beam, at least k (efSearch = max(this, k))
+IVF_LISTS_PER_SQRT = 1      # ivf: nlist = this x sqrt(bank size) k-means cells (at least 1)
+IVF_NPROBE = 16             # ivf: the cells searched per gallery item (nprobe, at most nlist)
+IVF_KMEANS_ITERATIONS = 10  # ivf: the k-means (faiss.Clustering's niter) trained on the bank itself,
+IVF_TRAIN_PER_LIST = 64     # on at most this many reference queries per cell (FAISS's own sample)
+
 
 @dataclass(frozen=True)
 class ItemCorrection:
@@ -82,10 +95,17 @@ class VectorBank:
 
     queries: torch.Tensor  # (Nb, d) the reference queries' embeddings
     gallery: torch.Tensor  # (G, d) the evaluated gallery's embeddings
+    index: str = BANK_INDEX  # the k-NN's FAISS index (BANK_INDEXES): flat exact, hnsw/ivf approximate
 
     def __post_init__(self):  # numpy arrays as tensors (views)
         object.__setattr__(self, "queries", torch.as_tensor(self.queries))
         object.__setattr__(self, "gallery", torch.as_tensor(self.gallery))
+        check_bank_index(self.index)
+
+    def scores(self) -> torch.Tensor:
+        """The whole Nb × G score matrix (what averaging several models' banks needs)."""
+        dtype = _compute_dtype(self)
+        return self.queries.to(dtype) @ self.gallery.to(dtype).T
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -107,18 +127,28 @@ class VectorBank:
             yield torch.matmul(queries, gallery, out=buffer)
 
 
-def reference_bank(queries, gallery, similarity, direction: str = "i2t"):
+def check_bank_index(index: str) -> str:
+    """``index`` if it is one of ``BANK_INDEXES``, else a one-line VseError naming the option."""
+    if index not in BANK_INDEXES:
+        raise VseError(f"--rescore-index: unknown index {index!r} (known: {', '.join(BANK_INDEXES)})")
+    return index
+
+
+def reference_bank(queries, gallery, similarity, direction: str = "i2t", index: str = BANK_INDEX):
     """A dual network's bank of ``direction`` from embeddings: ``queries`` the reference queries
     (``"i2t"``: bank images, ``"t2i"``: bank captions), ``gallery`` the evaluated gallery (captions,
     images). The one place choosing the bank's form: a ``VectorBank`` when the similarity is the
-    inner product (cosine: FAISS's k-NN, no bank × gallery matrix), else the score matrix (order
-    embeddings, csd: ``pipeline.core.similarity``)."""
+    inner product (cosine: FAISS's k-NN with ``index``, no bank × gallery matrix), else the score
+    matrix (order embeddings, csd: ``pipeline.core.similarity``; an approximate ``index`` refused)."""
     from pipeline.core.similarity import caption_image_scores, image_caption_scores, similarity_name
 
     if direction not in ("i2t", "t2i"):
         raise VseError(f"reference bank: direction must be i2t or t2i, got {direction!r}")
     if similarity_name(similarity) == "cosine":
-        return VectorBank(queries, gallery)
+        return VectorBank(queries, gallery, index)
+    if check_bank_index(index) != BANK_INDEX:
+        raise VseError(f"--rescore-index {index}: the {similarity_name(similarity)} similarity is not an "
+                       "inner product, so its bank is a score matrix with no vector index (use flat)")
     queries, gallery = torch.as_tensor(queries), torch.as_tensor(gallery)
     if direction == "i2t":
         return image_caption_scores(queries, gallery, similarity)
@@ -138,6 +168,7 @@ class Rescorer:
 
     name: ClassVar[str] = ""
     transductive: ClassVar[bool] = False
+    knn: ClassVar[bool] = False  # its fit is each gallery item's k nearest reference queries alone
 
     @dataclass(frozen=True)
     class Options:
@@ -200,6 +231,13 @@ class Rescorer:
     def _check_gallery_k(self, gallery: int) -> None:
         """A k picked from each query's gallery row is no larger than the gallery."""
 
+    def check_index(self, index: str) -> None:
+        """An approximate bank index (``--rescore-index``, not flat) only for a method whose fit is a
+        k-NN (csls, nnn); isf's and qbnorm's log-sum-exp reads every bank score: one-line VseError."""
+        if check_bank_index(index) != BANK_INDEX and not self.knn:
+            raise VseError(f"--rescore-index {index}: {self.owner} needs every bank score (its log-sum-exp "
+                           f"over the bank), not a k-NN; only {_knn_names()} take an approximate index")
+
     # ------------------------------------------------------------------ shared checks
     def _scores(self, scores):
         if isinstance(scores, np.ndarray):
@@ -224,6 +262,7 @@ class Rescorer:
         ``gallery`` columns, finite, non-empty, at least ``k`` rows (checked before the first block
         when the bank is a matrix, else once it has streamed)."""
         if isinstance(bank, VectorBank):
+            self.check_index(bank.index)
             self._check_vectors(bank, gallery)
             blocks = bank.blocks(block)
         else:
@@ -266,10 +305,13 @@ class Rescorer:
 
     def _bank_topk_mean(self, bank, gallery: int | None, block: int, k: int) -> tuple[torch.Tensor, int]:
         """The mean of each gallery item's k largest bank scores, and the bank's rows: the one place
-        choosing the path. A float32 ``VectorBank``: an exact FAISS search (``_faiss_topk``), no
-        bank × gallery matrix; anything else (a score matrix or its blocks, float64 vectors): the
-        streamed blocks' ``torch.topk`` (``_column_topk_mean``)."""
-        if isinstance(bank, VectorBank) and _compute_dtype(bank) == torch.float32:
+        choosing the path. A float32 ``VectorBank``, or one with an approximate index: a FAISS search
+        with its index (``_faiss_topk``), no bank × gallery matrix; anything else (a score matrix or its
+        blocks, float64 vectors with the flat index): the streamed blocks' ``torch.topk``
+        (``_column_topk_mean``)."""
+        searched = isinstance(bank, VectorBank) and (_compute_dtype(bank) == torch.float32
+                                                     or bank.index != BANK_INDEX)
+        if searched:
             self._check_vectors(bank, gallery, k)
             return _faiss_topk(bank, k)[0].mean(dim=1), len(bank.queries)
         return _column_topk_mean(self._bank_blocks(bank, gallery, block, k), k)
@@ -299,6 +341,7 @@ class InvertedSoftmax(Rescorer):
 
 class CSLS(Rescorer):
     name = "csls"
+    knn = True
 
     @dataclass(frozen=True)
     class Options:
@@ -394,6 +437,7 @@ class DualSoftmax(Rescorer):
 
 class NNN(Rescorer):
     name = "nnn"
+    knn = True
 
     @dataclass(frozen=True)
     class Options:
@@ -411,6 +455,11 @@ class NNN(Rescorer):
 RESCORERS: dict[str, type[Rescorer]] = _REGISTRY.resolved()
 RESCORE_NAMES = _REGISTRY.names
 assert all(cls.name == name for name, cls in RESCORERS.items())
+
+
+def _knn_names() -> str:
+    """The methods whose fit is a k-NN of the bank (``Rescorer.knn``), for a message."""
+    return ", ".join(name for name, cls in RESCORERS.items() if cls.knn)
 
 
 def build_rescorer(name: str, **options) -> Rescorer:
@@ -575,18 +624,54 @@ def _column_topk_mean(blocks: Iterable[torch.Tensor], k: int) -> tuple[torch.Ten
 
 def _faiss_topk(bank: VectorBank, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(G, k) each gallery item's k largest scores over the bank's reference queries, and their rows:
-    an exact ``IndexFlatIP`` over the reference queries' vectors searched with the gallery's, in
-    float32, on FAISS's own threads (its BLAS blocks and a k-heap per item; no bank × gallery matrix).
-    Among scores tied at the k-th the rows FAISS keeps are its own choice; the values, and so their
-    mean, are the same whichever it keeps."""
-    import faiss
-
+    the bank's index (``_bank_index``) over the reference queries' vectors searched with the gallery's,
+    in float32, on FAISS's own threads (no bank × gallery matrix). Flat: exact (its BLAS blocks and a
+    k-heap per item); among scores tied at the k-th the rows FAISS keeps are its own choice, the values,
+    and so their mean, the same whichever it keeps. hnsw, ivf: approximate, the k best found (each a
+    true score); an item for which fewer than k were found is a one-line VseError."""
     queries, items = (np.ascontiguousarray(vectors.detach().to(torch.float32).numpy())
                       for vectors in (bank.queries, bank.gallery))
-    index = faiss.IndexFlatIP(queries.shape[1])
-    index.add(queries)
+    index = _bank_index(queries, bank.index, k)
     values, rows = index.search(items, k)
+    if (rows < 0).any():
+        raise VseError(f"--rescore-index {bank.index}: {int((rows < 0).any(axis=1).sum())} gallery items "
+                       f"found fewer than k={k} reference queries in the bank of {len(queries)} (use flat, "
+                       "or a larger bank)")
     return torch.from_numpy(values), torch.from_numpy(rows)
+
+
+def _bank_index(queries: np.ndarray, kind: str, k: int):
+    """The FAISS inner-product index of ``kind`` over ``queries`` (float32, contiguous), built, trained
+    and set for a k-NN of ``k``: the parameters are the module's constants (the one place)."""
+    import faiss
+
+    dim = queries.shape[1]
+    if kind == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+        index.add(queries)
+        index.hnsw.efSearch = max(HNSW_EF_SEARCH, k)
+        return index
+    if kind == "ivf":
+        lists = ivf_lists(len(queries))
+        quantizer = faiss.IndexFlatIP(dim)
+        index = faiss.IndexIVFFlat(quantizer, dim, lists, faiss.METRIC_INNER_PRODUCT)
+        index.cp.niter = IVF_KMEANS_ITERATIONS
+        index.cp.spherical = True  # unit centroids: the inner product assigns by angle, not by norm
+        index.cp.min_points_per_centroid = 1  # a small bank: no FAISS warning, the same cells
+        index.cp.max_points_per_centroid = IVF_TRAIN_PER_LIST
+        index.train(queries)
+        index.add(queries)
+        index.nprobe = min(IVF_NPROBE, lists)
+        return index
+    index = faiss.IndexFlatIP(dim)
+    index.add(queries)
+    return index
+
+
+def ivf_lists(bank: int) -> int:
+    """ivf's k-means cells for a bank of ``bank`` reference queries: ``IVF_LISTS_PER_SQRT`` x sqrt."""
+    return max(1, min(bank, round(IVF_LISTS_PER_SQRT * bank ** 0.5)))
 
 
 def _top_mask(rows: torch.Tensor, k: int) -> torch.Tensor:
@@ -617,14 +702,16 @@ BANK_SPLIT = "train"  # the reference bank's default split (docs/PROTOCOL.md, "R
 class RescorePlan:
     """The corrections one evaluation of ``split`` applies (``plan_rescore``): each method with its
     options, the reference bank's split and size (``bank_size`` images and their captions, the first
-    of the split in the cache's order; None: the whole split), and whether a transductive correction
-    was asked for by name (``--transductive``)."""
+    of the split in the cache's order; None: the whole split), whether a transductive correction
+    was asked for by name (``--transductive``), and the bank's k-NN index (``BANK_INDEXES``: flat
+    exact, hnsw or ivf approximate; recorded with the result when not flat)."""
 
     methods: tuple[Rescorer, ...]
     split: str = "test"
     bank_split: str = BANK_SPLIT
     bank_size: int | None = None
     transductive: bool = False
+    index: str = BANK_INDEX
 
     @property
     def uses_bank(self) -> bool:
@@ -657,7 +744,8 @@ class RescorePlan:
         options = " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
                            for k, v in dataclasses.asdict(method.options).items())
         seen = ("test queries" if method.transductive else
-                f"bank {self.bank_split}:{bank_images}")
+                f"bank {self.bank_split}:{bank_images}" + ("" if self.index == BANK_INDEX
+                                                           else f" {self.index} index"))
         return f"{method.name} {options}, {seen}" + (", transductive" if self.is_transductive(method) else "")
 
     def row_name(self, method: Rescorer) -> str:
@@ -667,15 +755,18 @@ class RescorePlan:
 
     def record(self, method: Rescorer, bank_images: int) -> dict:
         """What a result records of one correction (``--json``): ``Rescorer.record`` with the bank."""
-        bank = None if method.transductive else {"split": self.bank_split, "images": bank_images}
+        index = {} if self.index == BANK_INDEX else {"index": self.index}  # absent: exact (flat)
+        bank = None if method.transductive else {"split": self.bank_split, "images": bank_images, **index}
         return {**method.record(), "transductive": self.is_transductive(method), "bank": bank}
 
 
 def plan_rescore(names, options: dict | None = None, *, split: str = "test", bank_split: str = BANK_SPLIT,
-                 bank_size: int | None = None, transductive: bool = False) -> RescorePlan:
+                 bank_size: int | None = None, transductive: bool = False,
+                 index: str = BANK_INDEX) -> RescorePlan:
     """The plan of ``--rescore NAME ...`` with ``--rescore-option NAME.KEY=VALUE`` (or ``KEY=VALUE``
     with one method), checked before anything is embedded: an unknown method or option, a repeated
-    method, a transductive method or a bank of the evaluated split without ``transductive``."""
+    method, a transductive method or a bank of the evaluated split without ``transductive``, an
+    approximate ``index`` (``--rescore-index``) with a method whose fit is not a k-NN."""
     names = list(names)
     if len(set(names)) != len(names):
         raise VseError(f"--rescore: {next(n for n in names if names.count(n) > 1)} given twice (one row "
@@ -696,6 +787,11 @@ def plan_rescore(names, options: dict | None = None, *, split: str = "test", ban
                            f"(given: {', '.join(names) or 'none'})")
         given[name][option] = value
     methods = tuple(build_rescorer(name, **given[name]) for name in names)
+    for method in methods:
+        if not method.transductive:
+            method.check_index(index)
+    if check_bank_index(index) != BANK_INDEX and not any(method.knn for method in methods):
+        raise VseError(f"--rescore-index {index}: no method here searches the bank ({_knn_names()})")
     if not transductive:
         for method in methods:
             if method.transductive:
@@ -704,7 +800,7 @@ def plan_rescore(names, options: dict | None = None, *, split: str = "test", ban
         if bank_split == split and any(not m.transductive for m in methods):
             raise VseError(f"--rescore-bank-split {bank_split} is the evaluated split: a bank of the test "
                            "queries is transductive (give --transductive, or a bank of another split)")
-    return RescorePlan(methods, split, bank_split, bank_size, transductive)
+    return RescorePlan(methods, split, bank_split, bank_size, transductive, index)
 
 
 def split_scores(emb) -> torch.Tensor:
