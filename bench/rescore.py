@@ -21,6 +21,14 @@ side by side in one process, on the CPU:
   (torch.topk over their blocks); ``matrix_correction_over_evaluation`` is the bank's scores, that fit
   and the same apply over the evaluation.
 
+- the approximate bank indexes beside the exact one, for the methods whose fit is a k-NN (csls,
+  nnn; ``--rescore-index``, ``rescore.BANK_INDEXES``): per method and index, ``approximate.KIND``
+  with the same ``fit_s``, ``apply_s``, ``correction_s``, ``correction_over_evaluation``,
+  ``row_over_evaluation`` and ``rsum``, and against the exact fit ``rsum_diff`` (approximate minus
+  exact), ``max_bias_difference`` and ``same_topk_sets`` (the fraction of gallery items, both
+  directions, whose k reference queries are the exact k-NN's set); the indexes' parameters are
+  recorded (``bank_indexes``).
+
 An exact k-NN reads every reference query × gallery score: both directions' banks hold
 ``bank_score_products_over_evaluation`` times the evaluated matrix's inner products (2 with a bank
 of the evaluated split's size), a floor no exact index goes under.
@@ -34,6 +42,7 @@ The bank is drawn from the same generator (the training split's role). Each timi
 ``--repeats`` runs. Writes bench/results/rescore_cost.json.
 
     python bench/rescore.py [--images 5000] [--dim 1024] [--bank-images 5000] [--repeats 1] [--threads 2]
+                            [--indexes hnsw ivf]
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.benchkit import cpu_name, write_report  # noqa: E402
+from pipeline.evaluation import rescore  # noqa: E402
 from pipeline.evaluation.metrics import evaluate_embeddings, score_ranks  # noqa: E402
 from pipeline.evaluation.rescore import RESCORE_NAMES, VectorBank, build_rescorer  # noqa: E402
 
@@ -95,6 +105,47 @@ def best_of(repeats: int, work):
     return min(times), result
 
 
+def rsum_of(ranks) -> float:
+    """rsum of both directions' ranks (0-based: R@K counts ranks below K)."""
+    return float(sum(100.0 * np.mean(r < k) for r in ranks for k in (1, 5, 10)))
+
+
+def index_parameters(bank_images: int, bank_captions: int) -> dict:
+    """The approximate indexes' parameters as rescore.py sets them (its constants), per direction."""
+    return {"hnsw": {"M": rescore.HNSW_M, "efConstruction": rescore.HNSW_EF_CONSTRUCTION,
+                     "efSearch": f"max({rescore.HNSW_EF_SEARCH}, k)"},
+            "ivf": {"nlist": {"i2t": rescore.ivf_lists(bank_images), "t2i": rescore.ivf_lists(bank_captions)},
+                    "nprobe": rescore.IVF_NPROBE, "kmeans_iterations": rescore.IVF_KMEANS_ITERATIONS,
+                    "train_per_list": rescore.IVF_TRAIN_PER_LIST}}
+
+
+def approximate_arm(method, kind, repeats, evaluation_s, scores, cap, img, bank_images, bank_captions,
+                    caption_image, exact_fits, exact_rsum) -> dict:
+    """``method`` fitted on the banks as vectors searched with the approximate index ``kind``: its
+    timings as the exact arm's, and its difference from the exact fit (``exact_fits``, ``exact_rsum``)."""
+    vectors = {"i2t": VectorBank(torch.from_numpy(bank_images), cap, kind),
+               "t2i": VectorBank(torch.from_numpy(bank_captions), img, kind)}
+    fit_s, fits = best_of(repeats, lambda: (method.fit(vectors["i2t"], scores.shape[1]),
+                                            method.fit(vectors["t2i"], scores.shape[0])))
+    apply_s, both = best_of(repeats, lambda: (method.apply(scores, fits[0]), method.apply(scores.T, fits[1])))
+    ranks_s, ranks = best_of(repeats, lambda: score_ranks(*both, caption_image))
+    same = []  # outside the timings: the k-NN sets of both indexes, item by item
+    for direction in ("i2t", "t2i"):
+        exact = rescore._faiss_topk(VectorBank(vectors[direction].queries, vectors[direction].gallery),
+                                    method.k)[1].numpy()
+        found = rescore._faiss_topk(vectors[direction], method.k)[1].numpy()
+        same += [set(a) == set(b) for a, b in zip(exact, found)]
+    rsum = rsum_of(ranks)
+    correction_s = fit_s + apply_s
+    return {"fit_s": round(fit_s, 3), "apply_s": round(apply_s, 3), "correction_s": round(correction_s, 3),
+            "correction_over_evaluation": round(correction_s / evaluation_s, 3),
+            "row_over_evaluation": round((correction_s + ranks_s) / evaluation_s, 3),
+            "rsum": round(rsum, 1), "rsum_diff": round(rsum - exact_rsum, 2),
+            "max_bias_difference": float(max((a.bias - b.bias).abs().max()
+                                             for a, b in zip(fits, exact_fits))),
+            "same_topk_sets": round(float(np.mean(same)), 4)}
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=5000)
@@ -102,6 +153,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--bank-images", type=int, default=5000)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
+    approximate = [kind for kind in rescore.BANK_INDEXES if kind != rescore.BANK_INDEX]
+    parser.add_argument("--indexes", nargs="*", default=approximate, choices=approximate,
+                        help="the approximate bank indexes measured beside the exact one")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "rescore_cost.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -145,7 +199,7 @@ def main(argv=None) -> dict:
         correction_s = fit_s + apply_s
         row_s = correction_s + ranks_s
         matrix_s = (0 if method.transductive else bank_s) + matrix_fit_s + apply_s
-        rsum = sum(100.0 * np.mean(r < k) for r in ranks for k in (1, 5, 10))
+        rsum = rsum_of(ranks)
         methods[name] = {"options": dict(vars(method.options)), "transductive": method.transductive,
                          "fit_s": round(fit_s, 3), "apply_s": round(apply_s, 3),
                          "correction_s": round(correction_s, 3),
@@ -157,6 +211,10 @@ def main(argv=None) -> dict:
                          "paths_max_bias_difference": None if method.transductive else float(max(
                              (a.bias - b.bias).abs().max() for a, b in zip(fits, matrix_fits))),
                          "rsum": round(rsum, 1)}
+        if method.knn:
+            methods[name]["approximate"] = {
+                kind: approximate_arm(method, kind, args.repeats, evaluation_s, scores, cap, img, bank_images,
+                                      bank_captions, caption_image, fits, rsum) for kind in args.indexes}
     report = {
         "bench": "rescore_cost", "issue": 61,
         "data": {"synthetic": True, "images": args.images, "captions": len(captions), "dim": args.dim,
@@ -168,6 +226,7 @@ def main(argv=None) -> dict:
                     "repeats": args.repeats},
         "evaluation_s": round(evaluation_s, 3), "raw_rsum": round(raw_metrics["rsum"], 1),
         "bank_scores_s": round(bank_s, 3), "bank_scores_over_evaluation": round(bank_s / evaluation_s, 3),
+        "bank_indexes": index_parameters(len(bank_images), len(bank_captions)),
         "bank_score_products_over_evaluation": round((len(bank_images) * len(captions) + len(bank_captions)
                                                       * len(images)) / (len(images) * len(captions)), 3),
         "methods": methods,
@@ -181,6 +240,8 @@ def main(argv=None) -> dict:
                   "step: it bounds row_over_evaluation from below whatever the correction costs",
                   "paths_max_bias_difference: the largest difference of a per-item correction between the "
                   "two paths (float32)",
+                  "approximate.KIND: the same fit with --rescore-index KIND (csls, nnn), timed in the same "
+                  "run; rsum_diff, max_bias_difference and same_topk_sets against the exact (flat) fit",
                   "a shared machine: loadavg says how busy it was"],
     }
     write_report(report, args.out)
