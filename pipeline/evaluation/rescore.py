@@ -20,13 +20,15 @@ when that item is in the activation set, one corrected one.
 A bank is a score matrix (a pairwise network's, averaged checkpoints'), an iterable of its row
 blocks (never held whole), or, for a dual network whose score is an inner product, its vectors
 (``VectorBank``: the reference queries' and the gallery's embeddings; ``reference_bank`` chooses).
-The k nearest reference queries of each gallery item (csls, nnn) are then an exact FAISS search
-(``IndexFlatIP`` over the bank's vectors, FAISS's own threads), the bank × gallery scores never
-materialised; what needs every score (isf's and qbnorm's log-sum-exp, qbnorm's activation set from
-the same pass) reads them a block of reference queries at a time. A score matrix's k largest are
-``torch.topk`` over row blocks, merged as the blocks stream (one pass over the bank). Which path a
-bank takes is ``_bank_topk_mean``'s choice alone: float64 stays on the torch path (FAISS is float32;
-the golden tests compare in float64). The corrected
+The k nearest reference queries of each gallery item (csls, nnn) are then a FAISS search over the
+bank's vectors (FAISS's own threads), exact (``IndexFlatIP``) unless ``--rescore-index`` names an
+approximate one (``BANK_INDEXES``: hnsw, ivf; refused for isf and qbnorm, which read every score),
+the bank × gallery scores never materialised; what needs every score (isf's and qbnorm's
+log-sum-exp, qbnorm's activation set from the same pass) reads them a block of reference queries
+at a time. A score matrix's k largest are ``torch.topk`` over row blocks, merged as the blocks
+stream (one pass over the bank). Which path a bank takes is ``_bank_topk_mean``'s choice alone:
+float64 with the exact index stays on the torch path (FAISS is float32; the golden tests compare
+in float64). The corrected
 matrix is one output array (``out=scores`` corrects in place), written a block of rows at a time,
 in place in the output (no temporary matrix per block but one reused buffer).
 
