@@ -27,7 +27,7 @@ Steps, each skipped when its file exists and is newer than what it is made from:
 4. ``OUT/table.md``: per configuration, mean ± std (n) over seeds of R@1/5/10 both ways, rsum,
    mAP@R (human-judged, both ways; a re-scored row's of its corrected scores), the hubness (the
    skewness of N_10, both ways), the verdict of its rsum claim, and the cost of its correction
-   (``COST``: the extra time of a re-scored row, bank scores included, over one evaluation, measured
+   (``COST``: a re-scored row's whole time, its bank's k-NN included, over one evaluation, measured
    by bench/rescore.py on a synthetic 5K × 25K split).
 """
 
@@ -51,7 +51,7 @@ SOURCES = (("experiments/f8k_fast.yaml", ("method=mh",)),
 OUT = ROOT / "bench" / "results" / "f8k_hubness"
 CLAIMS = ROOT / "experiments" / "claims" / "hubness.yaml"
 JUDGMENTS = ROOT.parent / "shared" / "data" / "flickr8k" / "CrowdFlowerAnnotations.txt"
-COST, COST_KEY = ROOT / "bench" / "results" / "rescore_cost.json", "with_bank_scores_over_evaluation"
+COST, COST_KEY = ROOT / "bench" / "results" / "rescore_cost.json", "row_over_evaluation"
 SPLIT = "test"
 
 
@@ -185,7 +185,8 @@ def table(rows: list[dict], verdicts: dict, plan, claims_file: Path = CLAIMS, co
               "re-scored row's of its corrected matrices). Hubness: the skewness of N_10 (lower: fewer "
               "hubs). rsum claim: the re-scored group against the plain one, Welch one-sided over seeds "
               f"({claims_file.name}). Cost: {cost_file.name}'s {COST_KEY} (bench/rescore.py: a re-scored "
-              "row's extra time, bank scores included, over one evaluation, on a synthetic 5K × 25K split)."]
+              "row's whole time, its bank's k-NN, correction and ranks, over one evaluation, on a synthetic "
+              "5K × 25K split with a bank of its size)."]
     return "\n".join(lines) + "\n"
 
 
