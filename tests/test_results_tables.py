@@ -45,6 +45,8 @@ NOT_FROM_A_CSV = {
     "f8k_tuned/table_human.md": TUNED_LABELS,
     "f8k_tuned_pilot/table_noisy.md": TUNED_LABELS,
     "f8k_tuned_pilot/table_human.md": TUNED_LABELS,
+    "f8k_hubness/table.md": "experiments/hubness.py, from results.csv with claims.json's verdicts and "
+                            "rescore_cost.json's cost (tests/test_hubness_driver.py)",
     "precision_saf_cpu/table.md": "experiments/precision_table.py, from runs/*.json (no results CSV); "
                                   "tests/test_precision_arms.py checks it",
 }
