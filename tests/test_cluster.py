@@ -71,7 +71,12 @@ EPOCHS = 30
 # cores a tiny epoch takes well under 0.1 s: 100 epochs once ended inside those seconds (the run was
 # done, not cancelled), so it trains 1,000
 CANCELLED_EPOCHS = 1000
-RUNS = {"sh-0": {"loss": "sh", "seed": 0}, "sh-1": {"loss": "sh", "seed": 1, "epochs": CANCELLED_EPOCHS},
+# the run to preempt is signalled once its first epoch is written; its jobs start apart (one sbatch
+# after the other, and CI's cores are busy), so the two runs are waited for one at a time, and the
+# preempted one is long enough to be mid-run well after its signal is sent
+PREEMPTED_EPOCHS = 200
+RUNS = {"sh-0": {"loss": "sh", "seed": 0, "epochs": PREEMPTED_EPOCHS},
+        "sh-1": {"loss": "sh", "seed": 1, "epochs": CANCELLED_EPOCHS},
         "mh-0": {"loss": "mh", "seed": 0}, "mh-1": {"loss": "mh", "seed": 1}}
 
 
@@ -124,13 +129,15 @@ def test_a_sweep_on_slurm_survives_preemption_and_cancellation_and_equals_local_
     # (RunJob.checkpoint) and requeues the job, which continues the run from its last.pt. cancelled: the
     # job ends with the run unfinished; the next submit takes it up from its last.pt. Both mid-run.
     preempted, cancelled = "sh-0", "sh-1"
-    wait_for(lambda: all(1 <= last_epoch(folders[name]) <= 8 for name in (preempted, cancelled)),
-             "the first epochs of two runs", every=0.1)
+    signalled_at = wait_for(lambda: last_epoch(folders[preempted]), "the first epoch of the run to preempt",
+                            every=0.1)
+    assert signalled_at < PREEMPTED_EPOCHS // 2, signalled_at  # still mid-run when the signal comes
     slurm.run("scancel", "--signal=USR2", jobs[preempted])
+    wait_for(lambda: last_epoch(folders[cancelled]), "the first epoch of the run to cancel", every=0.1)
     slurm.run("scancel", jobs[cancelled])
     wait_for(lambda: state_of(slurm, jobs[preempted]) == "PENDING", "the requeued job")
     interrupted_at = last_epoch(folders[preempted])
-    assert 1 <= interrupted_at < EPOCHS, interrupted_at
+    assert signalled_at <= interrupted_at < PREEMPTED_EPOCHS, (signalled_at, interrupted_at)
     # Slurm holds a requeued job back for a while (its begin time); let it start now
     slurm.run("scontrol", "update", f"JobId={jobs[preempted]}", "StartTime=now")
     wait_for(lambda: state_of(slurm, jobs[cancelled]) in ("CANCELLED", ""), "the cancelled job's end")
