@@ -44,7 +44,7 @@
 #                      (TUNE_BUDGET), then 3 seeds on test beside the default-options table
 #                      (experiments/f8k_tune.yaml, experiments/tune_table.py; bench/results/f8k_tuned/)
 #   make f8k-reality — the reality check: every loss of the fast loop tuned alike (30 trials of the 6-epoch
-#                      schedule, TPE, median pruner; 3 losses unpruned too), its tuned and default options
+#                      schedule, TPE, no pruner: the pilot's median pruner failed), its tuned and default options
 #                      5 seeds each on test, the papers' claims (experiments/f8k_reality.yaml,
 #                      experiments/reality_check.py; bench/results/f8k_reality/; many hours on 2 cores,
 #                      resumable: `$(PY) experiments/reality_check.py --dry-run` says what is left and its cost)

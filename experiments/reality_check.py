@@ -5,8 +5,10 @@ searches, its tuned and its default options trained with the same seeds, the pap
     python experiments/reality_check.py experiments/f8k_reality.yaml --jobs 2
 
 The spec file (experiments/f8k_reality.yaml) states the base, the budget, the pruner, the seeds and
-each loss's search once. A study is one loss tuned (``LOSS``), or tuned again without a pruner
-(``LOSS-unpruned``, the losses under ``unpruned:``): the pruner's check. Under RUNS_DIR/NAME/ and OUT
+each loss's search once. A study is one loss tuned (``LOSS``) with the spec's pruner, and with a pruner
+(median, hyperband) the losses under ``unpruned:`` are tuned again without one (``LOSS-unpruned``):
+the pruner's check. With ``pruner: none`` every trial trains the whole schedule and there is nothing
+to check (``unpruned:`` is refused). Under RUNS_DIR/NAME/ and OUT
 (the spec's out:), the steps, each skipped when its files exist and are complete (a killed command goes
 on where it stopped when run again); ``--dry-run`` lists each one's state and the cost still ahead:
 
@@ -89,14 +91,15 @@ SUMMARY_FILES = ("studies.json", "default_vs_tuned.md", "pruner_check.md", "clai
 # ---------------------------------------------------------------------------- the spec
 @dataclass
 class LossStudy(tt.Study):
-    """One loss tuned: with the spec's pruner (named LOSS), or without one (LOSS-unpruned)."""
+    """One loss tuned: with the spec's pruner (named LOSS), or without one as the pruner's check
+    (``check``, named LOSS-unpruned)."""
 
     pruner: str = "median"
-    unpruned: bool = False
+    check: bool = False
 
     @property
     def name(self) -> str:
-        return self.method + (UNPRUNED if self.unpruned else "")
+        return self.method + (UNPRUNED if self.check else "")
 
 
 @dataclass
@@ -149,8 +152,9 @@ class Spec:
         """The seeds' epochs: the budget's (a trial trains the seeds' whole schedule)."""
         return self.budget.epochs
 
-    def study(self, loss: str, unpruned: bool = False) -> LossStudy | None:
-        return next((s for s in self.studies if s.method == loss and s.unpruned == unpruned), None)
+    def study(self, loss: str, check: bool = False) -> LossStudy | None:
+        """The loss's study, or (``check``) its unpruned study of the pruner's check."""
+        return next((s for s in self.studies if s.method == loss and s.check == check), None)
 
 
 def load_spec(path, runs_dir=None, judgments=None, second_regime: bool = False) -> Spec:
@@ -211,9 +215,8 @@ def _spec(raw: dict, path: Path, losses: list[dict], runs_dir, judgments) -> Spe
     folder = path.parent
     name = check_folder_name(str(raw.get("name") or path.stem), "name", path)
     pruner = str(raw.get("pruner", "median"))
-    if pruner not in PRUNERS or pruner == NO_PRUNER:
-        raise VseError(f"pruner: one of {', '.join(p for p in PRUNERS if p != NO_PRUNER)} (the unpruned "
-                       f"studies are the check), got {pruner!r}", path)
+    if pruner not in PRUNERS:
+        raise VseError(f"pruner: one of {', '.join(PRUNERS)}, got {pruner!r}", path)
     seeds = raw.get("seeds", [0, 1, 2, 3, 4])
     if not isinstance(seeds, list) or len(seeds) < 2 or not all(
             isinstance(s, int) and not isinstance(s, bool) for s in seeds) or len(set(seeds)) < len(seeds):
@@ -227,6 +230,8 @@ def _spec(raw: dict, path: Path, losses: list[dict], runs_dir, judgments) -> Spe
     strange = [str(n) for n in unpruned if n not in names] if isinstance(unpruned, list) else [str(unpruned)]
     if strange:
         raise VseError(f"unpruned: names of losses: ({', '.join(strange)} is none)", path)
+    if unpruned and pruner == NO_PRUNER:
+        raise VseError("unpruned: the pruner's check; with pruner: none every study is unpruned", path)
     try:  # a claim set by name, or a claims file (relative to this file's folder)
         claims = claim_set_path(str(raw.get("claims", "reality")), folder)
         load_claims(claims)
@@ -245,9 +250,8 @@ def _spec(raw: dict, path: Path, losses: list[dict], runs_dir, judgments) -> Spe
         if not isinstance(loss.get("search", {}), dict):
             raise VseError(f"losses: {loss['name']}: search: must be a mapping", path)
         check_folder_name(loss["name"] + UNPRUNED + TUNED, "losses: name", path)
-        for unpruned_study in (False, True) if loss["name"] in unpruned else (False,):
-            study = LossStudy("clean", loss["name"], root, {}, NO_PRUNER if unpruned_study else pruner,
-                              unpruned_study)
+        for check in (False, True) if loss["name"] in unpruned else (False,):
+            study = LossStudy("clean", loss["name"], root, {}, NO_PRUNER if check else pruner, check)
             study.config = tt._tune_config(table, {}, loss, root, study.name)
             spec.studies.append(study)
         base = tt.merged_base(table["base"], loss, {"epochs": spec.epochs})
@@ -288,7 +292,7 @@ def same_options(spec: Spec, loss: str) -> bool:
     """The unpruned study's export holds the pruned study's options (then its seeds are not trained)."""
     import yaml
 
-    pruned, unpruned = spec.study(loss), spec.study(loss, unpruned=True)
+    pruned, unpruned = spec.study(loss), spec.study(loss, check=True)
     if unpruned is None or not (tt.exported(pruned) and tt.exported(unpruned)):
         return False
     read = [yaml.safe_load(s.export.read_text(encoding="utf-8"))["base"] for s in (pruned, unpruned)]
@@ -302,14 +306,14 @@ def seed_arms(spec: Spec) -> list:
     for loss in spec.losses:
         arms.append(next(d for d in spec.defaults if d.method == loss))
         arms.append(spec.study(loss))
-        unpruned = spec.study(loss, unpruned=True)
+        unpruned = spec.study(loss, check=True)
         if unpruned is not None and not same_options(spec, loss):
             arms.append(unpruned)
     return arms
 
 
 def arm_kind(arm) -> str:
-    return "default" if isinstance(arm, Defaults) else "unpruned" if arm.unpruned else "tuned"
+    return "default" if isinstance(arm, Defaults) else "unpruned" if arm.check else "tuned"
 
 
 def seed_runs_of(spec: Spec, arms) -> list[Path]:
@@ -541,7 +545,7 @@ def pruner_check(spec: Spec, rows: dict) -> list[dict]:
     Welch's two-sided p, and the verdict: inside the seed noise (p >= ALPHA), differs, or the same
     options (nothing trained twice)."""
     checks = []
-    for study in (s for s in spec.studies if s.unpruned):
+    for study in (s for s in spec.studies if s.check):
         loss = study.method
         pruned, unpruned = rows.get((loss, "tuned"), []), rows.get((loss, "unpruned"), [])
         same = same_options(spec, loss)
@@ -591,7 +595,7 @@ def default_vs_tuned(spec: Spec, rows: dict, summary: dict) -> str:
               "schedule; default: the loss's default options; tuned: its study's best trial on dev (budget "
               f"{spec.budget}: {spec.budget.trials} trials of the whole schedule, TPE after "
               f"{TPE_STARTUP_TRIALS} random start-up trials, sampler seed {spec.sampler_seed}, "
-              f"{spec.pruner} pruner). Δ = tuned − default; p: Welch's two-sided t-test over the seeds. "
+              f"{'no' if spec.pruner == NO_PRUNER else spec.pruner} pruner). Δ = tuned − default; p: Welch's two-sided t-test over the seeds. "
               f"A co-trained loss is read as its network {spec.member} alone (tuned on its networks' mean "
               "on dev, the value that picks best.pt). Minutes: wall time summed over a study's trials and "
               "over seed runs; processes run side by side count each.",
@@ -601,6 +605,9 @@ def default_vs_tuned(spec: Spec, rows: dict, summary: dict) -> str:
 
 
 def pruner_table(spec: Spec, summary: dict) -> str:
+    if spec.pruner == NO_PRUNER:
+        return (f"No pruner: every trial of every study trained the whole {spec.epochs}-epoch schedule, so "
+                "there is no pruner to check.\n")
     lines = ["| loss | pruned: options | test rsum | unpruned: options | test rsum | p | verdict | tune min "
              "(pruned, unpruned) |", "|:---|:---|---:|:---|---:|---:|:---|---:|"]
     for check in summary["pruner_check"]:
@@ -671,7 +678,7 @@ def dry_run(spec: Spec, jobs: int = 1, echo=print) -> dict:
              + (f" (best so far: trial {best['trial']}, dev {best['value']:.1f})" if best else ""))
     states["export"] = "done" if all(tt.exported(s) for s in spec.studies) else "to do"
     for s in spec.studies:
-        same = s.unpruned and same_options(spec, s.method)
+        same = s.check and same_options(spec, s.method)
         done = f"{done_seed_runs(spec, s)}/{len(spec.seeds)} seed runs done"
         echo(f"[seeds] {s.name}{TUNED}: " + ("the pruned study's options: not trained" if same else done))
     states["seeds"] = "done" if all(tt.seeded(s, spec) for s in seed_arms(spec) if isinstance(s, LossStudy)) \
