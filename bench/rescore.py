@@ -7,7 +7,7 @@ side by side in one process, on the CPU:
 - ``evaluation_s``: the evaluation itself (``metrics.evaluate_embeddings``, single protocol: the
   5K × 25K score matrix and both directions' ranks);
 - per method (isf, csls, qbnorm, nnn with their authors' defaults; dsl, which has no bank):
-  ``fit_s`` (``Rescorer.fit`` of both directions' banks as vectors, ``rescore.VectorBank``: the
+  ``fit_s`` (``Rescorer.fit`` of both directions' banks as vectors, ``rescore_bank.VectorBank``: the
   ``--bank-images`` reference images against the 25K captions, their captions against the 5K
   images; csls's and nnn's k-NN an exact FAISS search, isf's and qbnorm's log-sum-exp over the
   bank's score blocks: the bank's scoring included, as a dual network's `vse evaluate --rescore`
@@ -22,7 +22,7 @@ side by side in one process, on the CPU:
   and the same apply over the evaluation.
 
 - the approximate bank indexes beside the exact one, for the methods whose fit is a k-NN (csls,
-  nnn; ``--rescore-index``, ``rescore.BANK_INDEXES``): per method and index, ``approximate.KIND``
+  nnn; ``--rescore-index``, ``rescore_bank.BANK_INDEXES``): per method and index, ``approximate.KIND``
   with the same ``fit_s``, ``apply_s``, ``correction_s``, ``correction_over_evaluation``,
   ``row_over_evaluation`` and ``rsum``, and against the exact fit ``rsum_diff`` (approximate minus
   exact), ``max_bias_difference`` and ``same_topk_sets`` (the fraction of gallery items, both
@@ -62,9 +62,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.benchkit import cpu_name, write_report  # noqa: E402
-from pipeline.evaluation import rescore  # noqa: E402
+from pipeline.evaluation import rescore_bank  # noqa: E402
 from pipeline.evaluation.metrics import evaluate_embeddings, score_ranks  # noqa: E402
-from pipeline.evaluation.rescore import RESCORE_NAMES, VectorBank, build_rescorer  # noqa: E402
+from pipeline.evaluation.rescore import RESCORE_NAMES, build_rescorer  # noqa: E402
+from pipeline.evaluation.rescore_bank import VectorBank  # noqa: E402
 
 CLUSTERS = 500
 LATENT = 32  # the vectors live near a LATENT-d subspace (as a model's do), mapped into --dim
@@ -111,12 +112,14 @@ def rsum_of(ranks) -> float:
 
 
 def index_parameters(bank_images: int, bank_captions: int) -> dict:
-    """The approximate indexes' parameters as rescore.py sets them (its constants), per direction."""
-    return {"hnsw": {"M": rescore.HNSW_M, "efConstruction": rescore.HNSW_EF_CONSTRUCTION,
-                     "efSearch": f"max({rescore.HNSW_EF_SEARCH}, k)"},
-            "ivf": {"nlist": {"i2t": rescore.ivf_lists(bank_images), "t2i": rescore.ivf_lists(bank_captions)},
-                    "nprobe": rescore.IVF_NPROBE, "kmeans_iterations": rescore.IVF_KMEANS_ITERATIONS,
-                    "train_per_list": rescore.IVF_TRAIN_PER_LIST}}
+    """The approximate indexes' parameters as rescore_bank.py sets them (its constants), per direction."""
+    return {"hnsw": {"M": rescore_bank.HNSW_M, "efConstruction": rescore_bank.HNSW_EF_CONSTRUCTION,
+                     "efSearch": f"max({rescore_bank.HNSW_EF_SEARCH}, k)"},
+            "ivf": {"nlist": {"i2t": rescore_bank.ivf_lists(bank_images),
+                              "t2i": rescore_bank.ivf_lists(bank_captions)},
+                    "nprobe": rescore_bank.IVF_NPROBE,
+                    "kmeans_iterations": rescore_bank.IVF_KMEANS_ITERATIONS,
+                    "train_per_list": rescore_bank.IVF_TRAIN_PER_LIST}}
 
 
 def approximate_arm(method, kind, repeats, evaluation_s, scores, cap, img, bank_images, bank_captions,
@@ -131,9 +134,9 @@ def approximate_arm(method, kind, repeats, evaluation_s, scores, cap, img, bank_
     ranks_s, ranks = best_of(repeats, lambda: score_ranks(*both, caption_image))
     same = []  # outside the timings: the k-NN sets of both indexes, item by item
     for direction in ("i2t", "t2i"):
-        exact = rescore._faiss_topk(VectorBank(vectors[direction].queries, vectors[direction].gallery),
-                                    method.k)[1].numpy()
-        found = rescore._faiss_topk(vectors[direction], method.k)[1].numpy()
+        exact = rescore_bank.faiss_topk(VectorBank(vectors[direction].queries, vectors[direction].gallery),
+                                        method.k)[1].numpy()
+        found = rescore_bank.faiss_topk(vectors[direction], method.k)[1].numpy()
         same += [set(a) == set(b) for a, b in zip(exact, found)]
     rsum = rsum_of(ranks)
     correction_s = fit_s + apply_s
@@ -153,7 +156,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--bank-images", type=int, default=5000)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
-    approximate = [kind for kind in rescore.BANK_INDEXES if kind != rescore.BANK_INDEX]
+    approximate = [kind for kind in rescore_bank.BANK_INDEXES if kind != rescore_bank.BANK_INDEX]
     parser.add_argument("--indexes", nargs="*", default=approximate, choices=approximate,
                         help="the approximate bank indexes measured beside the exact one")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "rescore_cost.json")
@@ -230,10 +233,10 @@ def main(argv=None) -> dict:
         "bank_score_products_over_evaluation": round((len(bank_images) * len(captions) + len(bank_captions)
                                                       * len(images)) / (len(images) * len(captions)), 3),
         "methods": methods,
-        "notes": ["fit_s: the banks as vectors (rescore.VectorBank), csls's and nnn's k-NN an exact FAISS "
-                  "IndexFlatIP search, isf's and qbnorm's log-sum-exp over the bank's score blocks, the "
-                  "bank's scoring included; matrix_fit_s: over the materialised bank scores (bank_scores_s), "
-                  "torch.topk over their blocks",
+        "notes": ["fit_s: the banks as vectors (rescore_bank.VectorBank), csls's and nnn's k-NN an exact "
+                  "FAISS IndexFlatIP search, isf's and qbnorm's log-sum-exp over the bank's score blocks, "
+                  "the bank's scoring included; matrix_fit_s: over the materialised bank scores "
+                  "(bank_scores_s), torch.topk over their blocks",
                   "bank_score_products_over_evaluation: the inner products an exact k-NN over both banks "
                   "computes, over the evaluated matrix's (by construction, not timed)",
                   "ranks_s is metrics.score_ranks of the corrected matrices, the evaluation's own rank "

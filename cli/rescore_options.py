@@ -40,7 +40,8 @@ class RescoreArgs:
             return None
         if refused:
             raise click.UsageError(refused)
-        from pipeline.evaluation.rescore import BANK_INDEX, BANK_SPLIT, plan_rescore
+        from pipeline.evaluation.rescore import BANK_SPLIT, plan_rescore
+        from pipeline.evaluation.rescore_bank import BANK_INDEX
 
         return plan_rescore(self.names, self.options, split=split, bank_split=self.bank_split or BANK_SPLIT,
                             bank_size=self.bank_size, transductive=self.transductive,

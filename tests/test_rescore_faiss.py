@@ -1,4 +1,4 @@
-"""A dual network's bank as vectors (pipeline/evaluation/rescore.py, ``VectorBank``): the bank's
+"""A dual network's bank as vectors (pipeline/evaluation/rescore_bank.py, ``VectorBank``): the bank's
 k-NN through an exact FAISS index equals the torch path over the materialised score matrix.
 
 On random unit vectors (continuous: no two scores tie) the k nearest reference queries of each
@@ -18,8 +18,9 @@ import torch
 
 from pipeline.core.errors import VseError
 from pipeline.core.similarity import image_caption_scores
-from pipeline.evaluation import rescore
-from pipeline.evaluation.rescore import RESCORE_NAMES, VectorBank, build_rescorer, reference_bank
+from pipeline.evaluation import rescore, rescore_bank
+from pipeline.evaluation.rescore import RESCORE_NAMES, build_rescorer
+from pipeline.evaluation.rescore_bank import VectorBank, reference_bank
 
 TOL = 1e-5  # float32 scores of unit vectors (|s| <= 1): summation order only
 
@@ -37,7 +38,7 @@ def vectors(seed=0, bank=200, gallery=90, queries=40):
 @pytest.mark.parametrize("k", [1, 7, 200])
 def test_faiss_knn_is_the_torch_topk_of_the_score_matrix(k):
     bank, gallery, _ = vectors()
-    values, rows = rescore._faiss_topk(VectorBank(bank, gallery), k)
+    values, rows = rescore_bank.faiss_topk(VectorBank(bank, gallery), k)
     expected = (bank @ gallery.T).T.topk(k, dim=1)
     assert values.shape == rows.shape == (90, k)
     for item in range(90):
@@ -53,8 +54,8 @@ def test_vector_bank_equals_the_score_matrix_bank(method, monkeypatch):
     rescorer = build_rescorer(method, **options)
     scores = queries @ gallery.T
     searched = []
-    faiss_topk = rescore._faiss_topk
-    monkeypatch.setattr(rescore, "_faiss_topk", lambda b, k: searched.append(k) or faiss_topk(b, k))
+    faiss_topk = rescore_bank.faiss_topk  # patched where the methods look it up: rescore's own name
+    monkeypatch.setattr(rescore, "faiss_topk", lambda b, k: searched.append(k) or faiss_topk(b, k))
     by_vectors = rescorer.fit(VectorBank(bank, gallery), len(gallery), block=64)
     assert searched == ([5] if method in ("csls", "nnn") else [])  # the k-NN through FAISS, nothing else
     by_matrix = rescorer.fit(bank @ gallery.T, len(gallery))
@@ -69,7 +70,7 @@ def test_vector_bank_equals_the_score_matrix_bank(method, monkeypatch):
 @pytest.mark.parametrize("method", ["csls", "nnn"])
 def test_float64_vectors_stay_on_the_torch_path(method, monkeypatch):
     bank, gallery, _ = (v.double() for v in vectors(seed=2))
-    monkeypatch.setattr(rescore, "_faiss_topk", lambda *a: pytest.fail("float64 went through FAISS"))
+    monkeypatch.setattr(rescore, "faiss_topk", lambda *a: pytest.fail("float64 went through FAISS"))
     fit = build_rescorer(method, k=4).fit(VectorBank(bank, gallery), block=50)
     assert fit.bias.dtype == torch.float64
     torch.testing.assert_close(fit.bias, build_rescorer(method, k=4).fit(bank @ gallery.T).bias,

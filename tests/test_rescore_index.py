@@ -1,5 +1,6 @@
-"""The bank's approximate k-NN index (``--rescore-index``, pipeline/evaluation/rescore.py: ``BANK_INDEXES``,
-``_bank_index``): hnsw and ivf for csls and nnn, refused for the methods that read every bank score.
+"""The bank's approximate k-NN index (``--rescore-index``, pipeline/evaluation/rescore_bank.py:
+``BANK_INDEXES``, ``_bank_index``): hnsw and ivf for csls and nnn, refused for the methods that read
+every bank score.
 
 What is checked: every value an approximate index returns is a true bank score (it may miss a
 neighbour, never invent one); an ivf index probing all its cells is the exact k-NN (same sets);
@@ -15,8 +16,9 @@ import torch
 from conftest import vse
 
 from pipeline.core.errors import VseError
-from pipeline.evaluation import rescore
-from pipeline.evaluation.rescore import VectorBank, build_rescorer, plan_rescore, reference_bank
+from pipeline.evaluation import rescore_bank
+from pipeline.evaluation.rescore import build_rescorer, plan_rescore
+from pipeline.evaluation.rescore_bank import VectorBank, reference_bank
 
 TOL = 1e-5  # float32 inner products of unit vectors, summed in another order
 
@@ -34,7 +36,7 @@ def banks(seed=0, bank=200, gallery=90):
 @pytest.mark.parametrize("kind", ["hnsw", "ivf"])
 def test_an_approximate_index_returns_true_scores_of_the_rows_it_found(kind):
     bank, gallery = banks()
-    values, rows = rescore._faiss_topk(VectorBank(bank, gallery, kind), 7)
+    values, rows = rescore_bank.faiss_topk(VectorBank(bank, gallery, kind), 7)
     true = (bank @ gallery.T).T  # (G, Nb)
     assert rows.shape == (90, 7) and bool((rows >= 0).all())
     torch.testing.assert_close(values, torch.gather(true, 1, rows), rtol=0, atol=TOL)
@@ -44,16 +46,16 @@ def test_an_approximate_index_returns_true_scores_of_the_rows_it_found(kind):
 
 def test_ivf_probing_every_cell_is_the_exact_knn():
     bank, gallery = banks(seed=1)
-    assert rescore.ivf_lists(len(bank)) <= rescore.IVF_NPROBE  # 200 -> 14 cells, all probed
-    _, exact = rescore._faiss_topk(VectorBank(bank, gallery), 10)
-    _, found = rescore._faiss_topk(VectorBank(bank, gallery, "ivf"), 10)
+    assert rescore_bank.ivf_lists(len(bank)) <= rescore_bank.IVF_NPROBE  # 200 -> 14 cells, all probed
+    _, exact = rescore_bank.faiss_topk(VectorBank(bank, gallery), 10)
+    _, found = rescore_bank.faiss_topk(VectorBank(bank, gallery, "ivf"), 10)
     assert all(set(a.tolist()) == set(b.tolist()) for a, b in zip(exact, found))
 
 
 def test_hnsw_on_a_small_bank_finds_nearly_every_exact_set():
     bank, gallery = banks(seed=2)
-    _, exact = rescore._faiss_topk(VectorBank(bank, gallery), 10)
-    _, found = rescore._faiss_topk(VectorBank(bank, gallery, "hnsw"), 10)
+    _, exact = rescore_bank.faiss_topk(VectorBank(bank, gallery), 10)
+    _, found = rescore_bank.faiss_topk(VectorBank(bank, gallery, "hnsw"), 10)
     same = np.mean([set(a.tolist()) == set(b.tolist()) for a, b in zip(exact, found)])
     assert same >= 0.95  # efSearch 64 over 200 nodes: nearly exhaustive
 
@@ -61,7 +63,7 @@ def test_hnsw_on_a_small_bank_finds_nearly_every_exact_set():
 def test_ivf_that_finds_fewer_than_k_is_one_line_naming_the_option():
     bank, gallery = banks(seed=3, bank=900)  # 30 cells, 16 probed: about half the bank reachable
     with pytest.raises(VseError, match=r"^--rescore-index ivf: \d+ gallery items found fewer than k=800"):
-        rescore._faiss_topk(VectorBank(bank, gallery, "ivf"), 800)
+        rescore_bank.faiss_topk(VectorBank(bank, gallery, "ivf"), 800)
 
 
 @pytest.mark.parametrize("name", ["csls", "nnn"])
@@ -69,8 +71,8 @@ def test_ivf_that_finds_fewer_than_k_is_one_line_naming_the_option():
 def test_a_knn_fit_searches_the_banks_index(name, kind, monkeypatch):
     bank, gallery = banks(seed=4)
     built = []
-    index = rescore._bank_index
-    monkeypatch.setattr(rescore, "_bank_index", lambda q, k_, k: built.append(k_) or index(q, k_, k))
+    index = rescore_bank._bank_index
+    monkeypatch.setattr(rescore_bank, "_bank_index", lambda q, k_, k: built.append(k_) or index(q, k_, k))
     method = build_rescorer(name, k=5)
     fit = method.fit(VectorBank(bank, gallery, kind), len(gallery))
     exact = method.fit(bank @ gallery.T, len(gallery))
@@ -82,8 +84,8 @@ def test_a_knn_fit_searches_the_banks_index(name, kind, monkeypatch):
 def test_float64_vectors_with_an_approximate_index_are_searched_not_streamed(monkeypatch):
     bank, gallery = banks(seed=5)
     built = []
-    index = rescore._bank_index
-    monkeypatch.setattr(rescore, "_bank_index", lambda q, k_, k: built.append(k_) or index(q, k_, k))
+    index = rescore_bank._bank_index
+    monkeypatch.setattr(rescore_bank, "_bank_index", lambda q, k_, k: built.append(k_) or index(q, k_, k))
     build_rescorer("nnn", k=5).fit(VectorBank(bank.double(), gallery.double(), "hnsw"), len(gallery))
     build_rescorer("nnn", k=5).fit(VectorBank(bank.double(), gallery.double()), len(gallery))
     assert built == ["hnsw"]  # float64 flat stays on the torch path (the golden tests' precision)

@@ -38,7 +38,8 @@ from pipeline.evaluation.evaluate import (
 )
 from pipeline.evaluation.inference import embed_member
 from pipeline.evaluation.metrics import hubness_metrics
-from pipeline.evaluation.rescore import BANK_INDEX, Rescorer, VectorBank, reference_bank, split_scores
+from pipeline.evaluation.rescore import Rescorer, split_scores
+from pipeline.evaluation.rescore_bank import BANK_INDEX, VectorBank, reference_bank
 
 Echo = Callable[[str], None]
 
@@ -224,7 +225,7 @@ def checkpoint_banks(checkpoint, cache, member, plan, device, *, amp: bool = Fal
     """One model's reference banks (``plan``: the first ``bank_size`` images of ``bank_split`` and their
     captions): ``i2t``, those images × the evaluated captions; ``t2i``, those captions × the evaluated
     images. ``member``: the model's own split embeddings (a dual network's test embeddings are reused,
-    its bank ``rescore.reference_bank``'s: vectors for an inner product, searched with ``plan.index``;
+    its bank ``rescore_bank.reference_bank``'s: vectors for an inner product, searched with ``plan.index``;
     a pairwise network scores the pairs, a score matrix: an approximate index refused);
     ``loaded``/``captions``: the model and its caption side when the caller has them."""
     from pipeline.evaluation.inference import encode_split, load_model

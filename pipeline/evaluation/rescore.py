@@ -17,19 +17,15 @@ for qbnorm its activation set ``active``) so that a search index can store it an
 fixed bank qbnorm's is per item too: a search answers a query with one raw search (its top-1) and,
 when that item is in the activation set, one corrected one.
 
-A bank is a score matrix (a pairwise network's, averaged checkpoints'), an iterable of its row
-blocks (never held whole), or, for a dual network whose score is an inner product, its vectors
-(``VectorBank``: the reference queries' and the gallery's embeddings; ``reference_bank`` chooses).
-The k nearest reference queries of each gallery item (csls, nnn) are then a FAISS search over the
-bank's vectors (FAISS's own threads), exact (``IndexFlatIP``) unless ``--rescore-index`` names an
-approximate one (``BANK_INDEXES``: hnsw, ivf; refused for isf and qbnorm, which read every score),
-the bank × gallery scores never materialised; what needs every score (isf's and qbnorm's
-log-sum-exp, qbnorm's activation set from the same pass) reads them a block of reference queries
-at a time. A score matrix's k largest are ``torch.topk`` over row blocks, merged as the blocks
-stream (one pass over the bank). Which path a bank takes is ``_bank_topk_mean``'s choice alone:
-float64 with the exact index stays on the torch path (FAISS is float32; the golden tests compare
-in float64). The corrected
-matrix is one output array (``out=scores`` corrects in place), written a block of rows at a time,
+A bank is a score matrix, an iterable of its row blocks, or a dual network's vectors
+(``VectorBank``), whose k nearest reference queries (csls, nnn) are a FAISS search with the bank's
+index (``--rescore-index``): its forms, its k-NN and its indexes are
+``pipeline.evaluation.rescore_bank``'s. What needs every score (isf's and qbnorm's log-sum-exp,
+qbnorm's activation set from the same pass) reads them a block of reference queries at a time. A
+score matrix's k largest are ``torch.topk`` over row blocks, merged as the blocks stream (one pass
+over the bank). Which path a bank takes is ``_bank_topk_mean``'s choice alone: float64 with the
+exact index stays on the torch path (FAISS is float32; the golden tests compare in float64). The
+corrected matrix is one output array (``out=scores`` corrects in place), written a block of rows at a time,
 in place in the output (no temporary matrix per block but one reused buffer).
 
 Precision: each step computes in its input's precision, float64 stays float64 (the golden tests
@@ -58,23 +54,17 @@ from pipeline.core import values
 from pipeline.core.errors import VseError
 from pipeline.core.registry import RESCORERS as _REGISTRY
 from pipeline.core.values import declare
+from pipeline.evaluation.rescore_bank import (
+    BANK_INDEX,
+    VectorBank,
+    check_bank_index,
+    compute_dtype,
+    faiss_topk,
+    scratch_block,
+)
 
 BLOCK = 1024        # rows of a score matrix or a bank handled at once
 HUBNESS_K = 10      # N_10: the k of the k-occurrence whose skewness is the hubness
-
-# The bank's k-NN index (``--rescore-index``; csls and nnn, the methods whose fit is a k-NN): "flat" is
-# exact (IndexFlatIP), the others approximate, FAISS's own indexes as NNN's and QB-Norm's authors use
-# for large banks. The one place of the choice and of its parameters (docs/PROTOCOL.md, "Cost").
-BANK_INDEXES = ("flat", "hnsw", "ivf")
-BANK_INDEX = "flat"
-HNSW_M = 32                 # hnsw: neighbours per node (IndexHNSWFlat's M)
-HNSW_EF_CONSTRUCTION = 40   # hnsw: the build's beam (FAISS's default)
-HNSW_EF_SEARCH = 64         # hnsw: the search's beam, at least k (efSearch = max(this, k))
-IVF_LISTS_PER_SQRT = 1      # ivf: nlist = this x sqrt(bank size) k-means cells (at least 1)
-IVF_NPROBE = 16             # ivf: the cells searched per gallery item (nprobe, at most nlist)
-IVF_KMEANS_ITERATIONS = 10  # ivf: the k-means (faiss.Clustering's niter) trained on the bank itself,
-IVF_TRAIN_PER_LIST = 64     # on at most this many reference queries per cell (FAISS's own sample)
-
 
 @dataclass(frozen=True)
 class ItemCorrection:
@@ -86,75 +76,6 @@ class ItemCorrection:
     bias: torch.Tensor                  # (G,) float64 (computed in the bank's precision)
     active: torch.Tensor | None = None  # (G,) bool, qbnorm's activation set
     bank_size: int = 0                  # the reference queries it was fitted on
-
-
-@dataclass(frozen=True)
-class VectorBank:
-    """A dual network's reference bank as vectors: its scores are ``queries @ gallery.T`` (Nb × G,
-    the inner products of the reference queries' and the gallery's embeddings), never formed whole:
-    a bank's k-NN is a FAISS search, anything else reads ``blocks``. Float64 vectors give float64
-    blocks, anything else float32 (as a score matrix's)."""
-
-    queries: torch.Tensor  # (Nb, d) the reference queries' embeddings
-    gallery: torch.Tensor  # (G, d) the evaluated gallery's embeddings
-    index: str = BANK_INDEX  # the k-NN's FAISS index (BANK_INDEXES): flat exact, hnsw/ivf approximate
-
-    def __post_init__(self):  # numpy arrays as tensors (views)
-        object.__setattr__(self, "queries", torch.as_tensor(self.queries))
-        object.__setattr__(self, "gallery", torch.as_tensor(self.gallery))
-        check_bank_index(self.index)
-
-    def scores(self) -> torch.Tensor:
-        """The whole Nb × G score matrix (what averaging several models' banks needs)."""
-        dtype = _compute_dtype(self)
-        return self.queries.to(dtype) @ self.gallery.to(dtype).T
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (len(self.queries), len(self.gallery))
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.queries.dtype
-
-    def blocks(self, block: int) -> Iterator[torch.Tensor]:
-        """The scores, ``block`` reference queries at a time, each (block, G) contiguous, written into
-        one reused buffer (no new matrix per block): a block is valid until the next is drawn."""
-        dtype = _compute_dtype(self)
-        gallery, buffer = self.gallery.to(dtype).T, None
-        for start in range(0, len(self.queries), block):
-            queries = self.queries[start:start + block].to(dtype)
-            shape = torch.empty((), dtype=dtype).expand(len(queries), len(self.gallery))  # no memory
-            buffer = _buffer(buffer, shape)
-            yield torch.matmul(queries, gallery, out=buffer)
-
-
-def check_bank_index(index: str) -> str:
-    """``index`` if it is one of ``BANK_INDEXES``, else a one-line VseError naming the option."""
-    if index not in BANK_INDEXES:
-        raise VseError(f"--rescore-index: unknown index {index!r} (known: {', '.join(BANK_INDEXES)})")
-    return index
-
-
-def reference_bank(queries, gallery, similarity, direction: str = "i2t", index: str = BANK_INDEX):
-    """A dual network's bank of ``direction`` from embeddings: ``queries`` the reference queries
-    (``"i2t"``: bank images, ``"t2i"``: bank captions), ``gallery`` the evaluated gallery (captions,
-    images). The one place choosing the bank's form: a ``VectorBank`` when the similarity is the
-    inner product (cosine: FAISS's k-NN with ``index``, no bank × gallery matrix), else the score
-    matrix (order embeddings, csd: ``pipeline.core.similarity``; an approximate ``index`` refused)."""
-    from pipeline.core.similarity import caption_image_scores, image_caption_scores, similarity_name
-
-    if direction not in ("i2t", "t2i"):
-        raise VseError(f"reference bank: direction must be i2t or t2i, got {direction!r}")
-    if similarity_name(similarity) == "cosine":
-        return VectorBank(queries, gallery, index)
-    if check_bank_index(index) != BANK_INDEX:
-        raise VseError(f"--rescore-index {index}: the {similarity_name(similarity)} similarity is not an "
-                       "inner product, so its bank is a score matrix with no vector index (use flat)")
-    queries, gallery = torch.as_tensor(queries), torch.as_tensor(gallery)
-    if direction == "i2t":
-        return image_caption_scores(queries, gallery, similarity)
-    return caption_image_scores(queries, gallery, similarity)
 
 
 class Rescorer:
@@ -219,7 +140,7 @@ class Rescorer:
             raise VseError(f"{self.owner}: the correction has {len(correction.bias)} gallery items, "
                            f"the scores {scores.shape[1]}")
         self._check_gallery_k(scores.shape[1])
-        cast = dataclasses.replace(correction, bias=correction.bias.to(_compute_dtype(scores)))  # once
+        cast = dataclasses.replace(correction, bias=correction.bias.to(compute_dtype(scores)))  # once
         return _by_rows(scores, out, block, lambda rows, into: self._corrected(rows, cast, into))
 
     def _corrected(self, rows: torch.Tensor, c: ItemCorrection, into: torch.Tensor) -> torch.Tensor:
@@ -274,7 +195,7 @@ class Rescorer:
         rows = 0
         for part in blocks:
             part = torch.as_tensor(part)
-            part = part.to(_compute_dtype(part))
+            part = part.to(compute_dtype(part))
             if part.ndim != 2 or (gallery is not None and part.shape[1] != gallery):
                 raise VseError(f"{self.owner}: the bank must be reference queries × {gallery or 'G'} "
                                f"gallery items, got a block of shape {tuple(part.shape)}")
@@ -308,14 +229,14 @@ class Rescorer:
     def _bank_topk_mean(self, bank, gallery: int | None, block: int, k: int) -> tuple[torch.Tensor, int]:
         """The mean of each gallery item's k largest bank scores, and the bank's rows: the one place
         choosing the path. A float32 ``VectorBank``, or one with an approximate index: a FAISS search
-        with its index (``_faiss_topk``), no bank × gallery matrix; anything else (a score matrix or its
+        with its index (``faiss_topk``), no bank × gallery matrix; anything else (a score matrix or its
         blocks, float64 vectors with the flat index): the streamed blocks' ``torch.topk``
         (``_column_topk_mean``)."""
-        searched = isinstance(bank, VectorBank) and (_compute_dtype(bank) == torch.float32
+        searched = isinstance(bank, VectorBank) and (compute_dtype(bank) == torch.float32
                                                      or bank.index != BANK_INDEX)
         if searched:
             self._check_vectors(bank, gallery, k)
-            return _faiss_topk(bank, k)[0].mean(dim=1), len(bank.queries)
+            return faiss_topk(bank, k)[0].mean(dim=1), len(bank.queries)
         return _column_topk_mean(self._bank_blocks(bank, gallery, block, k), k)
 
     def _small_bank(self, k: int, rows: int) -> VseError:
@@ -382,7 +303,7 @@ class QBNorm(Rescorer):
             if active is None:
                 active = torch.zeros(part.shape[1], dtype=torch.bool)
             active |= _top_mask(part, self.k).any(dim=0)
-            buffer = _buffer(buffer, part)
+            buffer = scratch_block(buffer, part)
             lse = _merged_logsumexp(lse, part, self.beta, buffer)
             rows += len(part)
         return ItemCorrection(self.beta, lse.to(torch.float64), active, bank_size=rows)
@@ -423,14 +344,14 @@ class DualSoftmax(Rescorer):
         else:  # S.T: its columns' log-sum-exp is S's rows', read in S's own order (no transpose)
             lse, queries, buffer = [], scores.shape[0], None
             for part in _row_blocks(stored, block):
-                buffer = _buffer(buffer, part)
+                buffer = scratch_block(buffer, part)
                 lse.append(_merged_logsumexp(None, part.T, factor, buffer.T))
             lse = torch.cat(lse)
         buffer = None
 
         def corrected(rows, into):  # L * exp(L / temperature - lse) * Q, in one reused buffer
             nonlocal buffer
-            buffer = _buffer(buffer, rows)
+            buffer = scratch_block(buffer, rows)
             prior = torch.mul(rows, factor, out=buffer).sub_(lse).exp_().mul_(rows)
             return torch.mul(prior, self.logit_scale * queries, out=into)
 
@@ -499,11 +420,6 @@ def hubness(scores, k: int = HUBNESS_K, *, block: int = BLOCK) -> float:
 
 # ---------------------------------------------------------------------------- blocks
 
-def _compute_dtype(matrix) -> torch.dtype:
-    """float64 for a float64 matrix (numpy or tensor), float32 for anything else."""
-    return torch.float64 if str(matrix.dtype) in ("float64", "torch.float64") else torch.float32
-
-
 def _finite(block: torch.Tensor) -> bool:
     """Whether every value is finite: one min/max pass (NaN propagates into both), no mask."""
     if block.numel() == 0:
@@ -522,13 +438,6 @@ def _as_stored(matrix):
     return matrix
 
 
-def _buffer(buffer: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-    """A scratch block shaped as ``like`` (its precision), reusing ``buffer``'s memory when it fits."""
-    if buffer is None or buffer.dtype != like.dtype or buffer.numel() < like.numel():
-        buffer = torch.empty(like.numel(), dtype=like.dtype)
-    return buffer.view(-1)[:like.numel()].view(like.shape)
-
-
 def _row_blocks(matrix, block: int) -> Iterator[torch.Tensor]:
     """``matrix``'s row blocks as contiguous tensors, views where they can be: float64 stays float64,
     anything else float32. A block of a transposed matrix (``S.T``) is copied contiguous once, tile
@@ -536,7 +445,7 @@ def _row_blocks(matrix, block: int) -> Iterator[torch.Tensor]:
     into one scratch matrix reused for every block: a block is valid until the next is drawn."""
     if not values.is_int(block) or block < 1:
         raise VseError(f"block must be a positive integer, got {block!r}")
-    dtype = _compute_dtype(matrix)
+    dtype = compute_dtype(matrix)
     scratch: list = [None]
     for start in range(0, matrix.shape[0], block):
         yield _contiguous(torch.as_tensor(np.asarray(matrix[start:start + block])
@@ -553,7 +462,7 @@ def _contiguous(rows: torch.Tensor, scratch: list) -> torch.Tensor:
     into ``scratch[0]`` (reused, replaced when too small)."""
     if rows.is_contiguous():
         return rows
-    copy = scratch[0] = _buffer(scratch[0], rows)
+    copy = scratch[0] = scratch_block(scratch[0], rows)
     for start in range(0, rows.shape[1], TILE):
         copy[:, start:start + TILE] = rows[:, start:start + TILE]
     return copy
@@ -565,7 +474,7 @@ def _by_rows(scores, out, block: int, correct) -> np.ndarray | torch.Tensor:
     the output's block (a view) when it has the compute precision, else a scratch block; what
     ``correct`` returns is copied there unless it is ``into``."""
     numpy = not isinstance(scores, torch.Tensor)
-    dtype = _compute_dtype(scores)
+    dtype = compute_dtype(scores)
     if out is None:
         out = (np.empty(scores.shape, dtype=np.float64 if dtype == torch.float64 else np.float32) if numpy
                else torch.empty(tuple(scores.shape), dtype=dtype))
@@ -577,7 +486,7 @@ def _by_rows(scores, out, block: int, correct) -> np.ndarray | torch.Tensor:
         view = target[start:start + len(rows)]
         direct = view.dtype == dtype and view.is_contiguous()
         if not direct:
-            scratch = _buffer(scratch, rows)
+            scratch = scratch_block(scratch, rows)
         into = view if direct else scratch
         fixed = correct(rows, into)
         if fixed is not view:
@@ -599,7 +508,7 @@ def _column_logsumexp(blocks: Iterable[torch.Tensor], factor: float) -> tuple[to
     """``log sum_b exp(factor * B_bj)`` per column over the streamed row blocks, and their row count."""
     lse, rows, buffer = None, 0, None
     for part in blocks:
-        buffer = _buffer(buffer, part)
+        buffer = scratch_block(buffer, part)
         lse, rows = _merged_logsumexp(lse, part, factor, buffer), rows + len(part)
     return lse, rows
 
@@ -622,58 +531,6 @@ def _column_topk_mean(blocks: Iterable[torch.Tensor], k: int) -> tuple[torch.Ten
         now[:, kept:] = part.T
         top = now.topk(min(k, width), dim=1, sorted=False).values
     return top.mean(dim=1), rows
-
-
-def _faiss_topk(bank: VectorBank, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(G, k) each gallery item's k largest scores over the bank's reference queries, and their rows:
-    the bank's index (``_bank_index``) over the reference queries' vectors searched with the gallery's,
-    in float32, on FAISS's own threads (no bank × gallery matrix). Flat: exact (its BLAS blocks and a
-    k-heap per item); among scores tied at the k-th the rows FAISS keeps are its own choice, the values,
-    and so their mean, the same whichever it keeps. hnsw, ivf: approximate, the k best found (each a
-    true score); an item for which fewer than k were found is a one-line VseError."""
-    queries, items = (np.ascontiguousarray(vectors.detach().to(torch.float32).numpy())
-                      for vectors in (bank.queries, bank.gallery))
-    index = _bank_index(queries, bank.index, k)
-    values, rows = index.search(items, k)
-    if (rows < 0).any():
-        raise VseError(f"--rescore-index {bank.index}: {int((rows < 0).any(axis=1).sum())} gallery items "
-                       f"found fewer than k={k} reference queries in the bank of {len(queries)} (use flat, "
-                       "or a larger bank)")
-    return torch.from_numpy(values), torch.from_numpy(rows)
-
-
-def _bank_index(queries: np.ndarray, kind: str, k: int):
-    """The FAISS inner-product index of ``kind`` over ``queries`` (float32, contiguous), built, trained
-    and set for a k-NN of ``k``: the parameters are the module's constants (the one place)."""
-    import faiss
-
-    dim = queries.shape[1]
-    if kind == "hnsw":
-        index = faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
-        index.add(queries)
-        index.hnsw.efSearch = max(HNSW_EF_SEARCH, k)
-        return index
-    if kind == "ivf":
-        lists = ivf_lists(len(queries))
-        quantizer = faiss.IndexFlatIP(dim)
-        index = faiss.IndexIVFFlat(quantizer, dim, lists, faiss.METRIC_INNER_PRODUCT)
-        index.cp.niter = IVF_KMEANS_ITERATIONS
-        index.cp.spherical = True  # unit centroids: the inner product assigns by angle, not by norm
-        index.cp.min_points_per_centroid = 1  # a small bank: no FAISS warning, the same cells
-        index.cp.max_points_per_centroid = IVF_TRAIN_PER_LIST
-        index.train(queries)
-        index.add(queries)
-        index.nprobe = min(IVF_NPROBE, lists)
-        return index
-    index = faiss.IndexFlatIP(dim)
-    index.add(queries)
-    return index
-
-
-def ivf_lists(bank: int) -> int:
-    """ivf's k-means cells for a bank of ``bank`` reference queries: ``IVF_LISTS_PER_SQRT`` x sqrt."""
-    return max(1, min(bank, round(IVF_LISTS_PER_SQRT * bank ** 0.5)))
 
 
 def _top_mask(rows: torch.Tensor, k: int) -> torch.Tensor:
