@@ -1,7 +1,8 @@
-"""experiments/reality_check.py: the reality check's steps end to end on the tiny cache (2 losses, 3 trials
-of 1 epoch, 2 seeds, one loss tuned again without a pruner), a rerun that trains nothing, the summary's
-counts and minutes, a co-trained run read as one network, the dry run, the spec's refusals, and the
-repository's spec and claims file as `vse tune` and `vse claims` read them."""
+"""experiments/reality_check.py and its summary and tables (reality_tables.py): the reality check's steps
+end to end on the tiny cache (2 losses, 3 trials of 1 epoch, 2 seeds, one loss tuned again without a
+pruner), a rerun that trains nothing, the summary's counts and minutes, a co-trained run read as one
+network, the dry run, the spec's refusals, and the repository's spec and claims file as `vse tune` and
+`vse claims` read them."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 pytest.importorskip("optuna")
 
 import reality_check as rc  # noqa: E402
+import reality_tables as rt  # noqa: E402
 
 TINY = {"embed_dim": 16, "word_dim": 8, "batch_size": 16, "min_word_count": 1, "workers": 0, "log_every": 1,
         "device": "cpu"}
@@ -91,7 +93,7 @@ def test_every_step_runs_then_a_rerun_trains_nothing(tmp_path, tiny_cache, capsy
 
     # the summary: each study's counts, minutes and best options; the pruner's check; the cost
     summary = json.loads((out / "studies.json").read_text())
-    assert summary["format"] == rc.SUMMARY_FORMAT and summary["tpe_startup_trials"] == 10
+    assert summary["format"] == rt.SUMMARY_FORMAT and summary["tpe_startup_trials"] == 10
     assert [s["study"] for s in summary["studies"]] == ["sh", "mh", "mh-unpruned"]
     for study in summary["studies"]:
         trials = study["trials"]
@@ -159,12 +161,13 @@ def test_a_dry_run_writes_nothing_and_says_nothing_is_measured(tmp_path, tiny_ca
 
 def test_without_a_pruner_each_loss_is_one_study_and_there_is_nothing_to_check(tmp_path, tiny_cache, capsys):
     spec = rc.load_spec(_spec(tmp_path, tiny_cache, pruner="none", unpruned=[]))
-    assert [(s.name, s.pruner, s.check) for s in spec.studies] == [("sh", "none", False), ("mh", "none", False)]
+    assert [(s.name, s.pruner, s.check) for s in spec.studies] == [("sh", "none", False),
+                                                                     ("mh", "none", False)]
     assert [rc.arm_kind(arm) for arm in rc.seed_arms(spec)] == ["default", "tuned", "default", "tuned"]
     assert rc.main([str(_spec(tmp_path, tiny_cache, pruner="none", unpruned=[])), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "[files] 4 to write: 2 tune files, 2 sweep files" in out and "none pruner" in out, out
-    assert rc.pruner_table(spec, {"pruner_check": []}).startswith("No pruner: every trial")
+    assert rt.pruner_table(spec, {"pruner_check": []}).startswith("No pruner: every trial")
 
 
 def test_a_co_trained_run_is_read_as_its_one_network(tmp_path, tiny_cache):
@@ -232,7 +235,7 @@ def test_the_repository_spec_states_every_loss_once_and_its_claims_name_its_rows
     claims = load_claims(spec.claims)
     assert [p.resolve() for p in claims.results] == [(spec.out / "results.csv").resolve()]
     named = {name for c in claims.claims for name in (c.better, c.worse)}
-    assert named <= {loss + rc.TUNED for loss in spec.losses}, named
+    assert named <= {loss + rt.TUNED for loss in spec.losses}, named
     assert spec.second is not None and set(spec.second["losses"]) <= set(spec.losses)
 
 
