@@ -53,8 +53,9 @@
 #   make f8k-text-pool — VSE++'s GRU vs VSE∞'s BiGRU + GPO caption encoder, one seed
 #                      (experiments/f8k_text_pool.yaml; bench/results/f8k_text_pool/)
 #   make f8k-hubness — every test-time correction against hubness (isf, csls, qbnorm, nnn; dsl,
-#                      transductive) on the fast loop's mh and infonce and the noisy table's mh at
-#                      caption 50%, over their seeds (experiments/hubness.py; bench/results/f8k_hubness/)
+#                      transductive) on the fast loop's mh and infonce, the noisy table's mh at
+#                      caption 50%, VSE∞'s mh and SAF's (precision_saf.yaml), over their seeds, and the
+#                      bank's size (experiments/hubness.py; bench/results/f8k_hubness*/)
 
 PYTHON  ?= python3
 VENV    ?= .venv
@@ -362,8 +363,20 @@ f8k-noisy-sgr: $(F8K_GRID) $(F8K_TOKENS)
 	$(VSE) claims experiments/claims/noisy_sgr.yaml
 
 # Its runs are those of f8k-fast (mh, infonce) and f8k-noisy (mh at caption 50%): trained there.
-f8k-hubness: $(F8K_FEATURES) $(F8K_TEXT)
-	PYTHONPATH=. $(PY) experiments/hubness.py --runs-dir $(F8K_RUNS) --judgments $(JUDGMENTS)
+HUBNESS_OUT = bench/results/f8k_hubness
+HUBNESS = PYTHONPATH=. $(PY) experiments/hubness.py --judgments $(JUDGMENTS)
+f8k-hubness: $(F8K_FEATURES) $(F8K_TEXT) $(F8K_GRID) $(F8K_TOKENS)
+	$(HUBNESS) --runs-dir $(F8K_RUNS)
+	$(VSE) sweep experiments/f8k_vse_infty.yaml --runs-dir $(F8K_RUNS) --only method=mh
+	$(HUBNESS) --sweep experiments/f8k_vse_infty.yaml:method=mh --runs-dir $(F8K_RUNS) \
+	  --out $(HUBNESS_OUT)_vse_infty --claims experiments/claims/hubness_vse_infty.yaml
+	$(VSE) sweep experiments/precision_saf.yaml --runs-dir $(RUNS)/precision
+	$(HUBNESS) --sweep experiments/precision_saf.yaml:method=mh --runs-dir $(RUNS)/precision \
+	  --rescore-bank-size 1000 --out $(HUBNESS_OUT)_saf --claims experiments/claims/hubness_saf.yaml
+	for n in 1000 200; do $(HUBNESS) --runs-dir $(F8K_RUNS) --rescore-bank-size $$n --out $(HUBNESS_OUT)_bank$$n \
+	  || exit 1; done
+	$(PY) bench/rescore.py --bank-images 1000 --repeats 3 --indexes --out bench/results/rescore_cost_bank1000.json
+	$(HUBNESS) --bank-table --out $(HUBNESS_OUT)
 
 f8k-text-pool: $(F8K_FEATURES)
 	$(VSE) sweep experiments/f8k_text_pool.yaml --runs-dir $(F8K_RUNS)

@@ -29,6 +29,11 @@ Steps, each skipped when its file exists and is newer than what it is made from:
    skewness of N_10, both ways), the verdict of its rsum claim, and the cost of its correction
    (``COST``: a re-scored row's whole time, its bank's k-NN included, over one evaluation, measured
    by bench/rescore.py on a synthetic 5K × 25K split).
+
+The bank's size (``BANK_SIZES``): ``--rescore-bank-size N --out OUT_bankN`` runs the same steps with a
+bank of the training split's first N images, and ``--bank-table`` writes ``OUT/bank_sizes.md``: each
+configuration's rsum and verdict at each size beside each method's cost at the sizes the cost bench
+measured (``BANK_COSTS``). `make f8k-hubness` runs every size, then the table.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -53,6 +59,18 @@ CLAIMS = ROOT / "experiments" / "claims" / "hubness.yaml"
 JUDGMENTS = ROOT.parent / "shared" / "data" / "flickr8k" / "CrowdFlowerAnnotations.txt"
 COST, COST_KEY = ROOT / "bench" / "results" / "rescore_cost.json", "row_over_evaluation"
 SPLIT = "test"
+# the bank's size: the training split whole (the protocol's bank), then its first N images and their
+# captions (--rescore-bank-size N), each arm in its own folder (bank_folder); the synthetic cost bench
+# of each size that has one (bench/rescore.py --bank-images: the 5K split's bank, the whole of it or a
+# fifth)
+BANK_SIZES = (None, 1000, 200)
+BANK_COSTS = {"5,000 (the split's size)": COST,
+              "1,000": ROOT / "bench" / "results" / "rescore_cost_bank1000.json"}
+
+
+def bank_folder(bank_size: int | None, out: Path = OUT) -> Path:
+    """The results folder of one bank size: OUT for the whole training split, else OUT_bankN."""
+    return out if bank_size is None else out.with_name(f"{out.name}_bank{bank_size}")
 
 
 # ---------------------------------------------------------------------------- inputs
@@ -162,13 +180,16 @@ TABLE_KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsu
               "i2t_hubness", "t2i_hubness")
 
 
-def table(rows: list[dict], verdicts: dict, plan, claims_file: Path = CLAIMS, cost_file: Path = COST) -> str:
-    """Step 4: the markdown table, one line per configuration (plain, then its corrections)."""
+def table(rows: list[dict], verdicts: dict, plan, claims_file: Path = CLAIMS,
+          cost_file: Path | None = COST) -> str:
+    """Step 4: the markdown table, one line per configuration (plain, then its corrections); the cost
+    column from ``cost_file`` (the cost bench of the protocol's bank; None for a smaller bank, whose
+    cost bank_sizes.md gives)."""
     from pipeline.evaluation.metrics import metric_of
     from pipeline.reports.claims import load_claims
     from pipeline.reports.report import format_cell, seed_groups
 
-    cost = json.loads(cost_file.read_text())["methods"] if cost_file.is_file() else {}
+    cost = json.loads(cost_file.read_text())["methods"] if cost_file and cost_file.is_file() else {}
     by_claim = {(c.better, c.metric): v for c, v in zip(load_claims(claims_file).claims, verdicts["claims"])}
     direction = {"i2t": "image→text", "t2i": "text→image", "both": ""}
     heads = [f"{metric_of(k).label} {direction[metric_of(k).direction]}".strip() for k in TABLE_KEYS]
@@ -184,9 +205,64 @@ def table(rows: list[dict], verdicts: dict, plan, claims_file: Path = CLAIMS, co
     lines += ["", "Each cell: mean ± std (n seeds). mAP@R: human judgments, of each row's own scores (a "
               "re-scored row's of its corrected matrices). Hubness: the skewness of N_10 (lower: fewer "
               "hubs). rsum claim: the re-scored group against the plain one, Welch one-sided over seeds "
-              f"({claims_file.name}). Cost: {cost_file.name}'s {COST_KEY} (bench/rescore.py: a re-scored "
-              "row's whole time, its bank's k-NN, correction and ranks, over one evaluation, on a synthetic "
-              "5K × 25K split with a bank of its size)."]
+              f"({claims_file.name}). "
+              + (f"Cost: {cost_file.name}'s {COST_KEY} (bench/rescore.py: a re-scored row's whole time, its "
+                 "bank's k-NN, correction and ranks, over one evaluation, on a synthetic 5K × 25K split "
+                 "with a bank of its size)." if cost_file else
+                 f"Cost: a bank of {plan.bank_size} images; the cost of each bank size is in "
+                 f"{OUT.name}/bank_sizes.md.")]
+    return "\n".join(lines) + "\n"
+
+
+def bank_table(out: Path = OUT, sizes=BANK_SIZES, costs=BANK_COSTS, claims_file: Path = CLAIMS) -> str:
+    """The bank's size against the gains: per configuration, the test rsum over seeds at each bank
+    size (each arm's results.csv and its claims' verdict), then each method's cost over one evaluation
+    at each bank size the cost bench measured. VseError when an arm has no results yet."""
+    from pipeline.reports.claims import load_claims
+    from pipeline.reports.report import format_cell, read_results, seed_groups
+
+    arms, banks = [], []
+    for size in sizes:
+        folder = bank_folder(size, out)
+        results, verdicts = folder / "results.csv", folder / "claims.json"
+        if not (results.is_file() and verdicts.is_file()):
+            raise VseError(f"{folder}: no results.csv and claims.json yet (experiments/hubness.py"
+                           + (f" --rescore-bank-size {size} --out {folder}" if size else "") + ")")
+        verdict = {c.better: v.get("verdict", "") for c, v in
+                   zip(load_claims(claims_file).claims, json.loads(verdicts.read_text())["claims"])
+                   if c.metric == "rsum"}
+        rows = read_results(results)
+        arms.append(({g.label: g for g in seed_groups(rows)}, verdict))
+        # the bank each arm's rows record (their rescore column: "..., bank SPLIT:IMAGES")
+        found = {m.groups() for row in rows
+                 for m in [re.search(r"bank (\w+):(\d+)", str(row.get("rescore")))] if m}
+        banks.append(", ".join(f"{split} {int(n):,}" for split, n in sorted(found)) or "?")
+    heads = [f"bank {b}" for b in banks]
+    lines = ["| configuration | " + " | ".join(f"rsum, {h}" for h in heads) + " |",
+             "|---|" + "---:|" * len(sizes)]
+    for label in arms[0][0]:
+        cells = []
+        for groups, verdict in arms:
+            group = groups.get(label)
+            cell = format_cell("rsum", group, "md") if group else ""
+            cells.append(cell + (f", {verdict[label]}" if verdict.get(label) else ""))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    measured = {name: json.loads(path.read_text()) for name, path in costs.items() if path.is_file()}
+    if measured:
+        methods = list(next(iter(measured.values()))["methods"])
+        lines += ["", "| cost over one evaluation | " + " | ".join(f"bank {n}" for n in measured) + " |",
+                  "|---|" + "---:|" * len(measured)]
+        for method in methods:
+            lines.append(f"| {method} | " + " | ".join(
+                f"{data['methods'][method][COST_KEY]:.2f}×" if method in data["methods"] else ""
+                for data in measured.values()) + " |")
+    lines += ["", "rsum: mean ± std (n seeds) on test, each correction with its authors' defaults and a bank "
+              "of the training split's first N images and their captions (`--rescore-bank-size N`; all: "
+              f"the protocol's bank); the verdict: {claims_file.name}'s rsum claim (the re-scored group "
+              "against the plain one, Welch one-sided over seeds) on that arm's rows. Cost: "
+              f"bench/rescore.py ({COST_KEY}: a re-scored row's whole time, the bank's k-NN or "
+              "log-sum-exp, the correction and the ranks, over one evaluation) on a synthetic 5K × 25K "
+              "split, its bank of 5,000 or 1,000 images."]
     return "\n".join(lines) + "\n"
 
 
@@ -234,7 +310,9 @@ def run(out: Path = OUT, *, sweeps=(), patterns=(), judgments=JUDGMENTS, device:
         claims(results, verdicts, claims_file)
         done["written"].append(verdicts)
     if stale(table_md, [results, verdicts, COST]):
-        table_md.write_text(table(read_results(results), json.loads(verdicts.read_text()), plan, claims_file))
+        cost = COST if plan.bank_size is None else None  # the cost bench's bank is the split's size
+        table_md.write_text(table(read_results(results), json.loads(verdicts.read_text()), plan, claims_file,
+                                  cost))
         done["written"].append(table_md)
     for path in done["written"]:
         echo(f"wrote {path}")
@@ -260,6 +338,8 @@ def main(argv=None) -> int:
                         help="the bank: the training split's first N images (default: all)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--bank-table", action="store_true",
+                        help="only write OUT/bank_sizes.md: the bank-size arms (OUT, OUT_bankN) side by side")
     args = parser.parse_args(argv)
     import click
 
@@ -267,6 +347,11 @@ def main(argv=None) -> int:
 
     try:
         options = parse_key_values(None, None, args.rescore_option)
+        if args.bank_table:
+            target = args.out / "bank_sizes.md"
+            target.write_text(bank_table(args.out, claims_file=args.claims), encoding="utf-8")
+            print(f"wrote {target}")
+            return 0
         run(args.out, sweeps=args.sweep, patterns=args.runs, judgments=args.judgments or None,
             device=args.device, claims_file=args.claims, options=options,
             bank_size=args.rescore_bank_size, runs_dir=args.runs_dir,

@@ -144,3 +144,38 @@ def test_a_file_without_the_rescored_rows_human_metrics_is_evaluated_again(first
                        echo=lambda _: None)
     assert done["evaluated"] == ["method=mh,seed=0"] and out / "table.md" in done["written"]
     assert all(r[k] is not None for r in read_results(old) for k in hubness.MAP_KEYS)
+
+
+def test_the_bank_table_sets_each_sizes_rsum_and_verdict_side_by_side(first_call, fast, judgments):
+    """--bank-table: each configuration's rsum at each bank size (its own arm's results and verdicts),
+    the bank each arm's rows record, and each method's cost at each size the cost bench measured; an
+    arm not run yet is one VseError naming its folder."""
+    from pipeline.core.errors import VseError
+    from pipeline.reports.report import format_cell, seed_groups
+
+    out = first_call[0]
+    with pytest.raises(VseError, match=r"f8k_hubness_bank12: no results.csv and claims.json yet"):
+        hubness.bank_table(out, sizes=(None, 12))
+    small = hubness.bank_folder(12, out)
+    assert small == out.parent / "f8k_hubness_bank12"
+    hubness.run(small, patterns=[f"{fast}/*"], judgments=judgments, device="cpu", options=OPTIONS,
+                bank_size=12, echo=lambda _: None)
+    # a smaller bank's own table leaves the cost column empty: the cost bench's bank is the split's size
+    qbnorm = next(line for line in (small / "table.md").read_text().splitlines()
+                  if line.startswith("| method=mh + qbnorm |"))
+    assert qbnorm.endswith(" |  |") and "bank_sizes.md" in (small / "table.md").read_text()
+    text = hubness.bank_table(out, sizes=(None, 12))
+    head, _, *lines = text.splitlines()
+    assert head == "| configuration | rsum, bank train 24 | rsum, bank train 12 |", head
+    groups = [{g.label: g for g in seed_groups(read_results(folder / "results.csv"))} for folder in (out, small)]
+    verdicts = [{v["claim"]: v["verdict"] for v in json.loads((f / "claims.json").read_text())["claims"]}
+                for f in (out, small)]
+    line = next(line for line in lines if line.startswith("| method=mh + csls |"))
+    cells = line.strip("| ").split(" | ")[1:]
+    claim = "CSLS raises the rsum of the fast loop's mh"
+    for cell, group, verdict in zip(cells, [g["method=mh + csls"] for g in groups], verdicts):
+        assert cell == f"{format_cell('rsum', group, 'md')}, {verdict[claim]}"
+    plain = next(line for line in lines if line.startswith("| method=mh |"))
+    assert "," not in plain.split(" | ")[1]  # no claim on the raw scores
+    cost = json.loads(hubness.COST.read_text())["methods"]
+    assert f"| nnn | {cost['nnn'][hubness.COST_KEY]:.2f}× |" in text
