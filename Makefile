@@ -373,9 +373,10 @@ f8k-hubness: $(F8K_FEATURES) $(F8K_TEXT) $(F8K_GRID) $(F8K_TOKENS)
 	$(VSE) sweep experiments/precision_saf.yaml --runs-dir $(RUNS)/precision
 	$(HUBNESS) --sweep experiments/precision_saf.yaml:method=mh --runs-dir $(RUNS)/precision \
 	  --rescore-bank-size 1000 --out $(HUBNESS_OUT)_saf --claims experiments/claims/hubness_saf.yaml
-	for n in 1000 200; do $(HUBNESS) --runs-dir $(F8K_RUNS) --rescore-bank-size $$n --out $(HUBNESS_OUT)_bank$$n \
+	for n in 1000 500; do $(HUBNESS) --runs-dir $(F8K_RUNS) --rescore-bank-size $$n --out $(HUBNESS_OUT)_bank$$n \
 	  || exit 1; done
-	$(PY) bench/rescore.py --bank-images 1000 --repeats 3 --indexes --out bench/results/rescore_cost_bank1000.json
+	for n in 5000 1000; do $(PY) bench/rescore.py --bank-images $$n --threads 1 --repeats 3 --indexes \
+	  --out bench/results/rescore_cost_bank$$n.json || exit 1; done
 	$(HUBNESS) --bank-table --out $(HUBNESS_OUT)
 
 f8k-text-pool: $(F8K_FEATURES)

@@ -167,7 +167,8 @@ def test_the_bank_table_sets_each_sizes_rsum_and_verdict_side_by_side(first_call
     text = hubness.bank_table(out, sizes=(None, 12))
     head, _, *lines = text.splitlines()
     assert head == "| configuration | rsum, bank train 24 | rsum, bank train 12 |", head
-    groups = [{g.label: g for g in seed_groups(read_results(folder / "results.csv"))} for folder in (out, small)]
+    groups = [{g.label: g for g in seed_groups(read_results(folder / "results.csv"))}
+              for folder in (out, small)]
     verdicts = [{v["claim"]: v["verdict"] for v in json.loads((f / "claims.json").read_text())["claims"]}
                 for f in (out, small)]
     line = next(line for line in lines if line.startswith("| method=mh + csls |"))
@@ -177,5 +178,9 @@ def test_the_bank_table_sets_each_sizes_rsum_and_verdict_side_by_side(first_call
         assert cell == f"{format_cell('rsum', group, 'md')}, {verdict[claim]}"
     plain = next(line for line in lines if line.startswith("| method=mh |"))
     assert "," not in plain.split(" | ")[1]  # no claim on the raw scores
-    cost = json.loads(hubness.COST.read_text())["methods"]
-    assert f"| nnn | {cost['nnn'][hubness.COST_KEY]:.2f}× |" in text
+    cost = json.loads(next(iter(hubness.BANK_COSTS.values())).read_text())["methods"]  # the first bank's
+    nnn = cost["nnn"]
+    costs = hubness.bank_cost_table()
+    assert f"| nnn | {nnn['correction_over_evaluation']:.2f}× | {nnn[hubness.COST_KEY]:.2f}× |" in costs
+    with pytest.raises(VseError, match="nowhere.json: not measured yet"):
+        hubness.bank_cost_table({"1": hubness.COST, "2": small / "nowhere.json"})

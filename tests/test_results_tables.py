@@ -47,6 +47,12 @@ NOT_FROM_A_CSV = {
     "f8k_tuned_pilot/table_human.md": TUNED_LABELS,
     "f8k_hubness/table.md": "experiments/hubness.py, from results.csv with claims.json's verdicts and "
                             "rescore_cost.json's cost (tests/test_hubness_driver.py)",
+    "f8k_hubness_bank1000/table.md": "the same, with a bank of 1,000 training images",
+    "f8k_hubness_bank500/table.md": "the same, with a bank of 500 training images",
+    "f8k_hubness/bank_sizes.md": "experiments/hubness.py --bank-table, from the three arms' results.csv and "
+                                 "claims.json (tests/test_hubness_driver.py)",
+    "f8k_hubness/bank_costs.md": "experiments/hubness.py --bank-table, from the cost benches' JSON "
+                                 "(tests/test_hubness_driver.py)",
     "precision_saf_cpu/table.md": "experiments/precision_table.py, from runs/*.json (no results CSV); "
                                   "tests/test_precision_arms.py checks it",
 }
