@@ -88,7 +88,7 @@ def source_runs(sweeps=(), patterns=(), runs_dir=None) -> list[Path]:
     runs = [run.run_dir for file, only in given
             for run in load_sweep(ROOT / file, runs_dir=runs_dir, only=only).runs]
     runs += find_runs(patterns) if patterns else []
-    runs = list(dict.fromkeys(Path(r).resolve() for r in runs))
+    runs = list(dict.fromkeys(as_given(Path(r)) for r in runs))
     names = {}
     for run in runs:
         if run.name in names:
@@ -96,6 +96,16 @@ def source_runs(sweeps=(), patterns=(), runs_dir=None) -> list[Path]:
                            "run by its folder; evaluate them in two --out folders")
         names[run.name] = run
     return runs
+
+
+def as_given(run: Path) -> Path:
+    """A run folder from the current folder when it lies below it (the rows' checkpoint column then
+    names it from the repository, not from this machine's root), else absolute."""
+    absolute = run.resolve()
+    try:
+        return absolute.relative_to(Path.cwd().resolve())
+    except ValueError:
+        return absolute
 
 
 def finished(run_dir: Path) -> bool:

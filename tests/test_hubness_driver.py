@@ -184,3 +184,13 @@ def test_the_bank_table_sets_each_sizes_rsum_and_verdict_side_by_side(first_call
     assert f"| nnn | {nnn['correction_over_evaluation']:.2f}× | {nnn[hubness.COST_KEY]:.2f}× |" in costs
     with pytest.raises(VseError, match="nowhere.json: not measured yet"):
         hubness.bank_cost_table({"1": hubness.COST, "2": small / "nowhere.json"})
+
+
+def test_a_run_below_the_current_folder_is_named_from_it(tmp_path, monkeypatch):
+    """The rows' checkpoint column names a run from the repository (the folder `make` runs in), not
+    from this machine's root; a run elsewhere stays absolute."""
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert hubness.as_given(tmp_path / "runs" / "a") == Path("runs/a")
+    assert hubness.as_given(Path("runs/a")) == Path("runs/a")
+    assert hubness.as_given(tmp_path.parent) == tmp_path.parent.resolve()
