@@ -54,8 +54,8 @@
 #                      (experiments/f8k_text_pool.yaml; bench/results/f8k_text_pool/)
 #   make f8k-hubness — every test-time correction against hubness (isf, csls, qbnorm, nnn; dsl,
 #                      transductive) on the fast loop's mh and infonce, the noisy table's mh at
-#                      caption 50%, VSE∞'s mh and SAF's (precision_saf.yaml), over their seeds, and the
-#                      bank's size (experiments/hubness.py; bench/results/f8k_hubness*/)
+#                      caption 50%, VSE∞'s mh and SAF's (precision_saf.yaml, fp32 and bf16), over
+#                      their seeds, and the bank's size (experiments/hubness.py; bench/results/f8k_hubness*/)
 
 PYTHON  ?= python3
 VENV    ?= .venv
@@ -373,6 +373,9 @@ f8k-hubness: $(F8K_FEATURES) $(F8K_TEXT) $(F8K_GRID) $(F8K_TOKENS)
 	$(VSE) sweep experiments/precision_saf.yaml --runs-dir $(RUNS)/precision
 	$(HUBNESS) --sweep experiments/precision_saf.yaml:method=mh --runs-dir $(RUNS)/precision \
 	  --rescore-bank-size 1000 --out $(HUBNESS_OUT)_saf --claims experiments/claims/hubness_saf.yaml
+	$(VSE) sweep experiments/precision_saf.yaml --runs-dir $(RUNS)/precision --cpu-amp --name precision_saf_bf16
+	$(HUBNESS) --runs '$(RUNS)/precision/precision_saf_bf16/*' --rescore-bank-size 1000 \
+	  --out $(HUBNESS_OUT)_saf_bf16 --claims experiments/claims/hubness_saf_bf16.yaml
 	for n in 1000 500; do $(HUBNESS) --runs-dir $(F8K_RUNS) --rescore-bank-size $$n --out $(HUBNESS_OUT)_bank$$n \
 	  || exit 1; done
 	for n in 5000 1000; do $(PY) bench/rescore.py --bank-images $$n --threads 1 --repeats 3 --indexes \

@@ -51,6 +51,7 @@ NOT_FROM_A_CSV = {
     "f8k_hubness_bank500/table.md": "the same, with a bank of 500 training images",
     "f8k_hubness_vse_infty/table.md": "the same, VSE∞'s runs and experiments/claims/hubness_vse_infty.yaml",
     "f8k_hubness_saf/table.md": "the same, SAF's fp32 runs and experiments/claims/hubness_saf.yaml",
+    "f8k_hubness_saf_bf16/table.md": "the same, SAF's bf16 runs and experiments/claims/hubness_saf_bf16.yaml",
     "f8k_hubness/bank_sizes.md": "experiments/hubness.py --bank-table, from the three arms' results.csv and "
                                  "claims.json (tests/test_hubness_driver.py)",
     "f8k_hubness/bank_costs.md": "experiments/hubness.py --bank-table, from the cost benches' JSON "
