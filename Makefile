@@ -362,7 +362,8 @@ f8k-noisy-sgr: $(F8K_GRID) $(F8K_TOKENS)
 	$(VSE) claims experiments/claims/noisy.yaml
 	$(VSE) claims experiments/claims/noisy_sgr.yaml
 
-# Its runs are those of f8k-fast (mh, infonce) and f8k-noisy (mh at caption 50%): trained there.
+# Its dual runs are those of f8k-fast (mh, infonce) and f8k-noisy (mh at caption 50%), trained there;
+# VSE∞'s mh and SAF's two precision arms it trains itself (about 40 and 2 × 20 minutes here).
 HUBNESS_OUT = bench/results/f8k_hubness
 HUBNESS = PYTHONPATH=. $(PY) experiments/hubness.py --judgments $(JUDGMENTS)
 f8k-hubness: $(F8K_FEATURES) $(F8K_TEXT) $(F8K_GRID) $(F8K_TOKENS)
