@@ -64,6 +64,7 @@ SPLIT = "test"
 # bank sizes, the split's own and a fifth of it (bench/rescore.py --bank-images 5000|1000 --threads 1
 # --indexes, run back to back: their ratios over the evaluation compare)
 BANK_SIZES = (None, 1000, 500)  # 500: still above nnn's k (256)
+BANK_TABLES = ("bank_sizes.md", "bank_costs.md")  # --bank-table's files in OUT: gains, then costs
 BANK_COSTS = {"5,000 (the split's size)": ROOT / "bench" / "results" / "rescore_cost_bank5000.json",
               "1,000 (a fifth)": ROOT / "bench" / "results" / "rescore_cost_bank1000.json"}
 
@@ -194,7 +195,7 @@ def table(rows: list[dict], verdicts: dict, plan, claims_file: Path = CLAIMS,
           cost_file: Path | None = COST) -> str:
     """Step 4: the markdown table, one line per configuration (plain, then its corrections); the cost
     column from ``cost_file`` (the cost bench of the protocol's bank; None for a smaller bank, whose
-    cost bank_sizes.md gives)."""
+    cost BANK_TABLES' costs file gives)."""
     from pipeline.evaluation.metrics import metric_of
     from pipeline.reports.claims import load_claims
     from pipeline.reports.report import format_cell, seed_groups
@@ -220,7 +221,7 @@ def table(rows: list[dict], verdicts: dict, plan, claims_file: Path = CLAIMS,
                  "bank's k-NN, correction and ranks, over one evaluation, on a synthetic 5K × 25K split "
                  "with a bank of its size)." if cost_file else
                  f"Cost: a bank of {plan.bank_size} images; the cost of each bank size is in "
-                 f"{OUT.name}/bank_sizes.md.")]
+                 f"{OUT.name}/{BANK_TABLES[1]}.")]
     return "\n".join(lines) + "\n"
 
 
@@ -369,8 +370,8 @@ def main(argv=None) -> int:
     try:
         options = parse_key_values(None, None, args.rescore_option)
         if args.bank_table:
-            for name, text in (("bank_sizes.md", bank_table(args.out, claims_file=args.claims)),
-                               ("bank_costs.md", bank_cost_table())):
+            for name, text in zip(BANK_TABLES, (bank_table(args.out, claims_file=args.claims),
+                                                bank_cost_table())):
                 (args.out / name).write_text(text, encoding="utf-8")
                 print(f"wrote {args.out / name}")
             return 0

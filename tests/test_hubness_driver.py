@@ -163,7 +163,8 @@ def test_the_bank_table_sets_each_sizes_rsum_and_verdict_side_by_side(first_call
     # a smaller bank's own table leaves the cost column empty: the cost bench's bank is the split's size
     qbnorm = next(line for line in (small / "table.md").read_text().splitlines()
                   if line.startswith("| method=mh + qbnorm |"))
-    assert qbnorm.endswith(" |  |") and "bank_sizes.md" in (small / "table.md").read_text()
+    costs_named = f"f8k_hubness/{hubness.BANK_TABLES[1]}."
+    assert qbnorm.endswith(" |  |") and costs_named in (small / "table.md").read_text()
     text = hubness.bank_table(out, sizes=(None, 12))
     head, _, *lines = text.splitlines()
     assert head == "| configuration | rsum, bank train 24 | rsum, bank train 12 |", head
@@ -194,3 +195,11 @@ def test_a_run_below_the_current_folder_is_named_from_it(tmp_path, monkeypatch):
     assert hubness.as_given(tmp_path / "runs" / "a") == Path("runs/a")
     assert hubness.as_given(Path("runs/a")) == Path("runs/a")
     assert hubness.as_given(tmp_path.parent) == tmp_path.parent.resolve()
+
+
+def test_the_committed_bank_tables_are_fresh_renderings_of_their_files():
+    """bench/results/f8k_hubness/bank_sizes.md and bank_costs.md are what --bank-table makes of the
+    committed arms' results and claims and the cost benches' JSON (no stale copy)."""
+    made = (hubness.bank_table(), hubness.bank_cost_table())
+    for name, text in zip(hubness.BANK_TABLES, made):
+        assert (hubness.OUT / name).read_text(encoding="utf-8") == text, name
