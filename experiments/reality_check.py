@@ -53,7 +53,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tune_table as tt  # noqa: E402
 from reality_tables import (  # noqa: E402
-    NO_PRUNER,
     SUMMARY_FILES,
     TUNED,
     rsums,
@@ -80,6 +79,7 @@ from pipeline.training.tune import (  # noqa: E402
     load_tune,
     parse_budget,
 )
+from pipeline.training.tune_spec import NO_PRUNER  # noqa: E402
 
 SPEC_KEYS = ("name", "runs_dir", "budget", "pruner", "sampler_seed", "seeds", "member", "unpruned", "out",
              "judgments", "cs_relevance", "claims", "base", "search", "losses", "second_regime")

@@ -23,11 +23,11 @@ from pipeline.evaluation.stats import ALPHA, mean_std  # noqa: E402
 from pipeline.reports.batch_eval import MEMBER  # noqa: E402
 from pipeline.reports.claims import load_claims  # noqa: E402
 from pipeline.training.tune import DRAWN, TPE_STARTUP_TRIALS  # noqa: E402
+from pipeline.training.tune_spec import NO_PRUNER  # noqa: E402
 
 if TYPE_CHECKING:  # annotations only: reality_check imports this module
     from reality_check import LossStudy, Spec
 
-NO_PRUNER = "none"
 TUNED = "-best"                 # `vse tune --export`'s sweep: STUDY-best (tune_table.Study.sweep_folder)
 KINDS = ("default", "tuned", "unpruned")
 SUMMARY_FORMAT = "vse-reality-studies"

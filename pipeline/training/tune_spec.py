@@ -27,7 +27,8 @@ from pipeline.training.sweep import (
 
 TUNE_KEYS = ("name", "runs_dir", "base", "search")
 DISTRIBUTIONS = ("uniform", "log_uniform", "int", "choice")
-PRUNERS = ("median", "hyperband", "none")
+NO_PRUNER = "none"              # every trial trains the whole budget (Optuna's NopPruner)
+PRUNERS = ("median", "hyperband", NO_PRUNER)
 DEFAULT_METRIC = "rsum"
 TEST_SPLIT = "test"
 # Options a search may not vary: what and where a run reads (the split it validates on included),
